@@ -1,0 +1,281 @@
+"""The cost model: bytes per link class per iteration, modeled time and memory, per rank.
+
+One iteration, per table (formulas in docs/cost_model.md):
+
+* each GPU looks up ``n = batch_size_per_gpu * ids_per_sample`` ids; the *volume* of a tier is
+  ``n * P(tier)`` lookups without dedup, or ``sum_rows 1 - (1 - p)^n`` unique rows with per-rank
+  dedup (a row costs its probability of appearing at least once in the rank's batch);
+* hot lookups are local; warm lookups go to the row's owner inside the group; cold lookups to its
+  owner in the cluster. Each remote lookup moves one id (requester -> owner), one embedding
+  (owner -> requester) and one gradient (requester -> owner);
+* replicas are synchronised after the backward pass: hot rows by a hierarchical all-reduce
+  (reduce-scatter in the group, all-reduce across groups, all-gather in the group), warm shards by a
+  ring all-reduce across the groups' copies. ``sync="sparse"`` moves only rows touched somewhere in
+  the cluster this step (``sum 1 - (1 - p)^(N n)`` rows) after an all-reduce of a one-byte touched
+  mask; ``sync="dense"`` moves every replicated row.
+
+A rank's time is ``sum over link classes of max(send, recv) / bandwidth`` plus collective latency;
+the plan's modeled time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from solvers.types import (
+    COMPONENTS,
+    INDEX_BYTES,
+    LINK_CLASSES,
+    MASK_BYTES_PER_ROW,
+    ROUTING_BYTES_PER_REPLICATED_ROW,
+    CostReport,
+    Plan,
+    PlannerError,
+    TablePlan,
+    TableSpec,
+    Workload,
+)
+from topology.views import ClusterView
+
+INTRA, INTER = LINK_CLASSES.index("intra_group"), LINK_CLASSES.index("inter_group")
+IDS, FWD, BWD, SYNC = (COMPONENTS.index(c) for c in ("ids", "forward", "backward", "sync"))
+SEND, RECV = 0, 1
+SPLIT_BYTES_PER_TABLE = INDEX_BYTES  # one int64 length per (table, peer) before each tier's exchange
+A2A_PER_TIER = 4  # split sizes, ids, embeddings, gradients
+SYNC_MODES = ("sparse", "dense")
+
+
+@dataclass(frozen=True)
+class TableMass:
+    """Cumulative per-row quantities of one table along hotness rank, at histogram bucket edges.
+
+    ``rows[k]`` rows precede edge k; ``lookups`` the expected lookups per GPU per iteration of
+    those rows, ``unique`` their expected distinct rows per GPU batch (dedup volume), ``touched``
+    their expected rows touched anywhere in the cluster per iteration.
+    """
+
+    rows: np.ndarray  # float64[K+1]
+    lookups: np.ndarray
+    unique: np.ndarray
+    touched: np.ndarray
+
+    def at(self, row: float | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lookups, unique, touched) of the first ``row`` rows, linear inside a bucket (rows in a
+        bucket are identical)."""
+        x = np.asarray(row, dtype=np.float64)
+        return tuple(np.interp(x, self.rows, arr) for arr in (self.lookups, self.unique, self.touched))
+
+
+def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int) -> TableMass:
+    """Cumulative masses of ``table`` for ``lookups_per_gpu`` draws per GPU on ``num_ranks`` GPUs."""
+    rows = table.hist.rows.astype(np.float64)
+    p = table.hist.prob
+    log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))  # log(1 - p), finite
+    per_row_unique = -np.expm1(lookups_per_gpu * log_miss)
+    per_row_touched = -np.expm1(lookups_per_gpu * num_ranks * log_miss)
+    zero = np.zeros(1)
+    return TableMass(
+        rows=np.concatenate([zero, np.cumsum(rows)]),
+        lookups=np.concatenate([zero, np.cumsum(rows * p) * lookups_per_gpu]),
+        unique=np.concatenate([zero, np.cumsum(rows * per_row_unique)]),
+        touched=np.concatenate([zero, np.cumsum(rows * per_row_touched)]),
+    )
+
+
+@dataclass(frozen=True)
+class TierVolumes:
+    """Per-table tier quantities of a plan: lookup volumes per GPU and touched rows per iteration."""
+
+    warm_volume: float  # lookups (or unique rows with dedup) per GPU per iteration
+    cold_volume: float
+    hot_touched: float  # rows touched cluster-wide per iteration
+    warm_touched: float
+
+
+def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
+    edges = np.array([0.0, plan.hot_rows, plan.hot_rows + plan.warm_rows, mass.rows[-1]])
+    lookups, unique, touched = mass.at(edges)
+    vol = np.diff(unique if dedup else lookups)
+    tch = np.diff(touched)
+    return TierVolumes(warm_volume=vol[1], cold_volume=vol[2], hot_touched=tch[0], warm_touched=tch[1])
+
+
+def lookup_traffic(view: ClusterView, share: np.ndarray, volume: float, vector_bytes: int, within_group: bool) -> np.ndarray:
+    """Bytes [N, 2 links, 3 components (ids, fwd, bwd), 2 directions] of one tier's lookups.
+
+    ``share[r]``: share of the tier's rows (and accesses) owned by rank r, summing to 1 over the
+    owners' scope (each group when ``within_group``, else the cluster); ``volume``: lookups (or
+    unique ids) per requesting GPU per iteration.
+    """
+    n = view.num_ranks
+    grp = view.group_of_rank
+    out = np.zeros((n, 2, 3, 2))
+    if volume <= 0:
+        return out
+    same_group_share = np.bincount(grp, weights=share, minlength=view.num_groups)[grp] - share
+    gsize = view.group_size_of_rank().astype(np.float64)
+    # share of a requester's lookups served by other ranks of its group / of other groups
+    req = np.stack([same_group_share, np.zeros(n) if within_group else 1.0 - share - same_group_share], axis=1)
+    # number of requesters each owner serves in its group / in other groups
+    peers = np.stack([gsize - 1.0, np.zeros(n) if within_group else n - gsize], axis=1)
+    served = volume * share[:, None] * peers  # [N, 2] lookups served per owner
+    asked = volume * req  # [N, 2] lookups sent by each requester
+    out[:, :, 0, SEND] = asked * INDEX_BYTES
+    out[:, :, 0, RECV] = served * INDEX_BYTES
+    out[:, :, 1, SEND] = served * vector_bytes
+    out[:, :, 1, RECV] = asked * vector_bytes
+    out[:, :, 2, SEND] = asked * vector_bytes
+    out[:, :, 2, RECV] = served * vector_bytes
+    return out
+
+
+def hierarchical_allreduce_bytes(view: ClusterView, payload_bytes: float) -> np.ndarray:
+    """Per-rank bytes [N, 2 links] sent (= received) by a hierarchical all-reduce of ``payload_bytes``.
+
+    Reduce-scatter inside the group, ring all-reduce of each 1/g slice across the G groups,
+    all-gather inside the group: intra ``2 (g-1)/g * S``, inter ``2 (G-1)/G * S/g``.
+    """
+    g = view.group_size_of_rank().astype(np.float64)
+    big_g = view.num_groups
+    return np.stack([2.0 * (g - 1.0) / g * payload_bytes, 2.0 * (big_g - 1.0) / big_g * payload_bytes / g], axis=1)
+
+
+def sync_payload(touched_rows: float, rows: float, vector_bytes: int, sync: str) -> float:
+    """Bytes one replica contributes to a gradient sync of ``rows`` replicated rows."""
+    if rows <= 0:
+        return 0.0
+    if sync == "dense":
+        return rows * vector_bytes
+    return touched_rows * vector_bytes + rows * MASK_BYTES_PER_ROW
+
+
+def routing_bytes(plan: TablePlan, routing_metadata: bool) -> float:
+    """Per-rank routing metadata of a table: the sorted list of its replicated ids and their slots."""
+    return ROUTING_BYTES_PER_REPLICATED_ROW * (plan.hot_rows + plan.warm_rows) if routing_metadata else 0.0
+
+
+def check_plan(workload: Workload, view: ClusterView, plan: Plan) -> None:
+    """Raise PlannerError when ``plan`` does not fit ``workload`` on ``view``."""
+    if plan.sync not in SYNC_MODES:
+        raise PlannerError(f"plan.sync: must be one of {SYNC_MODES}, got {plan.sync!r}")
+    if len(plan.tables) != len(workload.tables):
+        raise PlannerError(f"plan: has {len(plan.tables)} tables, the workload has {len(workload.tables)}")
+    n = view.num_ranks
+    for t, tp in zip(workload.tables, plan.tables, strict=True):
+        if tp.name != t.name:
+            raise PlannerError(f"plan: table {tp.name!r} where the workload has {t.name!r}")
+        if min(tp.hot_rows, tp.warm_rows, tp.cold_rows) < 0 or tp.hot_rows + tp.warm_rows + tp.cold_rows != t.num_rows:
+            raise PlannerError(
+                f"plan table {t.name!r}: tiers {tp.hot_rows}+{tp.warm_rows}+{tp.cold_rows} do not cover {t.num_rows} rows"
+            )
+        for fld in ("warm_share", "cold_share"):
+            s = getattr(tp, fld)
+            if s.shape != (n,) or not np.isfinite(s).all() or (s < 0).any():
+                raise PlannerError(f"plan table {t.name!r}: {fld} must be {n} non-negative shares")
+        if abs(tp.cold_share.sum() - 1.0) > 1e-6:
+            raise PlannerError(f"plan table {t.name!r}: cold_share sums to {tp.cold_share.sum():.6g}, not 1")
+        if tp.warm_rows > 0:
+            per_group = np.bincount(view.group_of_rank, weights=tp.warm_share, minlength=view.num_groups)
+            if np.abs(per_group - 1.0).max() > 1e-6:
+                raise PlannerError(f"plan table {t.name!r}: warm_share must sum to 1 in every group")
+            if view.uniform_group_size is None:
+                raise PlannerError(f"plan table {t.name!r}: warm rows need groups of equal size")
+
+
+def evaluate(workload: Workload, view: ClusterView, plan: Plan, routing_metadata: bool = True) -> CostReport:
+    """Modeled per-iteration bytes, time and memory of ``plan`` (see the module docstring)."""
+    check_plan(workload, view, plan)
+    n = view.num_ranks
+    big_g = view.num_groups
+    out = np.zeros((n, 2, 4, 2))
+    memory = np.zeros(n)
+    hot_payload = 0.0
+    warm_payload = np.zeros(n)
+    uses_warm = uses_cold = False
+    for t, tp in zip(workload.tables, plan.tables, strict=True):
+        mass = table_mass(t, workload.lookups_per_gpu(t), n)
+        vol = tier_volumes(mass, tp, plan.dedup)
+        vec = t.vector_bytes
+        out[:, :, :3, :] += lookup_traffic(view, tp.warm_share, vol.warm_volume, vec, within_group=True)
+        out[:, :, :3, :] += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
+        hot_payload += sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
+        warm_payload += tp.warm_share * sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
+        memory += t.row_bytes * (tp.hot_rows + tp.warm_rows * tp.warm_share + tp.cold_rows * tp.cold_share)
+        memory += routing_bytes(tp, routing_metadata)
+        uses_warm |= tp.warm_rows > 0
+        uses_cold |= tp.cold_rows > 0
+    out[:, :, IDS, :] += split_bytes(view, len(workload.tables), uses_warm, uses_cold)[:, :, None]
+    hot_sync = hierarchical_allreduce_bytes(view, hot_payload)
+    out[:, :, SYNC, SEND] += hot_sync
+    out[:, :, SYNC, RECV] += hot_sync
+    warm_sync = 2.0 * (big_g - 1.0) / big_g * warm_payload
+    out[:, INTER, SYNC, SEND] += warm_sync
+    out[:, INTER, SYNC, RECV] += warm_sync
+    latency = collective_latency_s(view, uses_warm, uses_cold, hot_payload > 0, bool(warm_payload.any()), plan.sync)
+    per_link = out.sum(axis=2).max(axis=2)  # [N, 2]: max(send, recv) per link class
+    bw = np.stack([view.intra_bw_Bps, view.inter_bw_Bps], axis=1)
+    time_s = np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1) + latency
+    return CostReport(bytes=out, time_s=time_s, memory_bytes=memory, latency_s=latency)
+
+
+def split_bytes(view: ClusterView, num_tables: int, warm: bool, cold: bool) -> np.ndarray:
+    """Per-rank bytes [N, 2 links] (each direction) of the split sizes sent before each tier's
+    exchange: one int64 per table and peer."""
+    gsize = view.group_size_of_rank().astype(np.float64)
+    out = np.zeros((view.num_ranks, 2))
+    if warm:
+        out[:, INTRA] += (gsize - 1) * num_tables * SPLIT_BYTES_PER_TABLE
+    if cold:
+        out[:, INTRA] += (gsize - 1) * num_tables * SPLIT_BYTES_PER_TABLE
+        out[:, INTER] += (view.num_ranks - gsize) * num_tables * SPLIT_BYTES_PER_TABLE
+    return out
+
+
+def collective_latency_s(view: ClusterView, warm: bool, cold: bool, hot_sync: bool, warm_sync: bool, sync: str) -> float:
+    """Latency part of an iteration, in seconds: one hop per all-to-all; an all-reduce over k ranks
+    takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for latency-bound sizes) while its
+    bandwidth term is the ring's."""
+    g = int(view.group_sizes.max())
+    big_g = view.num_groups
+    lat_intra = float(view.intra_latency_s.max())
+    lat_inter = float(view.inter_latency_s.max()) if big_g > 1 else lat_intra
+    hops_intra = 2 * int(np.ceil(np.log2(g))) if g > 1 else 0
+    hops_inter = 2 * int(np.ceil(np.log2(big_g))) if big_g > 1 else 0
+    rounds = 2 if sync == "sparse" else 1  # the touched mask, then the rows
+    total = 0.0
+    if warm:
+        total += A2A_PER_TIER * lat_intra
+    if cold:
+        total += A2A_PER_TIER * lat_inter
+    if hot_sync:
+        total += rounds * (hops_intra * lat_intra + hops_inter * lat_inter)
+    if warm_sync:
+        total += rounds * hops_inter * lat_inter
+    return total
+
+
+def uniform_shares(view: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+    """(warm_share, cold_share): rows split evenly inside each group and across the cluster."""
+    return 1.0 / view.group_size_of_rank().astype(np.float64), np.full(view.num_ranks, 1.0 / view.num_ranks)
+
+
+def table_plan(table: TableSpec, view: ClusterView, hot_rows: int, warm_rows: int) -> TablePlan:
+    """A TablePlan with the given tier sizes and even (uniform) owner shares."""
+    warm_share, cold_share = uniform_shares(view)
+    hot_rows, warm_rows = int(hot_rows), int(warm_rows)
+    return TablePlan(
+        name=table.name,
+        hot_rows=hot_rows,
+        warm_rows=warm_rows,
+        cold_rows=table.num_rows - hot_rows - warm_rows,
+        warm_share=warm_share,
+        cold_share=cold_share,
+    )
+
+
+def row_wise_memory_bytes(workload: Workload, view: ClusterView) -> float:
+    """Per-GPU bytes of row-wise sharding (ceil(rows / N) rows of every table): the 1.0x budget."""
+    n = view.num_ranks
+    return float(sum(-(-t.num_rows // n) * t.row_bytes for t in workload.tables))

@@ -1,0 +1,286 @@
+"""The tier optimizer: a PuLP linear program over CDF segments of each table, refined adaptively.
+
+For every table the rows are in hotness order and the plan is two boundaries: the first ``h``
+rows hot, the next ``w`` warm, the rest cold. Rows are grouped into segments at CDF breakpoints
+(mass quantiles and a geometric grid of row counts), so the model has ``tables x segments``
+variables, never one per row. Per segment two prefix variables, ``H`` (share of the segment that
+is hot) and ``W`` (share that is hot or warm), with ``H_k >= H_k+1``, ``W_k >= W_k+1``, ``H <= W``:
+
+    minimise   sum  c_cold + (c_warm - c_cold) W + (c_hot - c_warm) H       (seconds/iteration)
+    subject to sum  m_cold + (m_warm - m_cold) W + (m_hot - m_warm) H <= budget   (bytes/GPU)
+
+CBC (bundled with PuLP) solves it; the segments that hold a boundary are then split into finer
+segments and the program solved again, until the boundaries sit inside single histogram buckets
+(rows of equal probability, so a fractional share is exact) or the gap to the Lagrangian lower
+bound (:mod:`solvers.bounds`) is below the target.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pulp
+
+from solvers.bounds import lagrange_bound
+from solvers.coefficients import TableCoefficients, fixed_time_s, table_coefficients
+from solvers.cost_model import table_plan
+from solvers.types import Plan, PlannerError, Workload
+from topology.views import ClusterView
+
+HOT, WARM, COLD = 0, 1, 2
+
+
+@dataclass
+class OptimizerConfig:
+    """Knobs of :func:`optimize_tiers`; the defaults suit clusters of up to thousands of GPUs."""
+
+    dedup: bool = True  # per-rank id dedup before the exchange
+    sync: str = "sparse"  # replica gradient sync: "sparse" (touched rows) or "dense"
+    allow_hot: bool = True
+    allow_warm: bool = True
+    initial_segments: int = 24  # mass-quantile breakpoints per table (plus a geometric row grid)
+    split_factor: int = 8  # a refined segment is cut into this many
+    max_rounds: int = 8
+    target_gap: float = 1e-3  # stop refining below this relative gap to the lower bound
+    solver_time_limit_s: float = 120.0
+    routing_metadata: bool = True
+
+
+@dataclass
+class OptimizerResult:
+    plan: Plan
+    objective_s: float  # linear-model time of the returned plan (bandwidth part), seconds/iteration
+    lower_bound_s: float  # Lagrangian bound on any plan's linear-model time
+    gap: float  # (objective - bound) / bound
+    rounds: int
+    variables: int  # of the last program
+    solve_time_s: float
+    history: list[dict] = field(default_factory=list)
+
+
+def _initial_edges(coeffs: TableCoefficients, time_share: np.ndarray, segments: int) -> np.ndarray:
+    """Bucket indices where segments start: CDF quantiles of access mass plus a geometric row grid."""
+    k = coeffs.rows.size
+    cum_rows = np.cumsum(coeffs.rows)
+    cum_mass = np.cumsum(time_share)
+    total = cum_mass[-1] if cum_mass[-1] > 0 else 1.0
+    by_mass = np.searchsorted(cum_mass / total, np.linspace(0, 1, segments + 1)[1:-1], side="right")
+    grid = 2.0 ** np.arange(0, np.log2(max(cum_rows[-1], 2)) + 1, 1.0)
+    by_rows = np.searchsorted(cum_rows, grid, side="left")
+    return np.unique(np.concatenate([[0, k], by_mass, by_rows]).clip(0, k))
+
+
+def _refine(edges: np.ndarray, seg_index: set[int], factor: int) -> tuple[np.ndarray, bool]:
+    """Split the listed segments (by index into ``edges``) into up to ``factor`` pieces each."""
+    new = [edges]
+    changed = False
+    for s in seg_index:
+        if s < 0 or s >= edges.size - 1:
+            continue
+        lo, hi = edges[s], edges[s + 1]
+        if hi - lo > 1:
+            new.append(np.unique(np.linspace(lo, hi, factor + 1).round().astype(np.int64)))
+            changed = True
+    return np.unique(np.concatenate(new)), changed
+
+
+def _boundary_segments(h: np.ndarray, tol: float = 1e-7) -> set[int]:
+    """Segments holding the boundary of a prefix share vector (fractional, or either side of a 1->0 step)."""
+    frac = np.flatnonzero((h > tol) & (h < 1 - tol))
+    if frac.size:
+        return {int(s) for s in frac}
+    full = np.flatnonzero(h >= 1 - tol)
+    last = int(full[-1]) if full.size else -1
+    return {last, last + 1}
+
+
+def optimize_tiers(
+    workload: Workload,
+    view: ClusterView,
+    budget_bytes: float,
+    config: OptimizerConfig | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> OptimizerResult:
+    """Choose every table's hot/warm/cold boundaries minimising modeled time under ``budget_bytes`` per GPU.
+
+    Using a tier at all has a fixed cost (collective latency, split sizes), so the program is solved
+    for each set of tiers in use, cheapest lower bound first, skipping sets whose bound cannot beat
+    the best plan found. Raises PlannerError when no plan fits (naming the smallest feasible budget).
+    """
+    cfg = config or OptimizerConfig()
+    t0 = time.perf_counter()
+    coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata)
+    warm_possible = cfg.allow_warm and view.num_groups > 1 and view.uniform_group_size not in (None, 1)
+    floor_bytes = float(sum(c.memory_bytes[COLD].sum() for c in coeffs))
+    if budget_bytes < floor_bytes * (1 - 1e-12):
+        raise PlannerError(
+            f"budget: {budget_bytes / 2**30:.3f} GiB per GPU is infeasible; the smallest feasible budget is "
+            f"{floor_bytes / 2**30:.3f} GiB per GPU (every row cold, split over {view.num_ranks} GPUs)"
+        )
+    ntab = len(workload.tables)
+    candidates = []
+    for hot in (False, True) if cfg.allow_hot else (False,):
+        for warm in (False, True) if warm_possible else (False,):
+            for cold in (True, False):
+                allowed = np.array([hot, warm, cold])
+                if not allowed.any():
+                    continue
+                if not cold and _min_memory(coeffs, allowed) > budget_bytes:
+                    continue
+                bound = lagrange_bound(coeffs, budget_bytes, allowed).bound_s
+                fixed = fixed_time_s(view, ntab, hot, warm, cold, cfg.sync)
+                candidates.append((bound + fixed, bound, fixed, allowed))
+    candidates.sort(key=lambda c: c[0])
+    best: dict | None = None
+    history: list[dict] = []
+    for total_bound, bound, fixed, allowed in candidates:
+        if best is not None and total_bound >= best["total_s"]:
+            continue
+        rows, linear_s, nvars, rounds = _refined_solve(coeffs, budget_bytes, allowed, bound, cfg, history, progress)
+        used = _tiers_used(rows, workload)
+        total = linear_s + fixed_time_s(view, ntab, *used, cfg.sync)
+        if best is None or total < best["total_s"]:
+            best = {"total_s": total, "rows": rows, "linear_s": linear_s, "variables": nvars, "rounds": rounds}
+    assert best is not None
+    lower = min(c[0] for c in candidates)
+    gap = (best["total_s"] - lower) / lower if lower > 0 else 0.0
+    tables = tuple(table_plan(t, view, h, w) for t, (h, w) in zip(workload.tables, best["rows"], strict=True))
+    solve_time = time.perf_counter() - t0
+    solver = {
+        "objective_s": best["total_s"],
+        "lower_bound_s": lower,
+        "gap": gap,
+        "rounds": best["rounds"],
+        "variables": best["variables"],
+        "solve_time_s": solve_time,
+    }
+    plan = Plan("flexshard", tables, dedup=cfg.dedup, sync=cfg.sync, budget_bytes=budget_bytes, solver=solver)
+    return OptimizerResult(plan, best["total_s"], lower, gap, best["rounds"], best["variables"], solve_time, history)
+
+
+def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
+    return float(sum(c.memory_bytes[allowed].min(axis=0).sum() for c in coeffs))
+
+
+def _tiers_used(rows: list[tuple[int, int]], workload: Workload) -> tuple[bool, bool, bool]:
+    hot = any(h > 0 for h, _ in rows)
+    warm = any(w > 0 for _, w in rows)
+    cold = any(h + w < t.num_rows for (h, w), t in zip(rows, workload.tables, strict=True))
+    return hot, warm, cold
+
+
+def _refined_solve(
+    coeffs: list[TableCoefficients],
+    budget_bytes: float,
+    allowed: np.ndarray,
+    bound_s: float,
+    cfg: OptimizerConfig,
+    history: list[dict],
+    progress: Callable[[str], None] | None,
+) -> tuple[list[tuple[int, int]], float, int, int]:
+    """Solve the segment LP for one set of allowed tiers, refining segments around the boundaries."""
+    edges = [_initial_edges(c, c.time_s[COLD], cfg.initial_segments) for c in coeffs]
+    best: tuple[float, list[tuple[int, int]]] | None = None
+    nvars = rounds = 0
+    tiers = "+".join(n for n, a in zip(("hot", "warm", "cold"), allowed, strict=True) if a)
+    for rounds in range(1, cfg.max_rounds + 1):  # noqa: B007
+        shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s)
+        rows = [_shares_to_rows(c, e, hs, ws) for c, e, (hs, ws) in zip(coeffs, edges, shares, strict=True)]
+        linear = _linear_time(coeffs, rows)
+        if best is None or linear < best[0]:
+            best = (linear, rows)
+        gap = (best[0] - bound_s) / bound_s if bound_s > 0 else 0.0
+        segments = int(sum(e.size - 1 for e in edges))
+        history.append({"tiers": tiers, "round": rounds, "segments": segments, "linear_s": linear, "gap": gap})
+        if progress:
+            progress(f"{tiers}: round {rounds}, {nvars} variables, gap {gap:.1e}")
+        if gap <= cfg.target_gap:
+            break
+        changed_any = False
+        for i, (hs, ws) in enumerate(shares):
+            edges[i], changed = _refine(edges[i], _boundary_segments(hs) | _boundary_segments(ws), cfg.split_factor)
+            changed_any |= changed
+        if not changed_any:
+            break
+    assert best is not None
+    return best[1], best[0], nvars, rounds
+
+
+def _segment_sums(c: TableCoefficients, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    starts = edges[:-1]
+    return np.add.reduceat(c.time_s, starts, axis=1), np.add.reduceat(c.memory_bytes, starts, axis=1)
+
+
+def _solve_lp(
+    coeffs: list[TableCoefficients], edges: list[np.ndarray], budget: float, allowed: np.ndarray, time_limit_s: float
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    prob = pulp.LpProblem("flexshard_tiers", pulp.LpMinimize)
+    objective: dict[pulp.LpVariable, float] = {}
+    memory: dict[pulp.LpVariable, float] = {}
+    const_mem = 0.0
+    handles = []
+    # scale to well-conditioned units: microseconds and MiB
+    ts, ms = 1e6, 1.0 / 2**20
+    for i, (c, e) in enumerate(zip(coeffs, edges, strict=True)):
+        seg_t, seg_m = _segment_sums(c, e)
+        k = seg_t.shape[1]
+        const_mem += seg_m[COLD].sum()
+        hv = [pulp.LpVariable(f"h_{i}_{j}", 0, 1) for j in range(k)] if allowed[HOT] else None
+        w_low = 0 if allowed[COLD] else 1  # no cold tier: every row hot or warm
+        wv = [pulp.LpVariable(f"w_{i}_{j}", w_low, 1) for j in range(k)] if allowed[WARM] else None
+        if wv is None and not allowed[COLD]:
+            hv = [pulp.LpVariable(f"h_{i}_{j}", 1, 1) for j in range(k)]
+        for j in range(k):
+            if wv is not None:
+                objective[wv[j]] = (seg_t[WARM, j] - seg_t[COLD, j]) * ts
+                memory[wv[j]] = (seg_m[WARM, j] - seg_m[COLD, j]) * ms
+                if j:
+                    prob += wv[j] <= wv[j - 1]
+            if hv is not None:
+                lower = WARM if wv is not None else COLD
+                objective[hv[j]] = (seg_t[HOT, j] - seg_t[lower, j]) * ts
+                memory[hv[j]] = (seg_m[HOT, j] - seg_m[lower, j]) * ms
+                if j:
+                    prob += hv[j] <= hv[j - 1]
+                if wv is not None:
+                    prob += hv[j] <= wv[j]
+        handles.append((hv, wv, k))
+    prob += pulp.LpAffineExpression(objective)
+    prob += pulp.LpAffineExpression(memory) <= (budget - const_mem) * ms, "memory_budget"
+    status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    if pulp.LpStatus[status] != "Optimal":
+        raise PlannerError(f"optimizer: CBC ended with status {pulp.LpStatus[status]!r}; try a larger budget")
+    shares = []
+    for hv, wv, k in handles:
+        hs = np.array([v.value() or 0.0 for v in hv]) if hv is not None else np.zeros(k)
+        ws = np.array([v.value() or 0.0 for v in wv]) if wv is not None else hs.copy()
+        hs = np.clip(hs, 0.0, 1.0)
+        shares.append((hs, np.maximum(np.clip(ws, 0.0, 1.0), hs)))
+    return shares, len(objective)
+
+
+def _shares_to_rows(c: TableCoefficients, edges: np.ndarray, hs: np.ndarray, ws: np.ndarray) -> tuple[int, int]:
+    """Integer (hot_rows, warm_rows) from prefix shares: a fractional segment keeps its hottest part."""
+    seg_rows = np.add.reduceat(c.rows, edges[:-1])
+    hot = int(np.floor(float(np.dot(hs, seg_rows)) + 1e-6))
+    hot_or_warm = int(np.floor(float(np.dot(ws, seg_rows)) + 1e-6))
+    return hot, max(hot_or_warm - hot, 0)
+
+
+def _linear_time(coeffs: list[TableCoefficients], rows: list[tuple[int, int]]) -> float:
+    """Linear-model time of integer tier boundaries (rows inside a bucket are identical)."""
+    total = 0.0
+    for c, (h, w) in zip(coeffs, rows, strict=True):
+        total += _prefix_sum(c, h, HOT) + (_prefix_sum(c, h + w, WARM) - _prefix_sum(c, h, WARM))
+        total += c.time_s[COLD].sum() - _prefix_sum(c, h + w, COLD)
+    return total
+
+
+def _prefix_sum(c: TableCoefficients, nrows: float, tier: int, arr: str = "time_s") -> float:
+    """Sum of a tier's coefficient over the first ``nrows`` rows (linear inside a bucket)."""
+    cum_rows = np.concatenate([[0.0], np.cumsum(c.rows)])
+    cum = np.concatenate([[0.0], np.cumsum(getattr(c, arr)[tier])])
+    return float(np.interp(nrows, cum_rows, cum))

@@ -1,0 +1,259 @@
+"""The planner's nouns: workloads, row statistics, plans and cost reports.
+
+Everything here is plain data (dataclasses over numpy arrays); no torch. Quantities carry their
+unit in the name (``_bytes``, ``_s``, ``_Bps`` = bytes per second) or in the docstring.
+
+Row statistics are kept as a *hotness histogram*: rows sorted by access probability (hottest
+first) and run-length encoded into buckets of rows that share one probability. Real traces encode
+exactly (rows with equal counts share a bucket; the number of distinct counts is small), synthetic
+distributions are bucketed on a fine geometric grid of ranks. Memory is O(buckets), never O(rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+INDEX_BYTES = 8  # one int64 id on the wire
+ROUTING_BYTES_PER_REPLICATED_ROW = 12  # int64 sorted id + int32 slot, per hot/warm row, on every rank
+MASK_BYTES_PER_ROW = 1  # uint8 "touched this step" flag all-reduced before a sparse replica sync
+
+
+class PlannerError(ValueError):
+    """Bad input or an impossible request. The message names the field, the value and what to try."""
+
+
+class Tier(str, Enum):
+    HOT = "hot"  # a copy on every GPU
+    WARM = "warm"  # one copy per group, split across the group's GPUs
+    COLD = "cold"  # one copy in the cluster, split across all GPUs
+
+
+@dataclass(frozen=True)
+class RowHistogram:
+    """Per-row access probabilities of one table, hottest first, run-length encoded.
+
+    ``rows[k]`` rows each have access probability ``prob[k]`` (per lookup); ``prob`` is
+    non-increasing and ``sum(rows * prob) == 1``. Rows never accessed form a final bucket with
+    probability 0.
+    """
+
+    rows: np.ndarray  # int64[K]
+    prob: np.ndarray  # float64[K]
+
+    def __post_init__(self) -> None:
+        rows = np.ascontiguousarray(self.rows, dtype=np.int64)
+        prob = np.ascontiguousarray(self.prob, dtype=np.float64)
+        object.__setattr__(self, "rows", rows)
+        object.__setattr__(self, "prob", prob)
+        if rows.ndim != 1 or rows.shape != prob.shape or rows.size == 0:
+            raise PlannerError(f"histogram: rows and prob must be equal-length 1-D arrays, got {rows.shape}, {prob.shape}")
+        if (rows <= 0).any():
+            raise PlannerError(f"histogram.rows: every bucket needs at least one row, got min {rows.min()}")
+        if not np.isfinite(prob).all() or (prob < 0).any():
+            raise PlannerError(f"histogram.prob: probabilities must be finite and >= 0, got min {np.nanmin(prob)}")
+        if (np.diff(prob) > 1e-12 * max(prob[0], 1e-300)).any():
+            raise PlannerError("histogram.prob: buckets must be sorted hottest first")
+        total = float(np.dot(rows.astype(np.float64), prob))
+        if not abs(total - 1.0) < 1e-6:
+            raise PlannerError(f"histogram: probabilities must sum to 1 over rows, got {total:.9g}")
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.sum())
+
+    @property
+    def num_buckets(self) -> int:
+        return int(self.rows.size)
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray, num_rows: int | None = None) -> RowHistogram:
+        """Exact histogram from per-row access counts (any order; ``num_rows`` defaults to ``len(counts)``).
+
+        Integer counts are grouped with ``np.bincount`` (O(rows), no sort); other counts with
+        ``np.unique``.
+        """
+        counts = np.asarray(counts)
+        if counts.ndim != 1:
+            raise PlannerError(f"counts: expected a 1-D array, got shape {counts.shape}")
+        if counts.dtype.kind == "f" and not np.isfinite(counts).all():
+            raise PlannerError("counts: NaN or infinite access count")
+        if counts.size and counts.min() < 0:
+            raise PlannerError(f"counts: negative access count {counts.min()}")
+        n = counts.size if num_rows is None else int(num_rows)
+        if n < counts.size:
+            raise PlannerError(f"num_rows: {n} is smaller than the {counts.size} counted rows")
+        if counts.dtype.kind in "iu" and counts.size and int(counts.max()) <= 4 * counts.size + 1024:
+            per_value = np.bincount(counts)  # O(rows), no sort
+            values = np.flatnonzero(per_value)
+            multiplicity = per_value[values]
+        else:
+            values, multiplicity = np.unique(counts, return_counts=True)
+        multiplicity = multiplicity.astype(np.int64)
+        if n > counts.size:  # rows never counted have count 0
+            if values.size and values[0] == 0:
+                multiplicity[0] += n - counts.size
+            else:
+                values = np.concatenate([[0], values])
+                multiplicity = np.concatenate([[n - counts.size], multiplicity])
+        total = float(np.dot(values.astype(np.float64), multiplicity))
+        if total <= 0:
+            raise PlannerError("counts: the table has no accesses at all")
+        order = np.argsort(-values.astype(np.float64), kind="stable")
+        return cls(rows=multiplicity[order], prob=values[order].astype(np.float64) / total)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One sequence embedding table and how it is accessed.
+
+    ``ids_per_sample`` is the mean sequence length (lookups per sample); ``length_values`` /
+    ``length_probs`` optionally give its distribution (a sparse pmf).
+    """
+
+    name: str
+    num_rows: int
+    dim: int
+    ids_per_sample: float
+    hist: RowHistogram
+    element_bytes: int = 4  # fp32 weights and gradients
+    optimizer_bytes_per_row: int = 4  # row-wise Adagrad: one fp32 accumulator per row
+    length_values: np.ndarray | None = None
+    length_probs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise PlannerError("table.name: must be a non-empty string")
+        for fld in ("num_rows", "dim", "element_bytes"):
+            v = getattr(self, fld)
+            if not isinstance(v, (int, np.integer)) or v <= 0:
+                raise PlannerError(f"table {self.name!r}: {fld} must be a positive integer, got {v!r}")
+        if self.optimizer_bytes_per_row < 0:
+            raise PlannerError(
+                f"table {self.name!r}: optimizer_bytes_per_row must be >= 0, got {self.optimizer_bytes_per_row!r}"
+            )
+        if not np.isfinite(self.ids_per_sample) or self.ids_per_sample <= 0:
+            raise PlannerError(f"table {self.name!r}: ids_per_sample must be positive, got {self.ids_per_sample!r}")
+        if self.hist.num_rows != self.num_rows:
+            raise PlannerError(
+                f"table {self.name!r}: histogram covers {self.hist.num_rows} rows but num_rows is {self.num_rows}"
+            )
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one stored row costs: weights plus optimizer state."""
+        return self.dim * self.element_bytes + self.optimizer_bytes_per_row
+
+    @property
+    def vector_bytes(self) -> int:
+        """Bytes of one embedding (or gradient) vector on the wire."""
+        return self.dim * self.element_bytes
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Tables plus the per-GPU batch that drives their lookups."""
+
+    name: str
+    tables: tuple[TableSpec, ...]
+    batch_size_per_gpu: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tables", tuple(self.tables))
+        if not self.tables:
+            raise PlannerError(f"workload {self.name!r}: has no tables")
+        if not isinstance(self.batch_size_per_gpu, (int, np.integer)) or self.batch_size_per_gpu <= 0:
+            raise PlannerError(f"workload.batch_size_per_gpu: must be a positive integer, got {self.batch_size_per_gpu!r}")
+        names = [t.name for t in self.tables]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise PlannerError(f"workload {self.name!r}: duplicate table name {dup!r}")
+
+    @property
+    def num_rows(self) -> int:
+        return sum(t.num_rows for t in self.tables)
+
+    def lookups_per_gpu(self, table: TableSpec) -> float:
+        """Expected lookups of ``table`` per GPU per iteration."""
+        return self.batch_size_per_gpu * table.ids_per_sample
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """Tiers and owners of one table.
+
+    Rows are taken in hotness order: the first ``hot_rows`` are hot, the next ``warm_rows`` warm,
+    the rest cold. ``warm_share[r]`` is the share of the warm rows rank ``r`` holds within its
+    group (sums to 1 over each group); ``cold_share[r]`` the share of cold rows it holds (sums to
+    1 over the cluster). Rows are dealt to owners by a weighted interleave over hotness rank, so a
+    rank's share of rows is also its share of accesses.
+    """
+
+    name: str
+    hot_rows: int
+    warm_rows: int
+    cold_rows: int
+    warm_share: np.ndarray  # float64[N]
+    cold_share: np.ndarray  # float64[N]
+
+
+@dataclass
+class Plan:
+    """A sharding plan for a workload on a cluster (one strategy, one budget)."""
+
+    strategy: str
+    tables: tuple[TablePlan, ...]
+    dedup: bool
+    sync: str = "sparse"  # replica gradient sync: "sparse" (touched rows) or "dense" (all rows)
+    budget_bytes: float | None = None  # per-GPU memory budget the plan was made for
+    solver: dict = field(default_factory=dict)  # solver metadata (bounds, gap, iterations, seconds)
+
+
+LINK_CLASSES = ("intra_group", "inter_group")
+COMPONENTS = ("ids", "forward", "backward", "sync")
+
+
+@dataclass
+class CostReport:
+    """Modeled per-iteration cost of a plan.
+
+    ``bytes`` has shape [ranks, 2 link classes, 4 components, 2 directions (send, recv)];
+    link classes and components are named in ``LINK_CLASSES`` and ``COMPONENTS``.
+    """
+
+    bytes: np.ndarray  # float64[N, 2, 4, 2], bytes per iteration
+    time_s: np.ndarray  # float64[N], modeled communication time per iteration per rank
+    memory_bytes: np.ndarray  # float64[N], embedding + optimizer + routing bytes per rank
+    latency_s: float  # part of every rank's time that is collective latency
+
+    def link_bytes(self, link: str, components: tuple[str, ...] = COMPONENTS) -> np.ndarray:
+        """Per-rank bytes on one link class, max(send, recv), summed over ``components``."""
+        li = LINK_CLASSES.index(link)
+        ci = [COMPONENTS.index(c) for c in components]
+        return self.bytes[:, li, ci, :].sum(axis=1).max(axis=1)
+
+    @property
+    def inter_group_bytes(self) -> float:
+        """Bottleneck rank's inter-group bytes per iteration (sync included)."""
+        return float(self.link_bytes("inter_group").max())
+
+    @property
+    def intra_group_bytes(self) -> float:
+        """Bottleneck rank's intra-group bytes per iteration (sync included)."""
+        return float(self.link_bytes("intra_group").max())
+
+    @property
+    def sync_bytes(self) -> float:
+        """Bottleneck rank's replica-synchronisation bytes per iteration, both link classes."""
+        per_rank = self.bytes[:, :, COMPONENTS.index("sync"), :].sum(axis=1).max(axis=1)
+        return float(per_rank.max())
+
+    @property
+    def modeled_time_s(self) -> float:
+        return float(self.time_s.max())
+
+    @property
+    def memory_per_gpu_bytes(self) -> float:
+        return float(self.memory_bytes.max())

@@ -1,0 +1,283 @@
+"""Derived views of a topology graph: ranks, groups and per-rank link speeds as arrays.
+
+The planner never walks the graph itself; it reads a :class:`ClusterView`.
+"""
+
+# ruff: noqa: N815  (unit suffixes such as _Bps keep their case: B = bytes)
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+
+class TopologyError(ValueError):
+    """A topology that cannot be used. The message names the field, the value and what to try."""
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster as the cost model sees it: one entry per rank (GPU), ranks 0..N-1.
+
+    A *group* is an NVLink domain (by default one host). Bandwidths are per direction, in bytes
+    per second (``_Bps``); latencies in seconds.
+    """
+
+    group_of_rank: np.ndarray  # int64[N], group index 0..G-1
+    local_index: np.ndarray  # int64[N], index of the rank inside its group
+    groups: tuple[tuple[int, ...], ...]  # ranks of each group, ascending
+    host_of_rank: tuple[str, ...]
+    intra_bw_Bps: np.ndarray  # float64[N], to peers in the same group (NVLink)
+    inter_bw_Bps: np.ndarray  # float64[N], fair share of the path out of the group (NIC, fabric)
+    intra_latency_s: np.ndarray  # float64[N]
+    inter_latency_s: np.ndarray  # float64[N]
+    memory_bytes: np.ndarray  # int64[N], device memory
+
+    @property
+    def num_ranks(self) -> int:
+        return int(self.group_of_rank.size)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
+    @property
+    def group_sizes(self) -> np.ndarray:
+        return np.array([len(g) for g in self.groups], dtype=np.int64)
+
+    @property
+    def uniform_group_size(self) -> int | None:
+        """The common group size, or None when groups differ in size."""
+        sizes = {len(g) for g in self.groups}
+        return sizes.pop() if len(sizes) == 1 else None
+
+    def group_size_of_rank(self) -> np.ndarray:
+        """int64[N]: size of each rank's group."""
+        return self.group_sizes[self.group_of_rank]
+
+
+def uniform_view(
+    num_groups: int,
+    group_size: int,
+    intra_bw_Bps: float,
+    inter_bw_Bps: float,
+    intra_latency_s: float = 0.0,
+    inter_latency_s: float = 0.0,
+    memory_bytes: int = 80 * 2**30,
+) -> ClusterView:
+    """A homogeneous cluster view without building a graph (for tests and quick models)."""
+    if num_groups <= 0 or group_size <= 0:
+        raise TopologyError(
+            f"uniform_view: num_groups and group_size must be positive, got {num_groups}, {group_size}"
+        )
+    n = num_groups * group_size
+    ranks = np.arange(n, dtype=np.int64)
+    return ClusterView(
+        group_of_rank=ranks // group_size,
+        local_index=ranks % group_size,
+        groups=tuple(tuple(range(g * group_size, (g + 1) * group_size)) for g in range(num_groups)),
+        host_of_rank=tuple(f"node{r // group_size}" for r in range(n)),
+        intra_bw_Bps=np.full(n, float(intra_bw_Bps)),
+        inter_bw_Bps=np.full(n, float(inter_bw_Bps)),
+        intra_latency_s=np.full(n, float(intra_latency_s)),
+        inter_latency_s=np.full(n, float(inter_latency_s)),
+        memory_bytes=np.full(n, int(memory_bytes), dtype=np.int64),
+    )
+
+
+# --- views of a topology graph ----------------------------------------------------------------------
+# Graph helpers live in topology.graph, which imports TopologyError from here; import them lazily.
+
+_LEVEL_ORDER = {"leaf": 0, "spine": 1}
+
+
+def _rank_groups(G: nx.Graph) -> tuple[list[tuple[Any, dict]], list[str]]:
+    """Validated GPUs in rank order and each rank's group key (its host when it has no NVLink edge)."""
+    from topology.graph import edges_of_kind, gpu_nodes, validate
+
+    validate(G)
+    gpus = gpu_nodes(G)
+    keys = [attrs["group"] if edges_of_kind(G, node, "nvlink") else attrs["host"] for node, attrs in gpus]
+    return gpus, keys
+
+
+def _group_lists(keys: list[str]) -> list[list[int]]:
+    """Ranks per group key; groups ordered by their lowest rank (``keys`` is in rank order)."""
+    members: dict[str, list[int]] = {}
+    for rank, key in enumerate(keys):
+        members.setdefault(key, []).append(rank)
+    return list(members.values())
+
+
+def groups(G: nx.Graph) -> list[list[int]]:
+    """Ranks of each NVLink group, ascending; groups ordered by their lowest rank."""
+    return _group_lists(_rank_groups(G)[1])
+
+
+def _network_hops(G: nx.Graph, gpu: Any) -> list[list[tuple[Any, Any]]]:
+    """Edges of each hop of ``gpu``'s path to the top of the fabric: GPU -pcie-> NIC -network-> leaf
+    -network-> spine. A hop with several parallel edges (several NICs, several spines) lists them all."""
+    from topology.graph import edges_of_kind
+
+    hops = []
+    frontier = {gpu}
+    up = [("pcie", ("nic",)), ("network", ("switch",))]
+    for kind, to in up:
+        hop = [(u, v) for node in frontier for u, v, _ in edges_of_kind(G, node, kind, to)]
+        if not hop:
+            return hops
+        hops.append(hop)
+        frontier = {v for _, v in hop}
+    while True:  # climb switch levels: leaf -> spine
+        hop = []
+        for node in frontier:
+            level = _LEVEL_ORDER[G.nodes[node]["level"]]
+            hop += [
+                (u, v) for u, v, _ in edges_of_kind(G, node, "network", ("switch",))
+                if _LEVEL_ORDER[G.nodes[v]["level"]] > level
+            ]
+        if not hop:
+            return hops
+        hops.append(hop)
+        frontier = {v for _, v in hop}
+
+
+def cluster_view(G: nx.Graph) -> ClusterView:
+    """The :class:`ClusterView` of a topology graph (validated first).
+
+    * Groups: the GPU ``group`` attribute (a GPU without NVLink edges, e.g. in a PCIe-only box, is grouped
+      by its ``host``); group order = order of their lowest rank; ``local_index`` = position by rank in the
+      group.
+    * ``intra_bw_Bps``: sum of the GPU's NVLink edge bandwidths (without NVLink: its fastest PCIe edge);
+      ``intra_latency_s``: the largest latency among those edges.
+    * ``inter_bw_Bps``: fair-share bottleneck on the path GPU -> NIC -> leaf -> spine: every edge's
+      bandwidth is split evenly among the GPUs whose path uses it, a hop's share is the sum over its parallel
+      edges, and the GPU gets the minimum over hops.
+    * ``inter_latency_s``: twice the one-way latency up that path (sum over hops of the hop's largest edge
+      latency): up to the top of the fabric and back down to a GPU of the same shape.
+
+    A GPU with no path to the network gets ``inter_bw_Bps = 0`` and ``inter_latency_s = 0`` when the cluster
+    is a single group (no traffic leaves it); with several groups that is a :class:`TopologyError`.
+    """
+    from topology.graph import edges_of_kind
+
+    gpus, keys = _rank_groups(G)
+    group_lists = _group_lists(keys)
+    n = len(gpus)
+    group_of_rank = np.empty(n, dtype=np.int64)
+    local_index = np.empty(n, dtype=np.int64)
+    for g, ranks in enumerate(group_lists):
+        group_of_rank[ranks] = g
+        local_index[ranks] = np.arange(len(ranks))
+
+    intra_bw = np.empty(n)
+    intra_lat = np.empty(n)
+    for rank, (node, _) in enumerate(gpus):
+        links = edges_of_kind(G, node, "nvlink")
+        if links:
+            intra_bw[rank] = sum(attrs["bandwidth_GBps"] for *_, attrs in links) * 1e9
+            intra_lat[rank] = max(attrs["latency_us"] for *_, attrs in links) * 1e-6
+        else:
+            pcie = edges_of_kind(G, node, "pcie")
+            if not pcie:
+                raise TopologyError(f"gpu {node!r}: no 'nvlink' or 'pcie' edge; cannot size its group link")
+            fastest = max((attrs for *_, attrs in pcie), key=lambda a: a["bandwidth_GBps"])
+            intra_bw[rank] = fastest["bandwidth_GBps"] * 1e9
+            intra_lat[rank] = fastest["latency_us"] * 1e-6
+
+    paths = [_network_hops(G, node) for node, _ in gpus]
+    users: dict[frozenset, int] = {}
+    for hops in paths:
+        for edge in {frozenset(e) for hop in hops for e in hop}:
+            users[edge] = users.get(edge, 0) + 1
+    inter_bw = np.zeros(n)
+    inter_lat = np.zeros(n)
+    for rank, hops in enumerate(paths):
+        if not hops:
+            if len(group_lists) > 1:
+                raise TopologyError(
+                    f"gpu {gpus[rank][0]!r}: no network path (pcie -> nic -> switch) to reach other groups"
+                )
+            continue
+        shares = [sum(G.edges[e]["bandwidth_GBps"] / users[frozenset(e)] for e in hop) for hop in hops]
+        inter_bw[rank] = min(shares) * 1e9
+        inter_lat[rank] = 2 * sum(max(G.edges[u, v]["latency_us"] for u, v in hop) for hop in hops) * 1e-6
+
+    return ClusterView(
+        group_of_rank=group_of_rank,
+        local_index=local_index,
+        groups=tuple(tuple(ranks) for ranks in group_lists),
+        host_of_rank=tuple(attrs["host"] for _, attrs in gpus),
+        intra_bw_Bps=intra_bw,
+        inter_bw_Bps=inter_bw,
+        intra_latency_s=intra_lat,
+        inter_latency_s=inter_lat,
+        memory_bytes=np.array([attrs["memory_bytes"] for _, attrs in gpus], dtype=np.int64),
+    )
+
+
+def _edge_class(G: nx.Graph, u: Any, v: Any) -> tuple[str, tuple[str, ...]]:
+    """An edge's kind and end roles (node kind, or switch level), e.g. ``("network", ("leaf", "nic"))``."""
+    attrs = (G.nodes[u], G.nodes[v])
+    roles = tuple(sorted(a["level"] if a["kind"] == "switch" else a["kind"] for a in attrs))
+    return G.edges[u, v]["kind"], roles
+
+
+def slow_links(G: nx.Graph, factor: float = 0.5) -> list[dict]:
+    """Edges slower than ``factor`` x the median bandwidth of their class, slowest first.
+
+    A class is the edge ``kind`` refined by its end roles (NIC->leaf and leaf->spine network links are
+    compared separately). Each entry: ``u``, ``v``, ``kind``, ``bandwidth_GBps``, ``median_GBps``, ``ratio``
+    (bandwidth / median), ``latency_us``.
+    """
+    from topology.graph import validate
+
+    validate(G)
+    classes: dict[tuple, list[tuple[Any, Any, dict]]] = {}
+    for u, v, attrs in G.edges(data=True):
+        classes.setdefault(_edge_class(G, u, v), []).append((u, v, attrs))
+    found = []
+    for edges in classes.values():
+        median = float(np.median([attrs["bandwidth_GBps"] for *_, attrs in edges]))
+        for u, v, attrs in edges:
+            bw = attrs["bandwidth_GBps"]
+            if bw < factor * median:
+                found.append({
+                    "u": u, "v": v, "kind": attrs["kind"], "bandwidth_GBps": bw, "median_GBps": median,
+                    "ratio": bw / median, "latency_us": attrs["latency_us"],
+                })
+    found.sort(key=lambda d: (d["ratio"], str(d["u"]), str(d["v"])))
+    return found
+
+
+def summary(G: nx.Graph, max_slow: int = 10) -> str:
+    """A short human-readable table: GPUs, hosts, groups, per-rank speeds (min/median/max), slow links."""
+    view = cluster_view(G)
+    sizes = sorted({len(g) for g in view.groups})
+    size_text = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]}"
+    lines = [
+        f"topology {G.graph.get('name', '?')!r}: {view.num_ranks} GPUs, {len(set(view.host_of_rank))} hosts, "
+        f"{view.num_groups} groups of {size_text}",
+        f"{'per rank':<18}{'min':>10}{'median':>10}{'max':>10}",
+    ]
+    for label, values in (
+        ("intra GB/s", view.intra_bw_Bps / 1e9),
+        ("inter GB/s", view.inter_bw_Bps / 1e9),
+        ("intra latency us", view.intra_latency_s * 1e6),
+        ("inter latency us", view.inter_latency_s * 1e6),
+        ("memory GiB", view.memory_bytes / 2**30),
+    ):
+        lines.append(f"{label:<18}{values.min():>10.2f}{np.median(values):>10.2f}{values.max():>10.2f}")
+    slow = slow_links(G)
+    lines.append(f"slow links: {len(slow) if slow else 'none'}")
+    for link in slow[:max_slow]:
+        lines.append(
+            f"  {link['u']} - {link['v']} ({link['kind']}): {link['bandwidth_GBps']:g} GB/s, "
+            f"{link['ratio']:.2f} x median {link['median_GBps']:g}"
+        )
+    if len(slow) > max_slow:
+        lines.append(f"  ... and {len(slow) - max_slow} more")
+    return "\n".join(lines)
