@@ -89,7 +89,9 @@ def table_coefficients(
                 lt.cold_lookup * volume * per_lookup,
             ]
         )
-        memory = np.stack([rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n])
+        memory = np.stack(
+            [rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n]
+        )
         out.append(TableCoefficients(rows=rows, time_s=time_s, memory_bytes=memory))
     return out
 
@@ -101,4 +103,6 @@ def fixed_time_s(view: ClusterView, num_tables: int, hot: bool, warm: bool, cold
     inv_a = 1.0 / float(view.intra_bw_Bps.min())
     inv_e = 1.0 / float(view.inter_bw_Bps.min())
     warm_sync = warm and view.num_groups > 1
-    return float(splits[0] * inv_a + splits[1] * inv_e) + collective_latency_s(view, warm, cold, hot, warm_sync, sync)
+    return float(splits[0] * inv_a + splits[1] * inv_e) + collective_latency_s(
+        view, warm, cold, hot, warm_sync, sync
+    )

@@ -102,7 +102,9 @@ def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
     return TierVolumes(warm_volume=vol[1], cold_volume=vol[2], hot_touched=tch[0], warm_touched=tch[1])
 
 
-def lookup_traffic(view: ClusterView, share: np.ndarray, volume: float, vector_bytes: int, within_group: bool) -> np.ndarray:
+def lookup_traffic(
+    view: ClusterView, share: np.ndarray, volume: float, vector_bytes: int, within_group: bool
+) -> np.ndarray:
     """Bytes [N, 2 links, 3 components (ids, fwd, bwd), 2 directions] of one tier's lookups.
 
     ``share[r]``: share of the tier's rows (and accesses) owned by rank r, summing to 1 over the
@@ -117,7 +119,9 @@ def lookup_traffic(view: ClusterView, share: np.ndarray, volume: float, vector_b
     same_group_share = np.bincount(grp, weights=share, minlength=view.num_groups)[grp] - share
     gsize = view.group_size_of_rank().astype(np.float64)
     # share of a requester's lookups served by other ranks of its group / of other groups
-    req = np.stack([same_group_share, np.zeros(n) if within_group else 1.0 - share - same_group_share], axis=1)
+    req = np.stack(
+        [same_group_share, np.zeros(n) if within_group else 1.0 - share - same_group_share], axis=1
+    )
     # number of requesters each owner serves in its group / in other groups
     peers = np.stack([gsize - 1.0, np.zeros(n) if within_group else n - gsize], axis=1)
     served = volume * share[:, None] * peers  # [N, 2] lookups served per owner
@@ -139,7 +143,9 @@ def hierarchical_allreduce_bytes(view: ClusterView, payload_bytes: float) -> np.
     """
     g = view.group_size_of_rank().astype(np.float64)
     big_g = view.num_groups
-    return np.stack([2.0 * (g - 1.0) / g * payload_bytes, 2.0 * (big_g - 1.0) / big_g * payload_bytes / g], axis=1)
+    return np.stack(
+        [2.0 * (g - 1.0) / g * payload_bytes, 2.0 * (big_g - 1.0) / big_g * payload_bytes / g], axis=1
+    )
 
 
 def sync_payload(touched_rows: float, rows: float, vector_bytes: int, sync: str) -> float:
@@ -166,9 +172,13 @@ def check_plan(workload: Workload, view: ClusterView, plan: Plan) -> None:
     for t, tp in zip(workload.tables, plan.tables, strict=True):
         if tp.name != t.name:
             raise PlannerError(f"plan: table {tp.name!r} where the workload has {t.name!r}")
-        if min(tp.hot_rows, tp.warm_rows, tp.cold_rows) < 0 or tp.hot_rows + tp.warm_rows + tp.cold_rows != t.num_rows:
+        if (
+            min(tp.hot_rows, tp.warm_rows, tp.cold_rows) < 0
+            or tp.hot_rows + tp.warm_rows + tp.cold_rows != t.num_rows
+        ):
             raise PlannerError(
-                f"plan table {t.name!r}: tiers {tp.hot_rows}+{tp.warm_rows}+{tp.cold_rows} do not cover {t.num_rows} rows"
+                f"plan table {t.name!r}: tiers {tp.hot_rows}+{tp.warm_rows}+{tp.cold_rows} "
+                f"do not cover {t.num_rows} rows"
             )
         for fld in ("warm_share", "cold_share"):
             s = getattr(tp, fld)
@@ -184,7 +194,7 @@ def check_plan(workload: Workload, view: ClusterView, plan: Plan) -> None:
                 raise PlannerError(f"plan table {t.name!r}: warm rows need groups of equal size")
 
 
-def evaluate(workload: Workload, view: ClusterView, plan: Plan, routing_metadata: bool = True) -> CostReport:
+def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
     """Modeled per-iteration bytes, time and memory of ``plan`` (see the module docstring)."""
     check_plan(workload, view, plan)
     n = view.num_ranks
@@ -203,7 +213,7 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan, routing_metadata
         hot_payload += sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
         warm_payload += tp.warm_share * sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
         memory += t.row_bytes * (tp.hot_rows + tp.warm_rows * tp.warm_share + tp.cold_rows * tp.cold_share)
-        memory += routing_bytes(tp, routing_metadata)
+        memory += routing_bytes(tp, plan.routing_metadata)
         uses_warm |= tp.warm_rows > 0
         uses_cold |= tp.cold_rows > 0
     out[:, :, IDS, :] += split_bytes(view, len(workload.tables), uses_warm, uses_cold)[:, :, None]
@@ -213,7 +223,9 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan, routing_metadata
     warm_sync = 2.0 * (big_g - 1.0) / big_g * warm_payload
     out[:, INTER, SYNC, SEND] += warm_sync
     out[:, INTER, SYNC, RECV] += warm_sync
-    latency = collective_latency_s(view, uses_warm, uses_cold, hot_payload > 0, bool(warm_payload.any()), plan.sync)
+    latency = collective_latency_s(
+        view, uses_warm, uses_cold, hot_payload > 0, bool(warm_payload.any()), plan.sync
+    )
     per_link = out.sum(axis=2).max(axis=2)  # [N, 2]: max(send, recv) per link class
     bw = np.stack([view.intra_bw_Bps, view.inter_bw_Bps], axis=1)
     time_s = np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1) + latency
@@ -233,7 +245,9 @@ def split_bytes(view: ClusterView, num_tables: int, warm: bool, cold: bool) -> n
     return out
 
 
-def collective_latency_s(view: ClusterView, warm: bool, cold: bool, hot_sync: bool, warm_sync: bool, sync: str) -> float:
+def collective_latency_s(
+    view: ClusterView, warm: bool, cold: bool, hot_sync: bool, warm_sync: bool, sync: str
+) -> float:
     """Latency part of an iteration, in seconds: one hop per all-to-all; an all-reduce over k ranks
     takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for latency-bound sizes) while its
     bandwidth term is the ring's."""

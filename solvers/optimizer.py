@@ -136,14 +136,22 @@ def optimize_tiers(
     candidates.sort(key=lambda c: c[0])
     best: dict | None = None
     history: list[dict] = []
-    for total_bound, bound, fixed, allowed in candidates:
+    for total_bound, bound, _fixed, allowed in candidates:
         if best is not None and total_bound >= best["total_s"]:
             continue
-        rows, linear_s, nvars, rounds = _refined_solve(coeffs, budget_bytes, allowed, bound, cfg, history, progress)
+        rows, linear_s, nvars, rounds = _refined_solve(
+            coeffs, budget_bytes, allowed, bound, cfg, history, progress
+        )
         used = _tiers_used(rows, workload)
         total = linear_s + fixed_time_s(view, ntab, *used, cfg.sync)
         if best is None or total < best["total_s"]:
-            best = {"total_s": total, "rows": rows, "linear_s": linear_s, "variables": nvars, "rounds": rounds}
+            best = {
+                "total_s": total,
+                "rows": rows,
+                "linear_s": linear_s,
+                "variables": nvars,
+                "rounds": rounds,
+            }
     assert best is not None
     lower = min(c[0] for c in candidates)
     gap = (best["total_s"] - lower) / lower if lower > 0 else 0.0
@@ -158,7 +166,9 @@ def optimize_tiers(
         "solve_time_s": solve_time,
     }
     plan = Plan("flexshard", tables, dedup=cfg.dedup, sync=cfg.sync, budget_bytes=budget_bytes, solver=solver)
-    return OptimizerResult(plan, best["total_s"], lower, gap, best["rounds"], best["variables"], solve_time, history)
+    return OptimizerResult(
+        plan, best["total_s"], lower, gap, best["rounds"], best["variables"], solve_time, history
+    )
 
 
 def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
@@ -194,14 +204,18 @@ def _refined_solve(
             best = (linear, rows)
         gap = (best[0] - bound_s) / bound_s if bound_s > 0 else 0.0
         segments = int(sum(e.size - 1 for e in edges))
-        history.append({"tiers": tiers, "round": rounds, "segments": segments, "linear_s": linear, "gap": gap})
+        history.append(
+            {"tiers": tiers, "round": rounds, "segments": segments, "linear_s": linear, "gap": gap}
+        )
         if progress:
             progress(f"{tiers}: round {rounds}, {nvars} variables, gap {gap:.1e}")
         if gap <= cfg.target_gap:
             break
         changed_any = False
         for i, (hs, ws) in enumerate(shares):
-            edges[i], changed = _refine(edges[i], _boundary_segments(hs) | _boundary_segments(ws), cfg.split_factor)
+            edges[i], changed = _refine(
+                edges[i], _boundary_segments(hs) | _boundary_segments(ws), cfg.split_factor
+            )
             changed_any |= changed
         if not changed_any:
             break
@@ -215,7 +229,11 @@ def _segment_sums(c: TableCoefficients, edges: np.ndarray) -> tuple[np.ndarray, 
 
 
 def _solve_lp(
-    coeffs: list[TableCoefficients], edges: list[np.ndarray], budget: float, allowed: np.ndarray, time_limit_s: float
+    coeffs: list[TableCoefficients],
+    edges: list[np.ndarray],
+    budget: float,
+    allowed: np.ndarray,
+    time_limit_s: float,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     prob = pulp.LpProblem("flexshard_tiers", pulp.LpMinimize)
     objective: dict[pulp.LpVariable, float] = {}
@@ -262,7 +280,9 @@ def _solve_lp(
     return shares, len(objective)
 
 
-def _shares_to_rows(c: TableCoefficients, edges: np.ndarray, hs: np.ndarray, ws: np.ndarray) -> tuple[int, int]:
+def _shares_to_rows(
+    c: TableCoefficients, edges: np.ndarray, hs: np.ndarray, ws: np.ndarray
+) -> tuple[int, int]:
     """Integer (hot_rows, warm_rows) from prefix shares: a fractional segment keeps its hottest part."""
     seg_rows = np.add.reduceat(c.rows, edges[:-1])
     hot = int(np.floor(float(np.dot(hs, seg_rows)) + 1e-6))

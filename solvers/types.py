@@ -49,11 +49,15 @@ class RowHistogram:
         object.__setattr__(self, "rows", rows)
         object.__setattr__(self, "prob", prob)
         if rows.ndim != 1 or rows.shape != prob.shape or rows.size == 0:
-            raise PlannerError(f"histogram: rows and prob must be equal-length 1-D arrays, got {rows.shape}, {prob.shape}")
+            raise PlannerError(
+                f"histogram: rows and prob must be equal-length 1-D arrays, got {rows.shape}, {prob.shape}"
+            )
         if (rows <= 0).any():
             raise PlannerError(f"histogram.rows: every bucket needs at least one row, got min {rows.min()}")
         if not np.isfinite(prob).all() or (prob < 0).any():
-            raise PlannerError(f"histogram.prob: probabilities must be finite and >= 0, got min {np.nanmin(prob)}")
+            raise PlannerError(
+                f"histogram.prob: probabilities must be finite and >= 0, got min {np.nanmin(prob)}"
+            )
         if (np.diff(prob) > 1e-12 * max(prob[0], 1e-300)).any():
             raise PlannerError("histogram.prob: buckets must be sorted hottest first")
         total = float(np.dot(rows.astype(np.float64), prob))
@@ -132,13 +136,17 @@ class TableSpec:
                 raise PlannerError(f"table {self.name!r}: {fld} must be a positive integer, got {v!r}")
         if self.optimizer_bytes_per_row < 0:
             raise PlannerError(
-                f"table {self.name!r}: optimizer_bytes_per_row must be >= 0, got {self.optimizer_bytes_per_row!r}"
+                f"table {self.name!r}: optimizer_bytes_per_row must be >= 0, "
+                f"got {self.optimizer_bytes_per_row!r}"
             )
         if not np.isfinite(self.ids_per_sample) or self.ids_per_sample <= 0:
-            raise PlannerError(f"table {self.name!r}: ids_per_sample must be positive, got {self.ids_per_sample!r}")
+            raise PlannerError(
+                f"table {self.name!r}: ids_per_sample must be positive, got {self.ids_per_sample!r}"
+            )
         if self.hist.num_rows != self.num_rows:
             raise PlannerError(
-                f"table {self.name!r}: histogram covers {self.hist.num_rows} rows but num_rows is {self.num_rows}"
+                f"table {self.name!r}: histogram covers {self.hist.num_rows} rows "
+                f"but num_rows is {self.num_rows}"
             )
 
     @property
@@ -165,7 +173,9 @@ class Workload:
         if not self.tables:
             raise PlannerError(f"workload {self.name!r}: has no tables")
         if not isinstance(self.batch_size_per_gpu, (int, np.integer)) or self.batch_size_per_gpu <= 0:
-            raise PlannerError(f"workload.batch_size_per_gpu: must be a positive integer, got {self.batch_size_per_gpu!r}")
+            raise PlannerError(
+                f"workload.batch_size_per_gpu: must be a positive integer, got {self.batch_size_per_gpu!r}"
+            )
         names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
@@ -208,6 +218,7 @@ class Plan:
     dedup: bool
     sync: str = "sparse"  # replica gradient sync: "sparse" (touched rows) or "dense" (all rows)
     budget_bytes: float | None = None  # per-GPU memory budget the plan was made for
+    routing_metadata: bool = True  # False where owners follow from arithmetic (whole-table tiers)
     solver: dict = field(default_factory=dict)  # solver metadata (bounds, gap, iterations, seconds)
 
 

@@ -136,7 +136,8 @@ def _network_hops(G: nx.Graph, gpu: Any) -> list[list[tuple[Any, Any]]]:
         for node in frontier:
             level = _LEVEL_ORDER[G.nodes[node]["level"]]
             hop += [
-                (u, v) for u, v, _ in edges_of_kind(G, node, "network", ("switch",))
+                (u, v)
+                for u, v, _ in edges_of_kind(G, node, "network", ("switch",))
                 if _LEVEL_ORDER[G.nodes[v]["level"]] > level
             ]
         if not hop:
@@ -245,10 +246,17 @@ def slow_links(G: nx.Graph, factor: float = 0.5) -> list[dict]:
         for u, v, attrs in edges:
             bw = attrs["bandwidth_GBps"]
             if bw < factor * median:
-                found.append({
-                    "u": u, "v": v, "kind": attrs["kind"], "bandwidth_GBps": bw, "median_GBps": median,
-                    "ratio": bw / median, "latency_us": attrs["latency_us"],
-                })
+                found.append(
+                    {
+                        "u": u,
+                        "v": v,
+                        "kind": attrs["kind"],
+                        "bandwidth_GBps": bw,
+                        "median_GBps": median,
+                        "ratio": bw / median,
+                        "latency_us": attrs["latency_us"],
+                    }
+                )
     found.sort(key=lambda d: (d["ratio"], str(d["u"]), str(d["v"])))
     return found
 

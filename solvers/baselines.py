@@ -1,0 +1,182 @@
+"""Baseline sharding strategies, expressed as tier plans so one cost model prices them all.
+
+* ``table_wise``: each table whole on one GPU (greedy, heaviest table to the least loaded GPU);
+* ``row_wise``: every table's rows split evenly over all GPUs (TorchRec's sequence sharding);
+* ``2d``: TorchRec-style 2D: a table's rows split inside each group and the table replicated
+  across groups, for the tables the budget allows (greedy by time saved per byte), the rest row-wise;
+* ``hybrid``: HugeCTR-style hybrid embedding: rows whose expected accesses per iteration reach
+  HugeCTR's bandwidth-ratio count threshold are replicated on every GPU (hottest first while the
+  budget allows), the rest row-wise;
+* ``data_parallel``: whole tables replicated on every GPU where that saves time and fits, the rest
+  row-wise.
+
+All baselines use the same dedup and sync settings as the FlexShard plan they are compared with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from solvers.coefficients import TableCoefficients, table_coefficients
+from solvers.cost_model import evaluate, table_plan, uniform_shares
+from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, PlannerError, TablePlan, Workload
+from topology.views import ClusterView
+
+HOT, WARM, COLD = 0, 1, 2
+
+
+def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+    tables = tuple(table_plan(t, view, 0, 0) for t in workload.tables)
+    return _checked(
+        Plan("row_wise", tables, dedup, sync, budget_bytes, routing_metadata=False),
+        workload,
+        view,
+        budget_bytes,
+    )
+
+
+def table_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+    """Longest-processing-time greedy: heaviest table first, onto the GPU with the least load that fits."""
+    n = view.num_ranks
+    coeffs = table_coefficients(workload, view, dedup, sync)
+    load = np.array([c.time_s[COLD].sum() for c in coeffs])
+    size = np.array([t.num_rows * t.row_bytes for t in workload.tables], dtype=np.float64)
+    rank_load, rank_mem = np.zeros(n), np.zeros(n)
+    owner = np.empty(len(workload.tables), dtype=np.int64)
+    for i in np.argsort(-load, kind="stable"):
+        fits = rank_mem + size[i] <= budget_bytes
+        if not fits.any():
+            t = workload.tables[i]
+            raise PlannerError(
+                f"table_wise: table {t.name!r} needs {size[i] / 2**30:.2f} GiB on one GPU, over the "
+                f"{budget_bytes / 2**30:.2f} GiB budget"
+            )
+        r = int(np.flatnonzero(fits)[np.argmin(rank_load[fits])])
+        owner[i] = r
+        rank_load[r] += load[i]
+        rank_mem[r] += size[i]
+    warm_share, _ = uniform_shares(view)
+    tables = tuple(
+        TablePlan(t.name, 0, 0, t.num_rows, warm_share, np.eye(n)[owner[i]])
+        for i, t in enumerate(workload.tables)
+    )
+    return _checked(
+        Plan("table_wise", tables, dedup, sync, budget_bytes, routing_metadata=False),
+        workload,
+        view,
+        budget_bytes,
+    )
+
+
+def two_d(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+    if view.num_groups < 2 or view.uniform_group_size in (None, 1):
+        return _renamed(row_wise(workload, view, budget_bytes, dedup, sync), "2d")
+    coeffs = table_coefficients(workload, view, dedup, sync, routing_metadata=False)
+    chosen = _greedy_whole_tables(coeffs, budget_bytes, WARM)
+    tables = tuple(
+        table_plan(t, view, 0, t.num_rows if c else 0) for t, c in zip(workload.tables, chosen, strict=True)
+    )
+    return _checked(
+        Plan("2d", tables, dedup, sync, budget_bytes, routing_metadata=False), workload, view, budget_bytes
+    )
+
+
+def data_parallel(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+    coeffs = table_coefficients(workload, view, dedup, sync, routing_metadata=False)
+    chosen = _greedy_whole_tables(coeffs, budget_bytes, HOT)
+    tables = tuple(
+        table_plan(t, view, t.num_rows if c else 0, 0) for t, c in zip(workload.tables, chosen, strict=True)
+    )
+    return _checked(
+        Plan("data_parallel", tables, dedup, sync, budget_bytes, routing_metadata=False),
+        workload,
+        view,
+        budget_bytes,
+    )
+
+
+def hugectr_count_threshold(
+    num_nodes: int, all_to_all_bw: float, all_reduce_bw: float, efficiency: float = 1.0
+) -> float:
+    """HugeCTR's frequent-category threshold (IB_NVLink), in expected accesses per iteration:
+    ``n^2 / (n - 1) * all_to_all_bw / all_reduce_bw * efficiency`` for ``n`` nodes."""
+    if num_nodes < 2:
+        raise PlannerError(f"hybrid: the bandwidth-ratio threshold needs at least 2 nodes, got {num_nodes}")
+    return num_nodes**2 / (num_nodes - 1) * all_to_all_bw / all_reduce_bw * efficiency
+
+
+def modeled_bandwidth_ratio(view: ClusterView) -> float:
+    """all-to-all / all-reduce algorithm bandwidth of one group in this cost model.
+
+    A group's all-to-all payload X costs ``X (G-1)/G`` inter-group bytes; its all-reduce payload S
+    costs ``2 S (G-1)/G``; both over the same links, so the ratio is 2 whatever the bandwidth.
+    """
+    return 2.0 if view.num_groups > 1 else 1.0
+
+
+def hybrid(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+    n = view.num_ranks
+    big_g = view.num_groups
+    threshold = hugectr_count_threshold(big_g, modeled_bandwidth_ratio(view), 1.0) if big_g > 1 else 1.0
+    global_counts = [t.hist.prob * workload.lookups_per_gpu(t) * n for t in workload.tables]  # per bucket
+    row_cost = [
+        t.row_bytes + ROUTING_BYTES_PER_REPLICATED_ROW - t.row_bytes / n for t in workload.tables
+    ]  # extra bytes/GPU per hot row
+    floor = sum(t.num_rows * t.row_bytes / n for t in workload.tables)
+
+    def hot_rows(cut: float) -> list[int]:
+        return [int(t.hist.rows[c >= cut].sum()) for t, c in zip(workload.tables, global_counts, strict=True)]
+
+    def extra(rows: list[int]) -> float:
+        return float(sum(r * c for r, c in zip(rows, row_cost, strict=True)))
+
+    cut = threshold
+    rows = hot_rows(cut)
+    if floor + extra(rows) > budget_bytes:  # hottest first while the budget allows
+        lo, hi = cut, max(float(c.max()) for c in global_counts) * 2.0
+        for _ in range(100):
+            mid = np.sqrt(lo * hi)
+            lo, hi = (mid, hi) if floor + extra(hot_rows(mid)) > budget_bytes else (lo, mid)
+        rows = hot_rows(hi)
+    tables = tuple(table_plan(t, view, h, 0) for t, h in zip(workload.tables, rows, strict=True))
+    plan = Plan("hybrid", tables, dedup, sync, budget_bytes, solver={"count_threshold": threshold})
+    return _checked(plan, workload, view, budget_bytes)
+
+
+def _greedy_whole_tables(coeffs: list[TableCoefficients], budget_bytes: float, tier: int) -> list[bool]:
+    """Tables moved whole to ``tier`` by time saved per extra byte, while it saves time and fits."""
+    saved = np.array([c.time_s[COLD].sum() - c.time_s[tier].sum() for c in coeffs])
+    extra = np.array([c.memory_bytes[tier].sum() - c.memory_bytes[COLD].sum() for c in coeffs])
+    used = float(sum(c.memory_bytes[COLD].sum() for c in coeffs))
+    chosen = [False] * len(coeffs)
+    for i in np.argsort(-saved / np.maximum(extra, 1.0), kind="stable"):
+        if saved[i] > 0 and used + extra[i] <= budget_bytes:
+            chosen[i] = True
+            used += extra[i]
+    return chosen
+
+
+def _checked(plan: Plan, workload: Workload, view: ClusterView, budget_bytes: float) -> Plan:
+    report = evaluate(workload, view, plan)
+    if report.memory_per_gpu_bytes > budget_bytes * (1 + 1e-9):
+        raise PlannerError(
+            f"{plan.strategy}: needs {report.memory_per_gpu_bytes / 2**30:.2f} GiB per GPU, over the "
+            f"{budget_bytes / 2**30:.2f} GiB budget"
+        )
+    return plan
+
+
+def _renamed(plan: Plan, strategy: str) -> Plan:
+    plan.strategy = strategy
+    return plan
+
+
+BASELINES: dict[str, Callable[[Workload, ClusterView, float, bool, str], Plan]] = {
+    "table_wise": table_wise,
+    "row_wise": row_wise,
+    "2d": two_d,
+    "hybrid": hybrid,
+    "data_parallel": data_parallel,
+}

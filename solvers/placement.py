@@ -1,0 +1,138 @@
+"""Placement: which GPU owns which warm and cold rows.
+
+Rows of a tier are dealt to owners by a weighted interleave over hotness rank, so a rank's share
+of the rows is also its share of the tier's accesses. On a homogeneous cluster every share is
+even. Where links differ (a host behind a slower uplink), a small PuLP program picks the shares
+that minimise the slowest rank's modeled time under the per-GPU memory budget: one cold share per
+rank and one warm share per position in the group (replicas of a warm shard must line up across
+groups for their all-reduce). Send and receive bytes are both bounded, so the program balances
+each rank's traffic by its link speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pulp
+
+from solvers.cost_model import (
+    evaluate,
+    hierarchical_allreduce_bytes,
+    routing_bytes,
+    split_bytes,
+    sync_payload,
+    table_mass,
+    tier_volumes,
+)
+from solvers.types import INDEX_BYTES, Plan, PlannerError, TablePlan, Workload
+from topology.views import ClusterView
+
+
+def is_homogeneous(view: ClusterView) -> bool:
+    arrays = (view.intra_bw_Bps, view.inter_bw_Bps)
+    return view.uniform_group_size is not None and all(np.ptp(a) <= 1e-9 * a.max() for a in arrays)
+
+
+def interleave_pattern(shares: np.ndarray, period: int) -> np.ndarray:
+    """Owner of each position in a repeating pattern of ``period`` rows (smooth weighted round-robin).
+
+    Over every prefix of the pattern each owner's count stays within one of ``share * prefix``.
+    """
+    shares = np.asarray(shares, dtype=np.float64)
+    if shares.sum() <= 0:
+        raise PlannerError("placement: shares must have a positive sum")
+    w = shares / shares.sum()
+    credit = np.zeros_like(w)
+    out = np.empty(period, dtype=np.int64)
+    for j in range(period):  # O(period x owners), independent of the number of rows
+        credit += w
+        k = int(np.argmax(credit))
+        out[j] = k
+        credit[k] -= 1.0
+    return out
+
+
+def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: float) -> Plan:
+    """Plan with owner shares balanced by link speed (returns ``plan`` unchanged on a homogeneous cluster)."""
+    if is_homogeneous(view) or view.uniform_group_size is None:
+        return plan
+    n, g, big_g = view.num_ranks, view.uniform_group_size, view.num_groups
+    grp, loc = view.group_of_rank, view.local_index
+    ring = 2.0 * (big_g - 1) / big_g
+    cold_vec = cold_idx = warm_vec = warm_idx = hot_payload = warm_payload = 0.0
+    mem_fixed = mem_cold = mem_warm = 0.0
+    for t, tp in zip(workload.tables, plan.tables, strict=True):
+        v = tier_volumes(table_mass(t, workload.lookups_per_gpu(t), n), tp, plan.dedup)
+        cold_vec += v.cold_volume * t.vector_bytes
+        cold_idx += v.cold_volume * INDEX_BYTES
+        warm_vec += v.warm_volume * t.vector_bytes
+        warm_idx += v.warm_volume * INDEX_BYTES
+        hot_payload += sync_payload(v.hot_touched, tp.hot_rows, t.vector_bytes, plan.sync)
+        warm_payload += sync_payload(v.warm_touched, tp.warm_rows, t.vector_bytes, plan.sync)
+        mem_fixed += t.row_bytes * tp.hot_rows + routing_bytes(tp, plan.routing_metadata)
+        mem_cold += t.row_bytes * tp.cold_rows
+        mem_warm += t.row_bytes * tp.warm_rows
+    uses_warm = any(tp.warm_rows > 0 for tp in plan.tables)
+    uses_cold = any(tp.cold_rows > 0 for tp in plan.tables)
+    fixed = split_bytes(view, len(workload.tables), uses_warm, uses_cold)
+    fixed += hierarchical_allreduce_bytes(view, hot_payload)  # [N, 2], each direction
+
+    prob = pulp.LpProblem("flexshard_placement", pulp.LpMinimize)
+    a = [pulp.LpVariable(f"a_{r}", 0, 1) for r in range(n)]  # cold share per rank
+    b = [pulp.LpVariable(f"b_{j}", 0, 1) for j in range(g)]  # warm share per position in the group
+    slowest_us = pulp.LpVariable("slowest_rank_us", 0)
+    prob += slowest_us
+    prob += pulp.lpSum(a) == 1
+    prob += pulp.lpSum(b) == 1
+    mb = 1e-6  # constraints in MB
+    group_a = [pulp.lpSum(a[o] for o in members) for members in view.groups]
+    for r in range(n):
+        k, br = int(grp[r]), b[int(loc[r])]
+        peers = len(view.groups[k]) - 1
+        asked_warm, asked_cold, asked_far = 1 - br, group_a[k] - a[r], 1 - group_a[k]
+        # a requester sends ids + gradients and receives embeddings; an owner the reverse
+        links = {
+            "intra": (
+                asked_warm * (warm_idx + warm_vec)
+                + br * peers * warm_vec
+                + asked_cold * (cold_idx + cold_vec)
+                + a[r] * peers * cold_vec,
+                asked_warm * warm_vec
+                + br * peers * (warm_idx + warm_vec)
+                + asked_cold * cold_vec
+                + a[r] * peers * (cold_idx + cold_vec),
+                0,
+                view.intra_bw_Bps[r],
+            ),
+            "inter": (
+                asked_far * (cold_idx + cold_vec) + a[r] * (n - g) * cold_vec + ring * warm_payload * br,
+                asked_far * cold_vec + a[r] * (n - g) * (cold_idx + cold_vec) + ring * warm_payload * br,
+                1,
+                view.inter_bw_Bps[r],
+            ),
+        }
+        time_us = []
+        for name, (send, recv, li, bw) in links.items():
+            y = pulp.LpVariable(f"{name}_{r}", 0)
+            prob += y >= (send + fixed[r, li]) * mb
+            prob += y >= (recv + fixed[r, li]) * mb
+            time_us.append(y * (1e12 / bw))
+        prob += slowest_us >= pulp.lpSum(time_us)
+        prob += (mem_fixed + mem_cold * a[r] + mem_warm * br) * mb <= budget_bytes * mb
+    status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
+    if pulp.LpStatus[status] != "Optimal":
+        return plan  # keep even shares: the tier optimizer already checked they fit
+    a_val = np.clip(np.array([x.value() or 0.0 for x in a]), 0, None)
+    b_val = np.clip(np.array([x.value() or 0.0 for x in b]), 0, None)
+    a_val /= a_val.sum()
+    b_val /= b_val.sum()
+    tables = tuple(
+        TablePlan(tp.name, tp.hot_rows, tp.warm_rows, tp.cold_rows, b_val[loc].copy(), a_val.copy())
+        for tp in plan.tables
+    )
+    balanced = replace(plan, tables=tables, solver={**plan.solver, "placement": "balanced"})
+    before, after = evaluate(workload, view, plan), evaluate(workload, view, balanced)
+    if after.modeled_time_s > before.modeled_time_s or after.memory_per_gpu_bytes > budget_bytes * (1 + 1e-9):
+        return plan
+    return balanced

@@ -1,0 +1,101 @@
+"""Topology files: node-link JSON (``networkx.node_link_data``) with validation on read and write."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from topology.graph import validate
+from topology.presets import from_preset, is_preset_name, preset_help
+from topology.views import TopologyError
+
+# networkx >= 3.4 names the edge list key with ``edges=``; older releases with ``link=``.
+_EDGES_KW = "edges" if "edges" in inspect.signature(nx.node_link_data).parameters else "link"
+
+
+def write_json(G: nx.Graph, path: str | os.PathLike) -> None:
+    """Validate ``G`` and write it as node-link JSON, atomically (temp file in the same dir, then replace)."""
+    validate(G)
+    data = nx.node_link_data(G, **{_EDGES_KW: "edges"})
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, allow_nan=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _check_structure(data: Any, where: str) -> str:
+    """Check the node-link skeleton before networkx sees it; returns the edge list key."""
+    if not isinstance(data, dict):
+        raise TopologyError(f"{where}: top level is a {type(data).__name__}; expected a node-link object")
+    if not isinstance(data.get("graph", {}), dict):
+        raise TopologyError(f"{where}: field 'graph' = {data['graph']!r}; expected an object")
+    edges_key = "edges" if "edges" in data or "links" not in data else "links"
+    for key in ("nodes", edges_key):
+        if not isinstance(data.get(key), list):
+            raise TopologyError(f"{where}: field {key!r} = {data.get(key)!r}; expected a list")
+    ids = set()
+    for i, node in enumerate(data["nodes"]):
+        if not isinstance(node, dict) or "id" not in node:
+            raise TopologyError(f"{where}: nodes[{i}]: missing field 'id'")
+        if not isinstance(node["id"], (str, int)) or isinstance(node["id"], bool):
+            raise TopologyError(f"{where}: nodes[{i}]: field 'id' = {node['id']!r}; expected str or int")
+        ids.add(node["id"])
+    for i, edge in enumerate(data[edges_key]):
+        for end in ("source", "target"):
+            if not isinstance(edge, dict) or end not in edge:
+                raise TopologyError(f"{where}: {edges_key}[{i}]: missing field {end!r}")
+            if not isinstance(edge[end], (str, int)) or edge[end] not in ids:
+                raise TopologyError(f"{where}: {edges_key}[{i}]: field {end!r} = {edge[end]!r}; no such node")
+    for flag in ("directed", "multigraph"):
+        if data.get(flag, False) is not False:
+            raise TopologyError(f"{where}: field {flag!r} = {data[flag]!r}; expected false")
+    return edges_key
+
+
+def read_json(path: str | os.PathLike) -> nx.Graph:
+    """Read and validate a node-link JSON topology; any problem raises :class:`TopologyError` (one line)."""
+    where = f"topology file {str(path)!r}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise TopologyError(f"{where}: cannot read ({reason})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TopologyError(
+            f"{where}: malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}"
+        ) from None
+    edges_key = _check_structure(data, where)
+    G = nx.node_link_graph(data, directed=False, multigraph=False, **{_EDGES_KW: edges_key})
+    return validate(G, source=where)
+
+
+def load_topology(spec: str | os.PathLike | nx.Graph) -> nx.Graph:
+    """A topology from a JSON file path or a preset spec (``"h100:8"``); an existing path wins.
+
+    A graph is validated and returned as is.
+    """
+    if isinstance(spec, nx.Graph):
+        return validate(spec)
+    if Path(spec).exists():
+        return read_json(spec)
+    if is_preset_name(str(spec)):
+        return from_preset(str(spec))
+    raise TopologyError(
+        f"topology {str(spec)!r}: neither an existing file nor a preset; valid presets: {preset_help()}"
+    )

@@ -1,0 +1,165 @@
+"""Ready-made clusters and the ``name[:size]`` preset registry.
+
+Figures (per direction, GB = 1e9 bytes/s): NVLink 450 GB/s per H100 GPU, 900 GB/s per GB200 GPU in an
+NVL72 domain; one 400 Gb/s (50 GB/s) NIC per GPU; PCIe Gen5 x16 GPU<->NIC 64 GB/s. Latencies (one way):
+NVLink 3 us, PCIe 1 us, NIC->leaf 2 us, leaf->spine 1 us, so the view's inter-group latency (up to the
+spine and back down) is 2 * (1 + 2 + 1) = 8 us; a cluster that fits under one leaf has no spine and gets
+2 * (1 + 2) = 6 us.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import networkx as nx
+
+from topology.graph import HostSpec, build_cluster
+from topology.views import TopologyError
+
+NIC_400G_GBps = 50.0  # 400 Gb/s
+H100_NVLINK_GBps = 450.0
+NVL72_NVLINK_GBps = 900.0
+H100_MEMORY_BYTES = 80 * 2**30
+GB200_MEMORY_BYTES = 186 * 10**9
+
+
+def _positive(name: str, field: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise TopologyError(f"{name}: field {field!r} = {value!r}; expected a positive integer")
+
+
+def h100_cluster(num_nodes: int, gpus_per_node: int = 8, *, hosts_per_leaf: int = 4) -> nx.Graph:
+    """``num_nodes`` H100 hosts (80 GiB each GPU): NVSwitch 450 GB/s per GPU, one 50 GB/s NIC per GPU,
+    non-blocking leaf/spine (``hosts_per_leaf`` hosts per leaf). Each host is one NVLink group."""
+    _positive("h100_cluster", "num_nodes", num_nodes)
+    _positive("h100_cluster", "gpus_per_node", gpus_per_node)
+    hosts = [
+        HostSpec(
+            f"node{i}",
+            gpus_per_node,
+            nvlink_GBps=H100_NVLINK_GBps,
+            nic_GBps=NIC_400G_GBps,
+            memory_bytes=H100_MEMORY_BYTES,
+            model="H100",
+        )
+        for i in range(num_nodes)
+    ]
+    return build_cluster(f"h100:{num_nodes}x{gpus_per_node}", hosts, hosts_per_leaf=hosts_per_leaf)
+
+
+def nvl72_pod(num_pods: int, *, hosts_per_leaf: int = 8) -> nx.Graph:
+    """``num_pods`` GB200 NVL72 pods: 72 GPUs per NVLink domain (900 GB/s per GPU), 18 hosts of 4 GPUs per
+    pod (host ``pod{p}-host{h}``, group ``pod{p}``), one 50 GB/s NIC per GPU, non-blocking leaf/spine."""
+    _positive("nvl72_pod", "num_pods", num_pods)
+    hosts = [
+        HostSpec(
+            f"pod{p}-host{h}",
+            4,
+            group=f"pod{p}",
+            nvlink_GBps=NVL72_NVLINK_GBps,
+            nic_GBps=NIC_400G_GBps,
+            memory_bytes=GB200_MEMORY_BYTES,
+            model="GB200",
+        )
+        for p in range(num_pods)
+        for h in range(18)
+    ]
+    return build_cluster(f"nvl72:{num_pods}", hosts, hosts_per_leaf=hosts_per_leaf)
+
+
+def skewed_fabric(
+    num_nodes: int,
+    gpus_per_node: int = 8,
+    slow_hosts: Iterable[int] = (0,),
+    slow_factor: float = 4.0,
+    oversubscription: float = 2.0,
+    *,
+    hosts_per_leaf: int = 2,
+) -> nx.Graph:
+    """Like :func:`h100_cluster`, but the NICs of ``slow_hosts`` (host indices) are ``slow_factor`` times
+    slower and each leaf->spine uplink carries the sum of the NIC bandwidth under it / ``oversubscription``.
+
+    With the defaults (2 hosts per leaf), ``skewed:8`` has 4 leaves; leaf0 (hosts 0, 1) has uplink
+    (8 * 12.5 + 8 * 50) / 2 = 250 GB/s shared by 16 GPUs.
+    """
+    _positive("skewed_fabric", "num_nodes", num_nodes)
+    _positive("skewed_fabric", "gpus_per_node", gpus_per_node)
+    slow = set(slow_hosts)
+    bad = sorted(h for h in slow if not (isinstance(h, int) and 0 <= h < num_nodes))
+    if bad:
+        raise TopologyError(f"skewed_fabric: field 'slow_hosts' = {bad}; expected indices 0..{num_nodes - 1}")
+    if not slow_factor > 0:
+        raise TopologyError(f"skewed_fabric: field 'slow_factor' = {slow_factor!r}; expected > 0")
+    hosts = [
+        HostSpec(
+            f"node{i}",
+            gpus_per_node,
+            nvlink_GBps=H100_NVLINK_GBps,
+            nic_GBps=NIC_400G_GBps / slow_factor if i in slow else NIC_400G_GBps,
+            memory_bytes=H100_MEMORY_BYTES,
+            model="H100",
+        )
+        for i in range(num_nodes)
+    ]
+    return build_cluster(
+        f"skewed:{num_nodes}x{gpus_per_node}",
+        hosts,
+        hosts_per_leaf=hosts_per_leaf,
+        oversubscription=oversubscription,
+    )
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A registry entry: ``build(size)`` or ``build(size, gpus_per_node)`` when ``per_node_gpus``."""
+
+    build: Callable[..., nx.Graph]
+    default_size: int
+    size_name: str  # what the size counts, for help text
+    per_node_gpus: bool  # accepts "NxG"
+
+
+PRESETS: dict[str, Preset] = {
+    "h100": Preset(h100_cluster, 8, "nodes", True),
+    "nvl72": Preset(nvl72_pod, 1, "pods", False),
+    "skewed": Preset(skewed_fabric, 8, "nodes", True),
+}
+
+
+def preset_help() -> str:
+    """One-line list of the valid preset specs, e.g. ``h100[:NODES[xGPUS]] (default 8)``."""
+    parts = []
+    for name, p in PRESETS.items():
+        size = f"{p.size_name.upper()}[xGPUS]" if p.per_node_gpus else p.size_name.upper()
+        parts.append(f"{name}[:{size}] (default {p.default_size})")
+    return ", ".join(parts)
+
+
+_SIZE = re.compile(r"^(\d+)(?:x(\d+))?$")
+
+
+def from_preset(spec: str) -> nx.Graph:
+    """Build a preset from ``"name[:size]"``: ``"h100:8"`` (8 nodes), ``"h100:8x4"`` (8 nodes x 4 GPUs),
+    ``"nvl72:2"`` (2 pods), ``"skewed:8"``; a bare name uses the preset's default size."""
+    text = str(spec).strip()
+    name, _, size = text.partition(":")
+    name = name.strip().lower()
+    if name not in PRESETS:
+        raise TopologyError(f"preset {name!r}: unknown name; valid presets: {preset_help()}")
+    preset = PRESETS[name]
+    if not size:
+        return preset.build(preset.default_size)
+    match = _SIZE.match(size.strip().lower())
+    if not match or (match.group(2) is not None and not preset.per_node_gpus):
+        raise TopologyError(f"preset {text!r}: bad size {size!r}; valid presets: {preset_help()}")
+    count, gpus = int(match.group(1)), match.group(2)
+    if count <= 0 or (gpus is not None and int(gpus) <= 0):
+        raise TopologyError(f"preset {text!r}: size {size!r} is not positive; valid presets: {preset_help()}")
+    return preset.build(count) if gpus is None else preset.build(count, int(gpus))
+
+
+def is_preset_name(spec: str) -> bool:
+    """Whether ``spec`` names a registered preset (the size part is not checked)."""
+    return str(spec).partition(":")[0].strip().lower() in PRESETS
