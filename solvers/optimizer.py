@@ -31,6 +31,7 @@ from solvers.types import Plan, PlannerError, Workload
 from topology.views import ClusterView
 
 HOT, WARM, COLD = 0, 1, 2
+INTEGER_ROWS_MAX = 4096  # segments this small get whole-row variables in the final (integer) solve
 
 
 @dataclass
@@ -47,6 +48,7 @@ class OptimizerConfig:
     target_gap: float = 1e-3  # stop refining below this relative gap to the lower bound
     solver_time_limit_s: float = 120.0
     routing_metadata: bool = True
+    integer_rows: bool = True  # finish with whole-row counts in small segments (a MILP)
 
 
 @dataclass
@@ -220,6 +222,18 @@ def _refined_solve(
         if not changed_any:
             break
     assert best is not None
+    if cfg.integer_rows and best[0] > bound_s * (1 + 1e-9):
+        try:
+            limit = cfg.solver_time_limit_s
+            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, limit, integer=True)
+        except PlannerError:
+            shares = None  # keep the rounded LP solution
+        if shares is not None:
+            rows = [_shares_to_rows(c, e, h, w) for c, e, (h, w) in zip(coeffs, edges, shares, strict=True)]
+            linear = _linear_time(coeffs, rows)
+            history.append({"tiers": tiers, "round": "integer", "linear_s": linear})
+            if linear < best[0]:
+                best = (linear, rows)
     return best[1], best[0], nvars, rounds
 
 
@@ -228,13 +242,24 @@ def _segment_sums(c: TableCoefficients, edges: np.ndarray) -> tuple[np.ndarray, 
     return np.add.reduceat(c.time_s, starts, axis=1), np.add.reduceat(c.memory_bytes, starts, axis=1)
 
 
+def _share(name: str, rows: float, low: int, integer: bool) -> tuple[pulp.LpVariable, float]:
+    """A segment's prefix share as (variable, scale), share = scale * variable: a whole row count
+    for small segments in integer mode, else a fraction in [low, 1]."""
+    if integer and rows <= INTEGER_ROWS_MAX:
+        return pulp.LpVariable(name, low * rows, rows, cat=pulp.LpInteger), 1.0 / float(rows)
+    return pulp.LpVariable(name, low, 1), 1.0
+
+
 def _solve_lp(
     coeffs: list[TableCoefficients],
     edges: list[np.ndarray],
     budget: float,
     allowed: np.ndarray,
     time_limit_s: float,
+    integer: bool = False,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """Solve the segment program; with ``integer`` the shares of small segments (at most
+    ``INTEGER_ROWS_MAX`` rows) become whole row counts, so single hot rows are not split."""
     prob = pulp.LpProblem("flexshard_tiers", pulp.LpMinimize)
     objective: dict[pulp.LpVariable, float] = {}
     memory: dict[pulp.LpVariable, float] = {}
@@ -244,39 +269,53 @@ def _solve_lp(
     ts, ms = 1e6, 1.0 / 2**20
     for i, (c, e) in enumerate(zip(coeffs, edges, strict=True)):
         seg_t, seg_m = _segment_sums(c, e)
+        seg_rows = np.add.reduceat(c.rows, e[:-1])
         k = seg_t.shape[1]
         const_mem += seg_m[COLD].sum()
-        hv = [pulp.LpVariable(f"h_{i}_{j}", 0, 1) for j in range(k)] if allowed[HOT] else None
-        w_low = 0 if allowed[COLD] else 1  # no cold tier: every row hot or warm
-        wv = [pulp.LpVariable(f"w_{i}_{j}", w_low, 1) for j in range(k)] if allowed[WARM] else None
-        if wv is None and not allowed[COLD]:
-            hv = [pulp.LpVariable(f"h_{i}_{j}", 1, 1) for j in range(k)]
+
+        cold_ok = bool(allowed[COLD])
+        wv = (
+            [_share(f"w_{i}_{j}", seg_rows[j], 0 if cold_ok else 1, integer) for j in range(k)]
+            if allowed[WARM]
+            else None
+        )
+        hv = None
+        if allowed[HOT]:
+            low = 0 if (cold_ok or wv is not None) else 1
+            hv = [_share(f"h_{i}_{j}", seg_rows[j], low, integer) for j in range(k)]
         for j in range(k):
             if wv is not None:
-                objective[wv[j]] = (seg_t[WARM, j] - seg_t[COLD, j]) * ts
-                memory[wv[j]] = (seg_m[WARM, j] - seg_m[COLD, j]) * ms
+                var, sc = wv[j]
+                objective[var] = (seg_t[WARM, j] - seg_t[COLD, j]) * ts * sc
+                memory[var] = (seg_m[WARM, j] - seg_m[COLD, j]) * ms * sc
                 if j:
-                    prob += wv[j] <= wv[j - 1]
+                    prob += sc * var <= wv[j - 1][1] * wv[j - 1][0]
             if hv is not None:
+                var, sc = hv[j]
                 lower = WARM if wv is not None else COLD
-                objective[hv[j]] = (seg_t[HOT, j] - seg_t[lower, j]) * ts
-                memory[hv[j]] = (seg_m[HOT, j] - seg_m[lower, j]) * ms
+                objective[var] = (seg_t[HOT, j] - seg_t[lower, j]) * ts * sc
+                memory[var] = (seg_m[HOT, j] - seg_m[lower, j]) * ms * sc
                 if j:
-                    prob += hv[j] <= hv[j - 1]
+                    prob += sc * var <= hv[j - 1][1] * hv[j - 1][0]
                 if wv is not None:
-                    prob += hv[j] <= wv[j]
+                    prob += sc * var <= wv[j][1] * wv[j][0]
         handles.append((hv, wv, k))
     prob += pulp.LpAffineExpression(objective)
     prob += pulp.LpAffineExpression(memory) <= (budget - const_mem) * ms, "memory_budget"
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-6 if integer else None)
+    status = prob.solve(solver)
     if pulp.LpStatus[status] != "Optimal":
         raise PlannerError(f"optimizer: CBC ended with status {pulp.LpStatus[status]!r}; try a larger budget")
+
+    def values(vs: list[tuple[pulp.LpVariable, float]] | None) -> np.ndarray | None:
+        return None if vs is None else np.clip(np.array([(v.value() or 0.0) * sc for v, sc in vs]), 0.0, 1.0)
+
     shares = []
     for hv, wv, k in handles:
-        hs = np.array([v.value() or 0.0 for v in hv]) if hv is not None else np.zeros(k)
-        ws = np.array([v.value() or 0.0 for v in wv]) if wv is not None else hs.copy()
-        hs = np.clip(hs, 0.0, 1.0)
-        shares.append((hs, np.maximum(np.clip(ws, 0.0, 1.0), hs)))
+        hs = values(hv)
+        hs = np.zeros(k) if hs is None else hs
+        ws = values(wv)
+        shares.append((hs, hs.copy() if ws is None else np.maximum(ws, hs)))
     return shares, len(objective)
 
 

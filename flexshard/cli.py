@@ -1,0 +1,204 @@
+"""``flexshard`` command line: stats, plan, simulate, topology.
+
+Bad input ends with one line on stderr naming the field and the value, and exit status 2; no
+output file is written unless the command succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from flexshard import workloads
+from flexshard.plan_file import to_dict, write_plan
+from flexshard.progress import Progress
+from flexshard.report import comparison_table, plan_report
+from solvers.optimizer import OptimizerConfig
+from solvers.planner import STRATEGIES, budget_bytes, make_plan
+from solvers.types import PlannerError
+from topology import cluster_view, load_topology, summary, write_json
+
+DEFAULT_TOPOLOGY = "h100:8"
+DEFAULT_BUDGETS = "1,1.5,2,3,4,6,8"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _budgets(text: str) -> list[float]:
+    return [_positive_float(x) for x in text.split(",") if x.strip()]
+
+
+def _add_inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        default="default",
+        help="stats file (.npz from `flexshard stats`), a data file, or a preset name (default: the embedded "
+        f"synthetic workload; presets: {', '.join(workloads.PRESET_NAMES)})",
+    )
+    p.add_argument("--topology", default=DEFAULT_TOPOLOGY, help="topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8")
+    p.add_argument("--sync", choices=("sparse", "dense"), default="sparse", help="replica gradient sync (default sparse)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flexshard", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    st = sub.add_parser("stats", help="row statistics from interaction data -> stats file")
+    st.add_argument("inputs", nargs="+", help="data files: `user item ...` lines, user,item,count CSV, RecBole .inter")
+    st.add_argument("--format", default="auto", help="auto, sequences, counts_csv, recbole")
+    st.add_argument("--dim", type=int, default=64, help="embedding dimension of every table (default 64)")
+    st.add_argument("--batch-size", type=int, default=1024, help="samples per GPU per iteration (default 1024)")
+    st.add_argument("--max-len", type=int, default=None, help="truncate each history to its last N ids")
+    st.add_argument("--out", required=True, help="stats file to write (.npz)")
+
+    pl = sub.add_parser("plan", help="workload + topology + budget -> plan file and report")
+    _add_inputs(pl)
+    pl.add_argument("--budget", type=_positive_float, default=2.0, help="per-GPU budget as a multiple of row-wise")
+    pl.add_argument("--strategy", choices=STRATEGIES, default="flexshard")
+    pl.add_argument("--no-dedup", action="store_true", help="model no per-rank id dedup")
+    pl.add_argument("--out", help="plan file to write (JSON)")
+    pl.add_argument("--json", action="store_true", help="print the plan document instead of the report")
+
+    sm = sub.add_parser("simulate", help="compare FlexShard with every baseline over budgets")
+    _add_inputs(sm)
+    sm.add_argument("--budgets", type=_budgets, default=_budgets(DEFAULT_BUDGETS), help=f"default {DEFAULT_BUDGETS}")
+    sm.add_argument("--dedup", choices=("on", "off", "both"), default="on")
+    sm.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
+    sm.add_argument("--json", action="store_true", help="print a JSON list of records instead of the table")
+
+    tp = sub.add_parser("topology", help="summarise a topology; write it as JSON")
+    tp.add_argument("--topology", default=DEFAULT_TOPOLOGY)
+    tp.add_argument("--out", help="write the node-link JSON here")
+    return parser
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    for name in ("dim", "batch_size"):
+        if getattr(args, name) <= 0:
+            raise PlannerError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+    workload, orders = workloads.build_stats(args.inputs, args.format, args.dim, args.batch_size, args.max_len)
+    workloads.save_stats(args.out, workload, orders)
+    print(workloads.describe(workload))
+    print(f"\nwrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    workload = workloads.load_workload(args.workload)
+    view = cluster_view(load_topology(args.topology))
+    budget = budget_bytes(workload, view, args.budget)
+    with Progress(1, "plan") as bar:
+        planned = make_plan(args.strategy, workload, view, budget, not args.no_dedup, args.sync, progress=bar.note)
+        bar.advance()
+    document = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload))
+    if args.out:
+        write_plan(args.out, document)
+    if args.json:
+        print(json.dumps(document, indent=1))
+    else:
+        print(plan_report(workload, view, planned.plan, planned.report, args.budget))
+        if args.out:
+            print(f"\nwrote {args.out}")
+    return 0
+
+
+def simulate_records(
+    workload: workloads.Workload,
+    view: Any,
+    budgets: Sequence[float],
+    dedups: Sequence[bool],
+    strategies: Sequence[str],
+    sync: str = "sparse",
+    config: OptimizerConfig | None = None,
+) -> list[dict[str, Any]]:
+    """One record per (dedup, budget, strategy); infeasible strategies are recorded with ``feasible: false``."""
+    records = []
+    with Progress(len(budgets) * len(dedups) * len(strategies), "simulate") as bar:
+        for dedup in dedups:
+            for x in budgets:
+                budget = budget_bytes(workload, view, x)
+                for strategy in strategies:
+                    bar.note(f"{strategy} {x:g}x")
+                    record: dict[str, Any] = {"strategy": strategy, "budget_x": x, "budget_bytes": budget, "dedup": dedup}
+                    try:
+                        planned = make_plan(strategy, workload, view, budget, dedup, sync, config)
+                    except PlannerError as e:
+                        record.update(feasible=False, error=str(e))
+                        for key in ("inter_group_bytes", "intra_group_bytes", "sync_bytes", "modeled_time_s"):
+                            record[key] = None
+                        record["memory_per_gpu_bytes"] = None
+                    else:
+                        rep = planned.report
+                        record.update(
+                            feasible=True,
+                            inter_group_bytes=rep.inter_group_bytes,
+                            intra_group_bytes=rep.intra_group_bytes,
+                            sync_bytes=rep.sync_bytes,
+                            modeled_time_s=rep.modeled_time_s,
+                            memory_per_gpu_bytes=rep.memory_per_gpu_bytes,
+                        )
+                        for key in ("lower_bound_s", "gap"):
+                            if key in planned.plan.solver:
+                                record[key] = planned.plan.solver[key]
+                    records.append(record)
+                    bar.advance(f"{strategy} {x:g}x")
+    return records
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise PlannerError(f"--strategies: unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    workload = workloads.load_workload(args.workload)
+    view = cluster_view(load_topology(args.topology))
+    dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
+    records = simulate_records(workload, view, args.budgets, dedups, strategies, args.sync)
+    if args.json:
+        print(json.dumps(records, indent=1))
+    else:
+        print(
+            f"workload {workload.name!r}: {len(workload.tables)} tables, {workload.num_rows:,} rows, "
+            f"batch {workload.batch_size_per_gpu} per GPU; topology {args.topology}: {view.num_ranks} GPUs in "
+            f"{view.num_groups} groups; {args.sync} sync. Bytes per iteration at the bottleneck rank."
+        )
+        print(comparison_table(records))
+    return 0
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    graph = load_topology(args.topology)
+    cluster_view(graph)  # validates the derived view too
+    print(summary(graph))
+    if args.out:
+        write_json(graph, args.out)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+COMMANDS = {"stats": cmd_stats, "plan": cmd_plan, "simulate": cmd_simulate, "topology": cmd_topology}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValueError, OSError) as e:  # PlannerError, TopologyError, unreadable files
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"flexshard {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Readable reports: a plan's per-table tiers, traffic by link class and memory; strategy comparisons."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from solvers.cost_model import table_mass
+from solvers.types import COMPONENTS, LINK_CLASSES, CostReport, Plan, Workload
+from topology.views import ClusterView
+
+
+def human_bytes(x: float | None) -> str:
+    if x is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def human_count(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table (first column left-aligned, the rest right-aligned)."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
+
+
+def plan_report(workload: Workload, view: ClusterView, plan: Plan, report: CostReport, budget_x: float) -> str:
+    n = view.num_ranks
+    sizes = sorted({len(g) for g in view.groups})
+    head = (
+        f"{plan.strategy} plan: workload {workload.name!r} ({len(workload.tables)} tables, "
+        f"{human_count(workload.num_rows)} rows) on {n} GPUs in {view.num_groups} groups of "
+        f"{'/'.join(map(str, sizes))}; budget {budget_x:.2f}x row-wise = {human_bytes(plan.budget_bytes)} per GPU; "
+        f"dedup {'on' if plan.dedup else 'off'}, {plan.sync} sync"
+    )
+    rows = []
+    for t, tp in zip(workload.tables, plan.tables, strict=True):
+        mass = table_mass(t, workload.lookups_per_gpu(t), n)
+        cum = mass.at(np.array([0.0, tp.hot_rows, tp.hot_rows + tp.warm_rows, t.num_rows]))[0]
+        share = np.diff(cum) / max(cum[-1], 1e-300)
+        rows.append(
+            [
+                t.name,
+                human_count(t.num_rows),
+                t.dim,
+                f"{t.ids_per_sample:g}",
+                human_count(tp.hot_rows),
+                human_count(tp.warm_rows),
+                human_count(tp.cold_rows),
+                f"{share[0]:.1%}",
+                f"{share[1]:.1%}",
+                f"{share[2]:.1%}",
+            ]
+        )
+    tiers = format_table(
+        ["table", "rows", "dim", "ids/sample", "hot", "warm", "cold", "lookups hot", "warm", "cold"], rows
+    )
+    traffic_rows = []
+    for li, link in enumerate(LINK_CLASSES):
+        per_comp = report.bytes[:, li, :, :].max(axis=2)  # [N, 4]
+        worst = int(np.argmax(report.link_bytes(link)))
+        traffic_rows.append(
+            [link, *(human_bytes(per_comp[worst, ci]) for ci in range(len(COMPONENTS))), human_bytes(report.link_bytes(link).max())]
+        )
+    traffic = format_table(["link (bottleneck rank)", *COMPONENTS, "total"], traffic_rows)
+    mem = report.memory_bytes
+    lines = [
+        head,
+        "",
+        tiers,
+        "",
+        "Bytes per iteration (max of send and receive):",
+        traffic,
+        "",
+        f"Modeled communication time: {report.modeled_time_s * 1e3:.3f} ms per iteration "
+        f"(latency {report.latency_s * 1e3:.3f} ms), slowest rank {int(np.argmax(report.time_s))}",
+        f"Memory per GPU: min {human_bytes(mem.min())}, median {human_bytes(float(np.median(mem)))}, "
+        f"max {human_bytes(mem.max())} of {human_bytes(plan.budget_bytes)} budget",
+    ]
+    if "lower_bound_s" in plan.solver:
+        s = plan.solver
+        lines.append(
+            f"Optimizer: objective {s['objective_s'] * 1e3:.3f} ms, lower bound {s['lower_bound_s'] * 1e3:.3f} ms, "
+            f"gap {s['gap']:.2%}, {s['rounds']} rounds, {s['variables']} variables, {s['solve_time_s']:.2f} s"
+        )
+    return "\n".join(lines)
+
+
+def comparison_table(records: list[dict[str, Any]]) -> str:
+    """Strategies x budgets, with inter-group bytes relative to row-wise at the same budget and dedup."""
+    rowwise = {(r["budget_x"], r["dedup"]): r for r in records if r["strategy"] == "row_wise" and r["feasible"]}
+    rows = []
+    for r in records:
+        base = rowwise.get((r["budget_x"], r["dedup"]))
+        if r["feasible"] and base and base["inter_group_bytes"]:
+            rel = f"{r['inter_group_bytes'] / base['inter_group_bytes'] - 1:+.1%}"
+        else:
+            rel = "-"
+        rows.append(
+            [
+                f"{r['budget_x']:g}x",
+                r["strategy"],
+                "on" if r["dedup"] else "off",
+                human_bytes(r["inter_group_bytes"]),
+                human_bytes(r["intra_group_bytes"]),
+                human_bytes(r["sync_bytes"]),
+                f"{r['modeled_time_s'] * 1e3:.3f}" if r["feasible"] else "infeasible",
+                human_bytes(r["memory_per_gpu_bytes"]),
+                rel,
+            ]
+        )
+    return format_table(
+        ["budget", "strategy", "dedup", "inter-group", "intra-group", "sync", "time ms", "mem/GPU", "inter vs row-wise"],
+        rows,
+    )
