@@ -44,10 +44,14 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         "--workload",
         default="default",
         help="stats file (.npz from `flexshard stats`), a data file, or a preset name (default: the embedded "
-        f"synthetic workload; presets: {', '.join(workloads.PRESET_NAMES)})",
+        f"synthetic workload; presets: {', '.join(workloads.preset_names())})",
     )
-    p.add_argument("--topology", default=DEFAULT_TOPOLOGY, help="topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8")
-    p.add_argument("--sync", choices=("sparse", "dense"), default="sparse", help="replica gradient sync (default sparse)")
+    p.add_argument(
+        "--topology", default=DEFAULT_TOPOLOGY, help="topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8"
+    )
+    p.add_argument(
+        "--sync", choices=("sparse", "dense"), default="sparse", help="replica gradient sync (default sparse)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,16 +59,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     st = sub.add_parser("stats", help="row statistics from interaction data -> stats file")
-    st.add_argument("inputs", nargs="+", help="data files: `user item ...` lines, user,item,count CSV, RecBole .inter")
-    st.add_argument("--format", default="auto", help="auto, sequences, counts_csv, recbole")
+    st.add_argument(
+        "inputs", nargs="+", help="data files: `user item ...` lines, user,item,count CSV, RecBole .inter"
+    )
+    st.add_argument("--format", default="auto", help="auto (by extension, then content), seq, csv, recbole")
     st.add_argument("--dim", type=int, default=64, help="embedding dimension of every table (default 64)")
-    st.add_argument("--batch-size", type=int, default=1024, help="samples per GPU per iteration (default 1024)")
+    st.add_argument(
+        "--batch-size", type=int, default=1024, help="samples per GPU per iteration (default 1024)"
+    )
     st.add_argument("--max-len", type=int, default=None, help="truncate each history to its last N ids")
+    st.add_argument(
+        "--num-rows",
+        action="append",
+        default=[],
+        metavar="TABLE=ROWS",
+        help="declare a table's size; ids at or past it are errors (repeatable)",
+    )
     st.add_argument("--out", required=True, help="stats file to write (.npz)")
 
     pl = sub.add_parser("plan", help="workload + topology + budget -> plan file and report")
     _add_inputs(pl)
-    pl.add_argument("--budget", type=_positive_float, default=2.0, help="per-GPU budget as a multiple of row-wise")
+    pl.add_argument(
+        "--budget", type=_positive_float, default=2.0, help="per-GPU budget as a multiple of row-wise"
+    )
     pl.add_argument("--strategy", choices=STRATEGIES, default="flexshard")
     pl.add_argument("--no-dedup", action="store_true", help="model no per-rank id dedup")
     pl.add_argument("--out", help="plan file to write (JSON)")
@@ -72,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sm = sub.add_parser("simulate", help="compare FlexShard with every baseline over budgets")
     _add_inputs(sm)
-    sm.add_argument("--budgets", type=_budgets, default=_budgets(DEFAULT_BUDGETS), help=f"default {DEFAULT_BUDGETS}")
+    sm.add_argument(
+        "--budgets", type=_budgets, default=_budgets(DEFAULT_BUDGETS), help=f"default {DEFAULT_BUDGETS}"
+    )
     sm.add_argument("--dedup", choices=("on", "off", "both"), default="on")
     sm.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
     sm.add_argument("--json", action="store_true", help="print a JSON list of records instead of the table")
@@ -87,7 +106,20 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for name in ("dim", "batch_size"):
         if getattr(args, name) <= 0:
             raise PlannerError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
-    workload, orders = workloads.build_stats(args.inputs, args.format, args.dim, args.batch_size, args.max_len)
+    num_rows = {}
+    for item in args.num_rows:
+        name, _, rows = item.partition("=")
+        if not rows.strip().isdigit() or int(rows) <= 0:
+            raise PlannerError(f"--num-rows: expected TABLE=ROWS with ROWS a positive integer, got {item!r}")
+        num_rows[name] = int(rows)
+    if num_rows:
+        workload, orders = workloads.read_workload(
+            args.inputs, args.format, args.dim, args.batch_size, args.max_len, num_rows=num_rows
+        )
+    else:
+        workload, orders = workloads.build_stats(
+            args.inputs, args.format, args.dim, args.batch_size, args.max_len
+        )
     workloads.save_stats(args.out, workload, orders)
     print(workloads.describe(workload))
     print(f"\nwrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
@@ -99,7 +131,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     view = cluster_view(load_topology(args.topology))
     budget = budget_bytes(workload, view, args.budget)
     with Progress(1, "plan") as bar:
-        planned = make_plan(args.strategy, workload, view, budget, not args.no_dedup, args.sync, progress=bar.note)
+        planned = make_plan(
+            args.strategy, workload, view, budget, not args.no_dedup, args.sync, progress=bar.note
+        )
         bar.advance()
     document = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload))
     if args.out:
@@ -130,7 +164,12 @@ def simulate_records(
                 budget = budget_bytes(workload, view, x)
                 for strategy in strategies:
                     bar.note(f"{strategy} {x:g}x")
-                    record: dict[str, Any] = {"strategy": strategy, "budget_x": x, "budget_bytes": budget, "dedup": dedup}
+                    record: dict[str, Any] = {
+                        "strategy": strategy,
+                        "budget_x": x,
+                        "budget_bytes": budget,
+                        "dedup": dedup,
+                    }
                     try:
                         planned = make_plan(strategy, workload, view, budget, dedup, sync, config)
                     except PlannerError as e:

@@ -39,7 +39,13 @@ class PlanFile:
 def view_fingerprint(view: ClusterView) -> str:
     """sha256 over the ranks' groups, link speeds and latencies."""
     h = hashlib.sha256()
-    for arr in (view.group_of_rank, view.intra_bw_Bps, view.inter_bw_Bps, view.intra_latency_s, view.inter_latency_s):
+    for arr in (
+        view.group_of_rank,
+        view.intra_bw_Bps,
+        view.inter_bw_Bps,
+        view.intra_latency_s,
+        view.inter_latency_s,
+    ):
         h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
 
@@ -115,7 +121,9 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
     except OSError as e:
         raise PlannerError(f"plan file {str(path)!r}: cannot read ({e.strerror})") from e
     except json.JSONDecodeError as e:
-        raise PlannerError(f"plan file {str(path)!r}: malformed JSON at line {e.lineno} column {e.colno}") from e
+        raise PlannerError(
+            f"plan file {str(path)!r}: malformed JSON at line {e.lineno} column {e.colno}"
+        ) from e
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
         got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
         raise PlannerError(f"plan file {str(path)!r}: schema must be {SCHEMA!r}, got {got!r}")
@@ -133,9 +141,13 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
             warm = np.asarray(t["warm_share_by_position"], dtype=np.float64)
             cold = np.asarray(t["cold_share"], dtype=np.float64)
             if cold.shape != (world,):
-                raise PlannerError(f"plan file: tables[{i}].cold_share has {cold.size} entries, world_size is {world}")
+                raise PlannerError(
+                    f"plan file: tables[{i}].cold_share has {cold.size} entries, world_size is {world}"
+                )
             hot_rows, warm_rows, cold_rows = int(t["hot_rows"]), int(t["warm_rows"]), int(t["cold_rows"])
-            if min(hot_rows, warm_rows, cold_rows) < 0 or hot_rows + warm_rows + cold_rows != int(t["num_rows"]):
+            if min(hot_rows, warm_rows, cold_rows) < 0 or hot_rows + warm_rows + cold_rows != int(
+                t["num_rows"]
+            ):
                 raise PlannerError(f"plan file: tables[{i}] ({t['name']!r}) tiers do not add up to num_rows")
             tables.append(TablePlan(str(t["name"]), hot_rows, warm_rows, cold_rows, warm[position], cold))
         plan = Plan(

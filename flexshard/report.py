@@ -34,13 +34,17 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
 
     def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
 
 
-def plan_report(workload: Workload, view: ClusterView, plan: Plan, report: CostReport, budget_x: float) -> str:
+def plan_report(
+    workload: Workload, view: ClusterView, plan: Plan, report: CostReport, budget_x: float
+) -> str:
     n = view.num_ranks
     sizes = sorted({len(g) for g in view.groups})
     head = (
@@ -76,7 +80,11 @@ def plan_report(workload: Workload, view: ClusterView, plan: Plan, report: CostR
         per_comp = report.bytes[:, li, :, :].max(axis=2)  # [N, 4]
         worst = int(np.argmax(report.link_bytes(link)))
         traffic_rows.append(
-            [link, *(human_bytes(per_comp[worst, ci]) for ci in range(len(COMPONENTS))), human_bytes(report.link_bytes(link).max())]
+            [
+                link,
+                *(human_bytes(per_comp[worst, ci]) for ci in range(len(COMPONENTS))),
+                human_bytes(report.link_bytes(link).max()),
+            ]
         )
     traffic = format_table(["link (bottleneck rank)", *COMPONENTS, "total"], traffic_rows)
     mem = report.memory_bytes
@@ -104,7 +112,9 @@ def plan_report(workload: Workload, view: ClusterView, plan: Plan, report: CostR
 
 def comparison_table(records: list[dict[str, Any]]) -> str:
     """Strategies x budgets, with inter-group bytes relative to row-wise at the same budget and dedup."""
-    rowwise = {(r["budget_x"], r["dedup"]): r for r in records if r["strategy"] == "row_wise" and r["feasible"]}
+    rowwise = {
+        (r["budget_x"], r["dedup"]): r for r in records if r["strategy"] == "row_wise" and r["feasible"]
+    }
     rows = []
     for r in records:
         base = rowwise.get((r["budget_x"], r["dedup"]))
@@ -126,6 +136,16 @@ def comparison_table(records: list[dict[str, Any]]) -> str:
             ]
         )
     return format_table(
-        ["budget", "strategy", "dedup", "inter-group", "intra-group", "sync", "time ms", "mem/GPU", "inter vs row-wise"],
+        [
+            "budget",
+            "strategy",
+            "dedup",
+            "inter-group",
+            "intra-group",
+            "sync",
+            "time ms",
+            "mem/GPU",
+            "inter vs row-wise",
+        ],
         rows,
     )

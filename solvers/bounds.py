@@ -30,14 +30,28 @@ def lagrange_bound(
 
     ``allowed``: bool[3], which tiers (hot, warm, cold) may be used.
     """
-    time_s = np.concatenate([c.time_s for c in coeffs], axis=1)[allowed]
-    memory = np.concatenate([c.memory_bytes for c in coeffs], axis=1)[allowed]
+    time_s = np.concatenate([c.time_s for c in coeffs], axis=1)
+    memory = np.concatenate([c.memory_bytes for c in coeffs], axis=1)
+    starts = np.cumsum([0] + [c.rows.size for c in coeffs[:-1]])
+    credit = np.array([c.whole_table_credit_bytes for c in coeffs])
+    # a table may also sit whole in the hot or warm tier, without routing metadata
+    whole_time = np.add.reduceat(time_s, starts, axis=1)[:2]  # [hot, warm] x tables
+    whole_mem = np.add.reduceat(memory, starts, axis=1)[:2] - credit
+    whole_ok = allowed[:2]
+    time_s, memory = time_s[allowed], memory[allowed]
+    cols = np.arange(time_s.shape[1])
 
     def evaluate(lam: float) -> tuple[float, float]:
         priced = time_s + lam * memory
         pick = np.argmin(priced, axis=0)
-        cols = np.arange(priced.shape[1])
-        return float(priced[pick, cols].sum() - lam * budget_bytes), float(memory[pick, cols].sum())
+        per_table = np.add.reduceat(priced[pick, cols], starts)
+        per_table_mem = np.add.reduceat(memory[pick, cols], starts)
+        for tier in np.flatnonzero(whole_ok):
+            whole = whole_time[tier] + lam * whole_mem[tier]
+            better = whole < per_table
+            per_table = np.where(better, whole, per_table)
+            per_table_mem = np.where(better, whole_mem[tier], per_table_mem)
+        return float(per_table.sum() - lam * budget_bytes), float(per_table_mem.sum())
 
     value0, mem0 = evaluate(0.0)
     if mem0 <= budget_bytes:

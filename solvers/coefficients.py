@@ -2,7 +2,7 @@
 
 For the optimizer the cluster is taken as symmetric (every rank owns an even share) and each link
 class runs at its slowest rank's bandwidth, so a rank's modeled time is a sum over rows of
-per-tier coefficients. ``tests/test_optimizer.py`` checks that these sums equal
+per-tier coefficients. ``tests/solvers/test_optimizer.py`` checks that these sums equal
 :func:`solvers.cost_model.evaluate` on uniform clusters.
 """
 
@@ -57,7 +57,8 @@ class TableCoefficients:
 
     rows: np.ndarray
     time_s: np.ndarray  # modeled seconds per iteration contributed by the bucket in each tier
-    memory_bytes: np.ndarray  # per-GPU bytes of the bucket in each tier
+    memory_bytes: np.ndarray  # per-GPU bytes of the bucket in each tier, routing metadata included
+    whole_table_credit_bytes: float = 0.0  # metadata not needed when one tier holds the whole table
 
 
 def table_coefficients(
@@ -92,7 +93,7 @@ def table_coefficients(
         memory = np.stack(
             [rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n]
         )
-        out.append(TableCoefficients(rows=rows, time_s=time_s, memory_bytes=memory))
+        out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows)))
     return out
 
 
@@ -101,7 +102,7 @@ def fixed_time_s(view: ClusterView, num_tables: int, hot: bool, warm: bool, cold
     for a plan that uses the given tiers (on the symmetric cluster, slowest rank per link class)."""
     splits = split_bytes(view, num_tables, warm, cold).max(axis=0)
     inv_a = 1.0 / float(view.intra_bw_Bps.min())
-    inv_e = 1.0 / float(view.inter_bw_Bps.min())
+    inv_e = 1.0 / float(view.inter_bw_Bps.min()) if view.num_groups > 1 else 0.0
     warm_sync = warm and view.num_groups > 1
     return float(splits[0] * inv_a + splits[1] * inv_e) + collective_latency_s(
         view, warm, cold, hot, warm_sync, sync

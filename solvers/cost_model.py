@@ -157,9 +157,15 @@ def sync_payload(touched_rows: float, rows: float, vector_bytes: int, sync: str)
     return touched_rows * vector_bytes + rows * MASK_BYTES_PER_ROW
 
 
-def routing_bytes(plan: TablePlan, routing_metadata: bool) -> float:
-    """Per-rank routing metadata of a table: the sorted list of its replicated ids and their slots."""
-    return ROUTING_BYTES_PER_REPLICATED_ROW * (plan.hot_rows + plan.warm_rows) if routing_metadata else 0.0
+def routing_bytes(plan: TablePlan, routing_metadata: bool = True) -> float:
+    """Per-rank bytes of a table's routing metadata: the sorted hot and warm ids (and their slots)
+    that every rank searches to route a lookup; nothing when one tier holds the whole table (owners
+    then follow from arithmetic on the id)."""
+    if not routing_metadata or max(plan.hot_rows, plan.warm_rows, plan.cold_rows) == (
+        plan.hot_rows + plan.warm_rows + plan.cold_rows
+    ):
+        return 0.0
+    return float(ROUTING_BYTES_PER_REPLICATED_ROW * (plan.hot_rows + plan.warm_rows))
 
 
 def check_plan(workload: Workload, view: ClusterView, plan: Plan) -> None:

@@ -141,9 +141,10 @@ def optimize_tiers(
     for total_bound, bound, _fixed, allowed in candidates:
         if best is not None and total_bound >= best["total_s"]:
             continue
-        rows, linear_s, nvars, rounds = _refined_solve(
-            coeffs, budget_bytes, allowed, bound, cfg, history, progress
-        )
+        solved = _refined_solve(coeffs, budget_bytes, allowed, bound, cfg, history, progress)
+        if solved is None:
+            continue
+        rows, linear_s, nvars, rounds = solved
         used = _tiers_used(rows, workload)
         total = linear_s + fixed_time_s(view, ntab, *used, cfg.sync)
         if best is None or total < best["total_s"]:
@@ -174,7 +175,13 @@ def optimize_tiers(
 
 
 def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
-    return float(sum(c.memory_bytes[allowed].min(axis=0).sum() for c in coeffs))
+    """Least per-GPU bytes of any plan using only the allowed tiers (whole-table tiers without metadata)."""
+    total = 0.0
+    for c in coeffs:
+        options = [c.memory_bytes[allowed].min(axis=0).sum()]
+        options += [c.memory_bytes[t].sum() - c.whole_table_credit_bytes for t in (HOT, WARM) if allowed[t]]
+        total += min(options)
+    return float(total)
 
 
 def _tiers_used(rows: list[tuple[int, int]], workload: Workload) -> tuple[bool, bool, bool]:
@@ -192,14 +199,18 @@ def _refined_solve(
     cfg: OptimizerConfig,
     history: list[dict],
     progress: Callable[[str], None] | None,
-) -> tuple[list[tuple[int, int]], float, int, int]:
-    """Solve the segment LP for one set of allowed tiers, refining segments around the boundaries."""
+) -> tuple[list[tuple[int, int]], float, int, int] | None:
+    """Solve the segment LP for one set of allowed tiers, refining segments around the boundaries
+    (None when no plan with these tiers fits)."""
     edges = [_initial_edges(c, c.time_s[COLD], cfg.initial_segments) for c in coeffs]
     best: tuple[float, list[tuple[int, int]]] | None = None
     nvars = rounds = 0
     tiers = "+".join(n for n, a in zip(("hot", "warm", "cold"), allowed, strict=True) if a)
     for rounds in range(1, cfg.max_rounds + 1):  # noqa: B007
-        shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s)
+        try:
+            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s)
+        except PlannerError:
+            break  # fits only with whole-table tiers: left to the integer solve
         rows = [_shares_to_rows(c, e, hs, ws) for c, e, (hs, ws) in zip(coeffs, edges, shares, strict=True)]
         linear = _linear_time(coeffs, rows)
         if best is None or linear < best[0]:
@@ -221,8 +232,7 @@ def _refined_solve(
             changed_any |= changed
         if not changed_any:
             break
-    assert best is not None
-    if cfg.integer_rows and best[0] > bound_s * (1 + 1e-9):
+    if cfg.integer_rows and (best is None or best[0] > bound_s * (1 + 1e-9)):
         try:
             limit = cfg.solver_time_limit_s
             shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, limit, integer=True)
@@ -232,8 +242,10 @@ def _refined_solve(
             rows = [_shares_to_rows(c, e, h, w) for c, e, (h, w) in zip(coeffs, edges, shares, strict=True)]
             linear = _linear_time(coeffs, rows)
             history.append({"tiers": tiers, "round": "integer", "linear_s": linear})
-            if linear < best[0]:
+            if best is None or linear < best[0]:
                 best = (linear, rows)
+    if best is None:
+        return None
     return best[1], best[0], nvars, rounds
 
 
@@ -299,6 +311,18 @@ def _solve_lp(
                     prob += sc * var <= hv[j - 1][1] * hv[j - 1][0]
                 if wv is not None:
                     prob += sc * var <= wv[j][1] * wv[j][0]
+        credit = c.whole_table_credit_bytes * ms
+        if integer and credit > 0:  # whole-table tiers need no routing metadata (binary, exact)
+            if hv is not None:
+                whole_hot = pulp.LpVariable(f"whole_hot_{i}", cat=pulp.LpBinary)
+                prob += whole_hot <= hv[-1][1] * hv[-1][0]
+                memory[whole_hot] = -credit
+            if wv is not None:
+                whole_warm = pulp.LpVariable(f"whole_warm_{i}", cat=pulp.LpBinary)
+                prob += whole_warm <= wv[-1][1] * wv[-1][0]
+                if hv is not None:
+                    prob += whole_warm <= 1 - hv[0][1] * hv[0][0]
+                memory[whole_warm] = -credit
         handles.append((hv, wv, k))
     prob += pulp.LpAffineExpression(objective)
     prob += pulp.LpAffineExpression(memory) <= (budget - const_mem) * ms, "memory_budget"

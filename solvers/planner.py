@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from solvers.baselines import BASELINES
 from solvers.cost_model import SYNC_MODES, evaluate, row_wise_memory_bytes
@@ -43,11 +43,31 @@ def make_plan(
         raise PlannerError(f"strategy: unknown {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if sync not in SYNC_MODES:
         raise PlannerError(f"sync: must be one of {', '.join(SYNC_MODES)}, got {sync!r}")
-    if strategy == "flexshard":
-        cfg = config or OptimizerConfig()
-        cfg.dedup, cfg.sync = dedup, sync
-        plan = optimize_tiers(workload, view, budget, cfg, progress).plan
-        plan = balance(workload, view, plan, budget)
-    else:
+    if strategy != "flexshard":
         plan = BASELINES[strategy](workload, view, budget, dedup, sync)
-    return PlannedStrategy(plan, evaluate(workload, view, plan))
+        return PlannedStrategy(plan, evaluate(workload, view, plan))
+    cfg = config or OptimizerConfig()
+    cfg.dedup, cfg.sync = dedup, sync
+    plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
+    best = PlannedStrategy(plan, evaluate(workload, view, plan))
+    # Every baseline is a point of FlexShard's plan space (tiers plus owner shares); the optimizer's
+    # linear model cannot see some of them (whole-table tiers need no routing metadata, table-wise
+    # shares are not even), so they are priced as candidates and the cheapest plan is kept.
+    for name, baseline in BASELINES.items():
+        try:
+            candidate = baseline(workload, view, budget, dedup, sync)
+        except PlannerError:
+            continue
+        candidate = replace(candidate, strategy="flexshard", routing_metadata=True)
+        report = evaluate(workload, view, candidate)
+        if report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(report, best.report):
+            candidate.solver = {**plan.solver, "chosen": f"{name} tiers"}
+            best = PlannedStrategy(candidate, report)
+    return best
+
+
+def _better(a: CostReport, b: CostReport) -> bool:
+    """Lower modeled time wins; near-ties (1e-9 relative) go to fewer inter-group bytes."""
+    if a.modeled_time_s < b.modeled_time_s * (1 - 1e-9):
+        return True
+    return a.modeled_time_s <= b.modeled_time_s * (1 + 1e-9) and a.inter_group_bytes < b.inter_group_bytes
