@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'total':<40s} {total:8.2f} s   (target <= {TARGET_S:.0f} s)")
     print(f"peak memory: {peak / 2**30:.2f} GiB   (target <= {TARGET_PEAK_BYTES / 2**30:.0f} GiB)")
     print(
-        f"optimizer: gap {s['gap']:.3%} to the lower bound, {s['variables']} variables, {s['rounds']} rounds; "
+        f"optimizer: gap {s['gap']:.3%} to the lower bound, {s['variables']} variables, "
+        f"{s['rounds']} rounds; "
         f"modeled time {planned.report.modeled_time_s * 1e3:.3f} ms/iteration"
     )
     ok = total <= TARGET_S and peak <= TARGET_PEAK_BYTES

@@ -156,7 +156,7 @@ def simulate_records(
     sync: str = "sparse",
     config: OptimizerConfig | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per (dedup, budget, strategy); infeasible strategies are recorded with ``feasible: false``."""
+    """One record per (dedup, budget, strategy); infeasible ones have ``feasible: false``."""
     records = []
     with Progress(len(budgets) * len(dedups) * len(strategies), "simulate") as bar:
         for dedup in dedups:
@@ -209,7 +209,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         print(
             f"workload {workload.name!r}: {len(workload.tables)} tables, {workload.num_rows:,} rows, "
-            f"batch {workload.batch_size_per_gpu} per GPU; topology {args.topology}: {view.num_ranks} GPUs in "
+            f"batch {workload.batch_size_per_gpu} per GPU; topology {args.topology}: "
+            f"{view.num_ranks} GPUs in "
             f"{view.num_groups} groups; {args.sync} sync. Bytes per iteration at the bottleneck rank."
         )
         print(comparison_table(records))

@@ -50,7 +50,8 @@ def plan_report(
     head = (
         f"{plan.strategy} plan: workload {workload.name!r} ({len(workload.tables)} tables, "
         f"{human_count(workload.num_rows)} rows) on {n} GPUs in {view.num_groups} groups of "
-        f"{'/'.join(map(str, sizes))}; budget {budget_x:.2f}x row-wise = {human_bytes(plan.budget_bytes)} per GPU; "
+        f"{'/'.join(map(str, sizes))}; budget {budget_x:.2f}x row-wise = "
+        f"{human_bytes(plan.budget_bytes)} per GPU; "
         f"dedup {'on' if plan.dedup else 'off'}, {plan.sync} sync"
     )
     rows = []
@@ -104,7 +105,8 @@ def plan_report(
     if "lower_bound_s" in plan.solver:
         s = plan.solver
         lines.append(
-            f"Optimizer: objective {s['objective_s'] * 1e3:.3f} ms, lower bound {s['lower_bound_s'] * 1e3:.3f} ms, "
+            f"Optimizer: objective {s['objective_s'] * 1e3:.3f} ms, "
+            f"lower bound {s['lower_bound_s'] * 1e3:.3f} ms, "
             f"gap {s['gap']:.2%}, {s['rounds']} rounds, {s['variables']} variables, {s['solve_time_s']:.2f} s"
         )
     return "\n".join(lines)
