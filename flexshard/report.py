@@ -98,7 +98,8 @@ def plan_report(
         traffic,
         "",
         f"Modeled communication time: {report.modeled_time_s * 1e3:.3f} ms per iteration "
-        f"(latency {report.latency_s * 1e3:.3f} ms), slowest rank {int(np.argmax(report.time_s))}",
+        f"(bytes / bandwidth; collective latency adds {report.latency_s * 1e3:.3f} ms), "
+        f"slowest rank {int(np.argmax(report.time_s))}",
         f"Memory per GPU: min {human_bytes(mem.min())}, median {human_bytes(float(np.median(mem)))}, "
         f"max {human_bytes(mem.max())} of {human_bytes(plan.budget_bytes)} budget",
     ]

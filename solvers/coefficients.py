@@ -97,13 +97,23 @@ def table_coefficients(
     return out
 
 
-def fixed_time_s(view: ClusterView, num_tables: int, hot: bool, warm: bool, cold: bool, sync: str) -> float:
-    """Seconds per iteration that do not scale with rows: collective latency and split-size exchange,
-    for a plan that uses the given tiers (on the symmetric cluster, slowest rank per link class)."""
+def fixed_time_s(
+    view: ClusterView,
+    num_tables: int,
+    hot: bool,
+    warm: bool,
+    cold: bool,
+    sync: str,
+    include_latency: bool = False,
+) -> float:
+    """Seconds per iteration that do not scale with rows, for a plan that uses the given tiers (on
+    the symmetric cluster, slowest rank per link class): the split-size exchange, and with
+    ``include_latency`` the collective latency."""
     splits = split_bytes(view, num_tables, warm, cold).max(axis=0)
     inv_a = 1.0 / float(view.intra_bw_Bps.min())
     inv_e = 1.0 / float(view.inter_bw_Bps.min()) if view.num_groups > 1 else 0.0
     warm_sync = warm and view.num_groups > 1
-    return float(splits[0] * inv_a + splits[1] * inv_e) + collective_latency_s(
-        view, warm, cold, hot, warm_sync, sync
-    )
+    bandwidth = float(splits[0] * inv_a + splits[1] * inv_e)
+    if not include_latency:
+        return bandwidth
+    return bandwidth + collective_latency_s(view, warm, cold, hot, warm_sync, sync)

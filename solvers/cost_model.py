@@ -14,8 +14,8 @@ One iteration, per table (formulas in docs/cost_model.md):
   the cluster this step (``sum 1 - (1 - p)^(N n)`` rows) after an all-reduce of a one-byte touched
   mask; ``sync="dense"`` moves every replicated row.
 
-A rank's time is ``sum over link classes of max(send, recv) / bandwidth`` plus collective latency;
-the plan's modeled time is the slowest rank's.
+A rank's modeled time is ``sum over link classes of max(send, recv) / bandwidth``; the plan's is
+the slowest rank's. Collective latency (hops x link latency) is reported beside it, not in it.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
     )
     per_link = out.sum(axis=2).max(axis=2)  # [N, 2]: max(send, recv) per link class
     bw = np.stack([view.intra_bw_Bps, view.inter_bw_Bps], axis=1)
-    time_s = np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1) + latency
+    time_s = np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1)
     return CostReport(bytes=out, time_s=time_s, memory_bytes=memory, latency_s=latency)
 
 

@@ -49,6 +49,7 @@ class OptimizerConfig:
     solver_time_limit_s: float = 120.0
     routing_metadata: bool = True
     integer_rows: bool = True  # finish with whole-row counts in small segments (a MILP)
+    include_latency: bool = False  # also minimise collective latency (a fixed cost per tier in use)
 
 
 @dataclass
@@ -108,7 +109,7 @@ def optimize_tiers(
 ) -> OptimizerResult:
     """Choose every table's hot/warm/cold boundaries minimising modeled time under ``budget_bytes`` per GPU.
 
-    Using a tier at all has a fixed cost (collective latency, split sizes), so the program is solved
+    Using a tier at all has a fixed cost (split sizes; latency if asked), so the program is solved
     for each set of tiers in use, cheapest lower bound first, skipping sets whose bound cannot beat
     the best plan found. Raises PlannerError when no plan fits (naming the smallest feasible budget).
     """
@@ -133,7 +134,7 @@ def optimize_tiers(
                 if not cold and _min_memory(coeffs, allowed) > budget_bytes:
                     continue
                 bound = lagrange_bound(coeffs, budget_bytes, allowed).bound_s
-                fixed = fixed_time_s(view, ntab, hot, warm, cold, cfg.sync)
+                fixed = fixed_time_s(view, ntab, hot, warm, cold, cfg.sync, cfg.include_latency)
                 candidates.append((bound + fixed, bound, fixed, allowed))
     candidates.sort(key=lambda c: c[0])
     best: dict | None = None
@@ -146,7 +147,7 @@ def optimize_tiers(
             continue
         rows, linear_s, nvars, rounds = solved
         used = _tiers_used(rows, workload)
-        total = linear_s + fixed_time_s(view, ntab, *used, cfg.sync)
+        total = linear_s + fixed_time_s(view, ntab, *used, cfg.sync, cfg.include_latency)
         if best is None or total < best["total_s"]:
             best = {
                 "total_s": total,

@@ -235,9 +235,9 @@ class CostReport:
     """
 
     bytes: np.ndarray  # float64[N, 2, 4, 2], bytes per iteration
-    time_s: np.ndarray  # float64[N], modeled communication time per iteration per rank
+    time_s: np.ndarray  # float64[N], bytes / bandwidth per link class, summed, per iteration per rank
     memory_bytes: np.ndarray  # float64[N], embedding + optimizer + routing bytes per rank
-    latency_s: float  # part of every rank's time that is collective latency
+    latency_s: float  # collective latency per iteration (hops x link latency), not in time_s
 
     def link_bytes(self, link: str, components: tuple[str, ...] = COMPONENTS) -> np.ndarray:
         """Per-rank bytes on one link class, max(send, recv), summed over ``components``."""
@@ -264,6 +264,11 @@ class CostReport:
     @property
     def modeled_time_s(self) -> float:
         return float(self.time_s.max())
+
+    @property
+    def time_with_latency_s(self) -> float:
+        """Slowest rank's modeled time plus the collective latency."""
+        return self.modeled_time_s + self.latency_s
 
     @property
     def memory_per_gpu_bytes(self) -> float:

@@ -474,3 +474,25 @@ def test_balance_keeps_plan_on_homogeneous_cluster():
     workload = Workload("placement", (PLACEMENT_TABLE,), batch_size_per_gpu=64)
     plan = Plan("even", (table_plan(PLACEMENT_TABLE, view, 1, 1),), dedup=False)
     assert balance(workload, view, plan, 1e9) is plan
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_latency_aware_optimizer_matches_brute_force(dedup):
+    """With include_latency the objective is bandwidth time + collective latency (a fixed cost per tier)."""
+    view, workload = brute_instance("2x4")  # has link latency
+    choices = [
+        [(h, w) for h in range(t.num_rows + 1) for w in range(t.num_rows + 1 - h)] for t in workload.tables
+    ]
+    results = []
+    for combo in itertools.product(*choices):
+        tables = tuple(table_plan(t, view, h, w) for t, (h, w) in zip(workload.tables, combo, strict=True))
+        report = evaluate(workload, view, Plan("brute", tables, dedup=dedup))
+        results.append((report.time_with_latency_s, report.memory_per_gpu_bytes, combo))
+    floor = cold_floor(workload, view)
+    for factor in (1.0, 1.5, 2.5, 6.0):
+        budget = floor * factor
+        best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
+        res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=dedup, include_latency=True))
+        got = evaluate(workload, view, res.plan)
+        assert rel_diff(got.time_with_latency_s, best[0]) < 1e-9, (tiers(res.plan), best[2])
+        assert rel_diff(res.objective_s, got.time_with_latency_s) < 1e-9

@@ -1,0 +1,175 @@
+"""The command line: plan files, simulate records, and bad input (one line, exit 2, no output file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flexshard.cli import main
+from flexshard.plan_file import read_plan
+from solvers.types import PlannerError
+from topology import h100_cluster, write_json
+
+SMALL = ["--workload", "synthetic:6:2e6:1.0", "--topology", "h100:2x4"]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def fails(capsys, *argv: str) -> str:
+    """Run a command that must fail: exit 2 and exactly one line on stderr, returned."""
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2, (rc, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_plan_writes_a_plan_file_that_reads_back(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc, text, _ = run(capsys, "plan", *SMALL, "--budget", "2", "--out", str(out))
+    assert rc == 0
+    assert "Bytes per iteration" in text and "inter_group" in text
+    pf = read_plan(out)
+    assert pf.world_size == 8 and pf.groups == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert len(pf.plan.tables) == 6
+    for tp in pf.plan.tables:
+        assert tp.hot_rows + tp.warm_rows + tp.cold_rows > 0
+        assert abs(tp.cold_share.sum() - 1) < 1e-9
+    doc = json.loads(out.read_text())
+    assert set(doc["fingerprints"]) == {"workload", "topology"}
+    assert doc["predicted"]["memory_per_gpu_bytes"] <= doc["budget_bytes"] * (1 + 1e-9)
+    assert 0 <= doc["solver"]["gap"] <= 0.01
+
+
+def test_simulate_json_records(capsys):
+    rc, text, _ = run(capsys, "simulate", *SMALL, "--budgets", "1,2", "--dedup", "both", "--json")
+    assert rc == 0
+    records = json.loads(text)
+    keys = {
+        "strategy",
+        "budget_x",
+        "inter_group_bytes",
+        "intra_group_bytes",
+        "sync_bytes",
+        "modeled_time_s",
+        "memory_per_gpu_bytes",
+        "dedup",
+    }
+    assert all(keys <= set(r) for r in records)
+    assert len(records) == 2 * 2 * 6  # dedup x budgets x strategies
+    for dedup in (True, False):
+        for x in (1.0, 2.0):
+            group = [r for r in records if r["dedup"] == dedup and r["budget_x"] == x and r["feasible"]]
+            ours = next(r for r in group if r["strategy"] == "flexshard")
+            for r in group:
+                assert ours["modeled_time_s"] <= r["modeled_time_s"] * (1 + 1e-9), r["strategy"]
+
+
+def test_simulate_table_is_printed(capsys):
+    rc, text, _ = run(capsys, "simulate", *SMALL, "--budgets", "1.5", "--strategies", "flexshard,row_wise")
+    assert rc == 0
+    assert "inter vs row-wise" in text and "flexshard" in text and "row_wise" in text
+
+
+def test_malformed_topology_json(tmp_path, capsys):
+    topo = tmp_path / "topo.json"
+    topo.write_text('{"nodes": [1, 2,')
+    out = tmp_path / "plan.json"
+    line = fails(capsys, "plan", "--workload", "synthetic:2:1e4", "--topology", str(topo), "--out", str(out))
+    assert "topo.json" in line and "line 1" in line
+    assert not out.exists()
+
+
+def test_topology_without_gpus(tmp_path, capsys):
+    topo = tmp_path / "empty.json"
+    topo.write_text(
+        json.dumps(
+            {
+                "directed": False,
+                "multigraph": False,
+                "graph": {"schema": "flexshard-topology/1", "name": "x"},
+                "nodes": [{"id": "h0", "kind": "host", "name": "h0"}],
+                "edges": [],
+            }
+        )
+    )
+    line = fails(capsys, "plan", "--workload", "synthetic:2:1e4", "--topology", str(topo))
+    assert "GPU" in line or "gpu" in line
+
+
+def test_unknown_presets(capsys):
+    assert "nosuch" in fails(capsys, "plan", "--topology", "nosuch:3", "--workload", "synthetic:2:1e4")
+    assert "nosuch" in fails(capsys, "plan", "--workload", "nosuch")
+
+
+def test_infeasible_budget_names_the_smallest(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    line = fails(capsys, "plan", *SMALL, "--budget", "0.5", "--out", str(out))
+    assert "budget" in line and "smallest feasible budget" in line
+    assert not out.exists()
+
+
+def test_bad_budget_value(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", *SMALL, "--budget", "nan"])
+    assert e.value.code == 2
+    assert "--budget" in capsys.readouterr().err
+
+
+def test_stats_bad_counts_and_ids(tmp_path, capsys):
+    out = tmp_path / "stats.npz"
+    bad = tmp_path / "neg.csv"
+    bad.write_text("0,1,3\n1,2,-3\n")
+    line = fails(capsys, "stats", str(bad), "--out", str(out))
+    assert "-3" in line and "count" in line
+    nan = tmp_path / "nan.csv"
+    nan.write_text("0,1,3\n1,2,nan\n")
+    assert "nan" in fails(capsys, "stats", str(nan), "--out", str(out)).lower()
+    seqs = tmp_path / "seqs.txt"
+    seqs.write_text("1 5 6 7\n2 6 9\n")
+    line = fails(capsys, "stats", str(seqs), "--num-rows", "item_id=8", "--out", str(out))
+    assert "9" in line and "item_id" in line
+    assert "--dim" in fails(capsys, "stats", str(seqs), "--dim", "0", "--out", str(out))
+    assert not out.exists()
+
+
+def test_stats_then_plan(tmp_path, capsys):
+    seqs = tmp_path / "seqs.txt"
+    seqs.write_text("1 5 6 7 5 5\n2 6 9 5\n3 5 1\n")
+    stats = tmp_path / "stats.npz"
+    rc, text, _ = run(capsys, "stats", str(seqs), "--dim", "16", "--out", str(stats))
+    assert rc == 0 and stats.exists() and "item_id" in text
+    rc, text, _ = run(capsys, "plan", "--workload", str(stats), "--topology", "h100:2x2", "--budget", "3")
+    assert rc == 0 and "item_id" in text
+
+
+def test_topology_command_exports_json(tmp_path, capsys):
+    out = tmp_path / "topo.json"
+    rc, text, _ = run(capsys, "topology", "--topology", "skewed:4", "--out", str(out))
+    assert rc == 0 and out.exists() and "slow" in text.lower()
+    rc, _, _ = run(capsys, "plan", "--workload", "synthetic:3:1e5", "--topology", str(out))
+    assert rc == 0
+
+
+def test_plan_file_rejects_bad_documents(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_text("[1, 2")
+    with pytest.raises(PlannerError, match="malformed JSON"):
+        read_plan(p)
+    p.write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(PlannerError, match="schema"):
+        read_plan(p)
+
+
+def test_write_json_topology_roundtrip_plan(tmp_path, capsys):
+    topo = tmp_path / "h.json"
+    write_json(h100_cluster(2, 2), topo)
+    rc, _, _ = run(capsys, "plan", "--workload", "synthetic:2:1e4", "--topology", str(topo), "--json")
+    assert rc == 0
+    assert Path(topo).exists()

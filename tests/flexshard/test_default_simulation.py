@@ -1,0 +1,32 @@
+"""The issue's acceptance check on the embedded default (8 nodes x 8 H100-class GPUs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flexshard import workloads
+from flexshard.cli import simulate_records
+from solvers.planner import STRATEGIES
+from topology import cluster_view, from_preset
+
+BUDGETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+
+
+@pytest.fixture(scope="module")
+def records():
+    view = cluster_view(from_preset("h100:8"))
+    return simulate_records(workloads.default_workload(), view, BUDGETS, (True, False), STRATEGIES)
+
+
+@pytest.mark.parametrize("dedup", [True, False])
+@pytest.mark.parametrize("budget_x", BUDGETS)
+def test_flexshard_at_or_below_every_baseline(records, dedup, budget_x):
+    group = [r for r in records if r["dedup"] == dedup and r["budget_x"] == budget_x]
+    ours = next(r for r in group if r["strategy"] == "flexshard")
+    assert ours["feasible"]
+    assert ours["gap"] <= 0.01
+    assert ours["memory_per_gpu_bytes"] <= ours["budget_bytes"] * (1 + 1e-9)
+    for r in group:
+        if r["feasible"]:
+            assert ours["modeled_time_s"] <= r["modeled_time_s"] * (1 + 1e-9), r["strategy"]
+            assert ours["inter_group_bytes"] <= r["inter_group_bytes"] * (1 + 1e-9), r["strategy"]
