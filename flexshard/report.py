@@ -105,8 +105,10 @@ def plan_report(
     ]
     if "lower_bound_s" in plan.solver:
         s = plan.solver
+        if s.get("placement") == "balanced":
+            lines.append("Placement: owner shares balanced by link speed (see per-rank memory above)")
         lines.append(
-            f"Optimizer: objective {s['objective_s'] * 1e3:.3f} ms, "
+            f"Tier optimizer (even shares, slowest link per class): objective {s['objective_s'] * 1e3:.3f} ms, "
             f"lower bound {s['lower_bound_s'] * 1e3:.3f} ms, "
             f"gap {s['gap']:.2%}, {s['rounds']} rounds, {s['variables']} variables, {s['solve_time_s']:.2f} s"
         )

@@ -123,6 +123,19 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
     status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
     if pulp.LpStatus[status] != "Optimal":
         return plan  # keep even shares: the tier optimizer already checked they fit
+    # Many share vectors reach the same slowest-rank time; among them take the one closest to
+    # shares proportional to each rank's inter-group bandwidth (so fast ranks are treated alike).
+    best_us = float(slowest_us.value() or 0.0)
+    target = view.inter_bw_Bps / view.inter_bw_Bps.sum()
+    dev = [pulp.LpVariable(f"dev_{r}", 0) for r in range(n)]
+    for r in range(n):
+        prob += dev[r] >= a[r] - float(target[r])
+        prob += dev[r] >= float(target[r]) - a[r]
+    prob += slowest_us <= best_us * (1 + 1e-6) + 1e-9
+    prob.setObjective(pulp.lpSum(dev))
+    status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
+    if pulp.LpStatus[status] != "Optimal":
+        return plan
     a_val = np.clip(np.array([x.value() or 0.0 for x in a]), 0, None)
     b_val = np.clip(np.array([x.value() or 0.0 for x in b]), 0, None)
     a_val /= a_val.sum()
