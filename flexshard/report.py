@@ -108,7 +108,8 @@ def plan_report(
         if s.get("placement") == "balanced":
             lines.append("Placement: owner shares balanced by link speed (see per-rank memory above)")
         lines.append(
-            f"Tier optimizer (even shares, slowest link per class): objective {s['objective_s'] * 1e3:.3f} ms, "
+            f"Tier optimizer (even shares, slowest link per class): "
+            f"objective {s['objective_s'] * 1e3:.3f} ms, "
             f"lower bound {s['lower_bound_s'] * 1e3:.3f} ms, "
             f"gap {s['gap']:.2%}, {s['rounds']} rounds, {s['variables']} variables, {s['solve_time_s']:.2f} s"
         )
