@@ -1,0 +1,102 @@
+"""Record what NVML reports about this host, as JSON (for fake-NVML test fixtures of the probe).
+
+Every call is recorded with its answer or the NVML error it raised, so a fake NVML can replay a
+real host, unsupported queries included. Run on a GPU host:
+
+    python experiments/nvml_snapshot.py --out nvml_snapshot.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _call(fn, *args) -> dict[str, Any]:
+    import pynvml
+
+    try:
+        value = fn(*args)
+    except pynvml.NVMLError as e:  # unsupported queries are part of the picture
+        return {"error": str(e), "code": getattr(e, "value", None)}
+    if isinstance(value, bytes):
+        value = value.decode()
+    if hasattr(value, "_fields_"):
+        value = {name: _plain(getattr(value, name)) for name, *_ in value._fields_}
+    return {"value": _plain(value)}
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return repr(v)
+
+
+def snapshot() -> dict[str, Any]:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        out: dict[str, Any] = {
+            "driver": _call(pynvml.nvmlSystemGetDriverVersion),
+            "nvml": _call(pynvml.nvmlSystemGetNVMLVersion),
+            "cuda_driver": _call(pynvml.nvmlSystemGetCudaDriverVersion),
+            "count": pynvml.nvmlDeviceGetCount(),
+            "devices": [],
+        }
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(out["count"])]
+        for i, h in enumerate(handles):
+            dev: dict[str, Any] = {
+                "index": i,
+                "name": _call(pynvml.nvmlDeviceGetName, h),
+                "uuid": _call(pynvml.nvmlDeviceGetUUID, h),
+                "memory": _call(pynvml.nvmlDeviceGetMemoryInfo, h),
+                "pci": _call(pynvml.nvmlDeviceGetPciInfo, h),
+                "numa_node": _call(getattr(pynvml, "nvmlDeviceGetNumaNodeId", lambda h: None), h),
+                "cpu_affinity": _call(pynvml.nvmlDeviceGetCpuAffinity, h, 4),
+                "pcie_link_gen": _call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                "pcie_link_width": _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+                "nvlink": [],
+                "common_ancestor": {},
+            }
+            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                state = _call(pynvml.nvmlDeviceGetNvLinkState, h, link)
+                entry = {"link": link, "state": state}
+                if "value" in state:
+                    entry["remote_pci"] = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2, h, link)
+                    entry["remote_type"] = _call(
+                        getattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", lambda h, link: None), h, link
+                    )
+                    entry["version"] = _call(pynvml.nvmlDeviceGetNvLinkVersion, h, link)
+                dev["nvlink"].append(entry)
+            ancestor = pynvml.nvmlDeviceGetTopologyCommonAncestor
+            for j, other in enumerate(handles):
+                if j != i:
+                    dev["common_ancestor"][str(j)] = _call(ancestor, h, other)
+            out["devices"].append(dev)
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="-")
+    args = p.parse_args(argv)
+    text = json.dumps(snapshot(), indent=1)
+    if args.out == "-":
+        print(text)
+    else:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
