@@ -1,0 +1,102 @@
+"""Workloads for the planner: synthetic production-like skew, real data readers, stats files.
+
+Public API (all histograms are ``solvers.types.RowHistogram``, never per-row objects):
+
+* synthetic: ``zipf_histogram``, ``zipf_table`` (Zipf head + uniform tail), ``default_workload``,
+  ``synthetic_workload``, ``calibration_table`` / ``calibration_locality``, ``iteration_lookups``,
+  ``head_rows_for``, constants ``DEFAULT_ALPHA``, ``DEFAULT_TAIL_MASS``, ``HEAD_ROWS_PER_LOOKUP``,
+  ``REFERENCE_GPUS``, ``META_RANGES``;
+* locality: ``batch_locality`` / ``BatchLocality``, ``top_share``, ``zipf_slope``,
+  ``parse_locality_stats`` / ``LocalitySection`` (Meta's ``locality_stats.txt``);
+* harmonic sums: ``generalized_harmonic``, ``harmonic_range``;
+* readers: ``read_workload`` (``seq`` / ``csv`` / ``recbole``), ``hotness_order``;
+* stats files: ``save_stats``, ``load_stats``, ``fingerprint``;
+* presets: ``load_workload``, ``load_workload_with_orders``, ``build_stats``, ``describe``,
+  ``preset``, ``preset_names``, ``data_root``.
+"""
+
+from .harmonic import generalized_harmonic, harmonic_range
+from .locality import (
+    BatchLocality,
+    LocalitySection,
+    batch_locality,
+    parse_locality_stats,
+    poisson_sf,
+    top_share,
+    zipf_slope,
+)
+from .presets import (
+    build_stats,
+    data_root,
+    describe,
+    load_workload,
+    load_workload_with_orders,
+    preset,
+    preset_names,
+)
+from .readers import DEFAULT_DIM, detect_format, hotness_order, read_workload
+from .stats_file import fingerprint, load_stats, save_stats
+from .synthetic import (
+    DEFAULT_ALPHA,
+    DEFAULT_BATCH_SIZE_PER_GPU,
+    DEFAULT_TAIL_MASS,
+    HEAD_ROWS_PER_LOOKUP,
+    META_LOOKUPS_PER_TABLE,
+    META_RANGES,
+    REFERENCE_GPUS,
+    REFERENCE_ITERATION_LOOKUPS,
+    SYNTHETIC_REFERENCE_GPUS,
+    calibration_locality,
+    calibration_table,
+    default_workload,
+    head_rows_for,
+    iteration_lookups,
+    rank_grid,
+    synthetic_workload,
+    zipf_histogram,
+    zipf_table,
+)
+
+__all__ = [
+    "DEFAULT_ALPHA",
+    "DEFAULT_BATCH_SIZE_PER_GPU",
+    "DEFAULT_DIM",
+    "DEFAULT_TAIL_MASS",
+    "HEAD_ROWS_PER_LOOKUP",
+    "META_LOOKUPS_PER_TABLE",
+    "META_RANGES",
+    "REFERENCE_GPUS",
+    "REFERENCE_ITERATION_LOOKUPS",
+    "SYNTHETIC_REFERENCE_GPUS",
+    "BatchLocality",
+    "LocalitySection",
+    "batch_locality",
+    "build_stats",
+    "calibration_locality",
+    "calibration_table",
+    "data_root",
+    "default_workload",
+    "describe",
+    "detect_format",
+    "fingerprint",
+    "generalized_harmonic",
+    "harmonic_range",
+    "head_rows_for",
+    "hotness_order",
+    "iteration_lookups",
+    "load_stats",
+    "load_workload",
+    "load_workload_with_orders",
+    "parse_locality_stats",
+    "poisson_sf",
+    "preset",
+    "preset_names",
+    "rank_grid",
+    "read_workload",
+    "save_stats",
+    "synthetic_workload",
+    "top_share",
+    "zipf_histogram",
+    "zipf_slope",
+    "zipf_table",
+]

@@ -1,0 +1,226 @@
+"""Save and load a workload plus its hotness orders as one ``.npz``, and fingerprint workloads.
+
+Layout: ``meta`` is a UTF-8 JSON document stored as a uint8 array (no pickles); table ``i`` has
+arrays ``t{i}.rows`` (int64), ``t{i}.prob`` (float64), optionally ``t{i}.order`` (int64 row ids,
+hottest first) and ``t{i}.len_values`` / ``t{i}.len_probs`` (its sequence-length pmf). Files are
+written to a temporary file beside the target and moved into place with ``os.replace``, so a
+reader never sees a partial file. Loading validates everything and raises PlannerError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
+
+FORMAT = "flexshard-stats"
+VERSION = 1
+
+
+def fingerprint(workload: Workload) -> str:
+    """sha256 (hex) of what a plan depends on, stable across runs and machines.
+
+    Covers, per table in order: name, num_rows, dim, ids_per_sample, element and optimizer bytes,
+    the histogram arrays (little-endian int64 rows, float64 prob) and the length pmf. Not the
+    workload's name nor ``batch_size_per_gpu`` (a run setting the CLI may override).
+    """
+    h = hashlib.sha256(b"flexshard-workload-v1")
+
+    def blob(data: bytes) -> None:
+        h.update(struct.pack("<Q", len(data)))
+        h.update(data)
+
+    for t in workload.tables:
+        blob(t.name.encode("utf-8"))
+        blob(
+            struct.pack(
+                "<qqdqq",
+                t.num_rows,
+                t.dim,
+                float(t.ids_per_sample),
+                t.element_bytes,
+                t.optimizer_bytes_per_row,
+            )
+        )
+        blob(np.ascontiguousarray(t.hist.rows, dtype="<i8").tobytes())
+        blob(np.ascontiguousarray(t.hist.prob, dtype="<f8").tobytes())
+        if t.length_values is not None and t.length_probs is not None:
+            blob(np.ascontiguousarray(t.length_values, dtype="<i8").tobytes())
+            blob(np.ascontiguousarray(t.length_probs, dtype="<f8").tobytes())
+        else:
+            blob(b"")
+    return h.hexdigest()
+
+
+def _check_order(table: TableSpec, order: np.ndarray) -> np.ndarray:
+    order = np.asarray(order)
+    if order.ndim != 1 or order.dtype.kind not in "iu":
+        raise PlannerError(
+            f"orders[{table.name!r}]: expected a 1-D integer array, got {order.dtype} {order.shape}"
+        )
+    order = order.astype(np.int64)
+    if order.size > table.num_rows:
+        raise PlannerError(f"orders[{table.name!r}]: {order.size} ids for a table of {table.num_rows} rows")
+    if order.size and (order.min() < 0 or order.max() >= table.num_rows):
+        bad = int(order.min()) if order.min() < 0 else int(order.max())
+        raise PlannerError(f"orders[{table.name!r}]: id {bad} is outside the table (0..{table.num_rows - 1})")
+    return order
+
+
+def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarray] | None = None) -> Path:
+    """Write ``workload`` and ``orders`` (``{table: row ids hottest first}``, any subset) to ``path``."""
+    path = Path(path)
+    orders = orders or {}
+    names = [t.name for t in workload.tables]
+    unknown = sorted(set(orders) - set(names))
+    if unknown:
+        raise PlannerError(f"orders: no table named {unknown[0]!r} in workload {workload.name!r}")
+    arrays: dict[str, np.ndarray] = {}
+    tables_meta = []
+    for i, t in enumerate(workload.tables):
+        arrays[f"t{i}.rows"] = np.ascontiguousarray(t.hist.rows, dtype=np.int64)
+        arrays[f"t{i}.prob"] = np.ascontiguousarray(t.hist.prob, dtype=np.float64)
+        if t.name in orders:
+            arrays[f"t{i}.order"] = _check_order(t, orders[t.name])
+        has_lengths = t.length_values is not None and t.length_probs is not None
+        if has_lengths:
+            arrays[f"t{i}.len_values"] = np.asarray(t.length_values, dtype=np.int64)
+            arrays[f"t{i}.len_probs"] = np.asarray(t.length_probs, dtype=np.float64)
+        tables_meta.append(
+            {
+                "name": t.name,
+                "num_rows": int(t.num_rows),
+                "dim": int(t.dim),
+                "ids_per_sample": float(t.ids_per_sample),
+                "element_bytes": int(t.element_bytes),
+                "optimizer_bytes_per_row": int(t.optimizer_bytes_per_row),
+                "has_order": t.name in orders,
+                "has_lengths": has_lengths,
+            }
+        )
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "workload": workload.name,
+        "batch_size_per_gpu": int(workload.batch_size_per_gpu),
+        "fingerprint": fingerprint(workload),
+        "tables": tables_meta,
+    }
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise PlannerError(f"{path}: cannot write the stats file ({exc.strerror})") from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise PlannerError(f"{path}: cannot write the stats file ({exc.strerror or exc})") from exc
+        raise
+    return path
+
+
+def _field(meta: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = meta.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise PlannerError(f"{where}: field {key!r} is missing or has the wrong type ({value!r})")
+    return value
+
+
+def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
+    """Read a file written by ``save_stats``; raises PlannerError on anything malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise PlannerError(f"{path}: no such stats file")
+    try:
+        with open(path, "rb") as fh:  # our handle, closed even when numpy gives up half-way
+            loaded = np.load(fh, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError("a single .npy array, not an .npz archive")
+            with loaded as z:
+                arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RuntimeError) as exc:
+        raise PlannerError(
+            f"{path}: not a readable FlexShard stats file ({type(exc).__name__}: {exc})"
+        ) from None
+    where = f"{path}"
+    if "meta" not in arrays or arrays["meta"].dtype != np.uint8 or arrays["meta"].ndim != 1:
+        raise PlannerError(f"{where}: not a FlexShard stats file (no metadata)")
+    try:
+        meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PlannerError(f"{where}: corrupt metadata ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise PlannerError(f"{where}: not a FlexShard stats file (format {found!r})")
+    if meta.get("version") != VERSION:
+        raise PlannerError(
+            f"{where}: stats file version {meta.get('version')!r}; this FlexShard reads version {VERSION}"
+        )
+    name = _field(meta, "workload", str, where)
+    batch = _field(meta, "batch_size_per_gpu", int, where)
+    stored_fp = _field(meta, "fingerprint", str, where)
+    tables_meta = _field(meta, "tables", list, where)
+    tables = []
+    orders: dict[str, np.ndarray] = {}
+
+    def array(key: str, kind: str) -> np.ndarray:
+        a = arrays.get(key)
+        if a is None or a.ndim != 1 or a.dtype.kind != kind:
+            got = "missing" if a is None else f"{a.dtype} {a.shape}"
+            raise PlannerError(
+                f"{where}: array {key!r} is {got}, expected 1-D {'int64' if kind == 'i' else 'float64'}"
+            )
+        return a
+
+    for i, tm in enumerate(tables_meta):
+        if not isinstance(tm, dict):
+            raise PlannerError(f"{where}: table {i} metadata is not an object")
+        tw = f"{where}: table {i}"
+        tname = _field(tm, "name", str, tw)
+        rows_meta = _field(tm, "num_rows", int, tw)
+        ids = _field(tm, "ids_per_sample", (int, float), tw)
+        hist = RowHistogram(rows=array(f"t{i}.rows", "i"), prob=array(f"t{i}.prob", "f"))
+        lv = lp = None
+        if _field(tm, "has_lengths", bool, tw):
+            lv, lp = array(f"t{i}.len_values", "i"), array(f"t{i}.len_probs", "f")
+            if lv.shape != lp.shape:
+                raise PlannerError(f"{tw}: length pmf arrays differ in size")
+        table = TableSpec(
+            name=tname,
+            num_rows=rows_meta,
+            dim=_field(tm, "dim", int, tw),
+            ids_per_sample=float(ids),
+            hist=hist,
+            element_bytes=_field(tm, "element_bytes", int, tw),
+            optimizer_bytes_per_row=_field(tm, "optimizer_bytes_per_row", int, tw),
+            length_values=lv,
+            length_probs=lp,
+        )
+        tables.append(table)
+        if _field(tm, "has_order", bool, tw):
+            order = _check_order(table, array(f"t{i}.order", "i"))
+            if np.unique(order).size != order.size:
+                raise PlannerError(f"{tw}: hotness order repeats a row id")
+            orders[tname] = order
+    workload = Workload(name=name, tables=tuple(tables), batch_size_per_gpu=batch)
+    if fingerprint(workload) != stored_fp:
+        raise PlannerError(f"{where}: content does not match its fingerprint (file altered or corrupt)")
+    return workload, orders
