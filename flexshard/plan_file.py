@@ -87,7 +87,6 @@ def to_dict(
         "strategy": plan.strategy,
         "dedup": plan.dedup,
         "sync": plan.sync,
-        "routing_metadata": plan.routing_metadata,
         "budget_bytes": plan.budget_bytes,
         "world_size": view.num_ranks,
         "groups": [list(g) for g in view.groups],
@@ -156,7 +155,6 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
             dedup=bool(doc["dedup"]),
             sync=str(doc["sync"]),
             budget_bytes=doc.get("budget_bytes"),
-            routing_metadata=bool(doc.get("routing_metadata", True)),
             solver=dict(doc.get("solver", {})),
         )
         return PlanFile(plan, world, groups, dict(doc["fingerprints"]), dict(doc["predicted"]))

@@ -29,12 +29,7 @@ HOT, WARM, COLD = 0, 1, 2
 
 def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
     tables = tuple(table_plan(t, view, 0, 0) for t in workload.tables)
-    return _checked(
-        Plan("row_wise", tables, dedup, sync, budget_bytes, routing_metadata=False),
-        workload,
-        view,
-        budget_bytes,
-    )
+    return _checked(Plan("row_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
 
 
 def table_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
@@ -62,39 +57,38 @@ def table_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup
         TablePlan(t.name, 0, 0, t.num_rows, warm_share, np.eye(n)[owner[i]])
         for i, t in enumerate(workload.tables)
     )
-    return _checked(
-        Plan("table_wise", tables, dedup, sync, budget_bytes, routing_metadata=False),
-        workload,
-        view,
-        budget_bytes,
-    )
+    return _checked(Plan("table_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
 
 
 def two_d(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
     if view.num_groups < 2 or view.uniform_group_size in (None, 1):
         return _renamed(row_wise(workload, view, budget_bytes, dedup, sync), "2d")
-    coeffs = table_coefficients(workload, view, dedup, sync, routing_metadata=False)
-    chosen = _greedy_whole_tables(coeffs, budget_bytes, WARM)
-    tables = tuple(
-        table_plan(t, view, 0, t.num_rows if c else 0) for t, c in zip(workload.tables, chosen, strict=True)
-    )
-    return _checked(
-        Plan("2d", tables, dedup, sync, budget_bytes, routing_metadata=False), workload, view, budget_bytes
-    )
+    return _whole_tables("2d", WARM, workload, view, budget_bytes, dedup, sync)
 
 
 def data_parallel(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+    return _whole_tables("data_parallel", HOT, workload, view, budget_bytes, dedup, sync)
+
+
+def _whole_tables(
+    strategy: str,
+    tier: int,
+    workload: Workload,
+    view: ClusterView,
+    budget_bytes: float,
+    dedup: bool,
+    sync: str,
+) -> Plan:
+    """Tables moved whole to ``tier`` (by time saved per extra byte, while it saves time and fits),
+    the rest row-wise."""
     coeffs = table_coefficients(workload, view, dedup, sync, routing_metadata=False)
-    chosen = _greedy_whole_tables(coeffs, budget_bytes, HOT)
+    chosen = _greedy_whole_tables(coeffs, budget_bytes, tier)
+    rows = [(t.num_rows if c else 0) for t, c in zip(workload.tables, chosen, strict=True)]
     tables = tuple(
-        table_plan(t, view, t.num_rows if c else 0, 0) for t, c in zip(workload.tables, chosen, strict=True)
+        table_plan(t, view, r if tier == HOT else 0, r if tier == WARM else 0)
+        for t, r in zip(workload.tables, rows, strict=True)
     )
-    return _checked(
-        Plan("data_parallel", tables, dedup, sync, budget_bytes, routing_metadata=False),
-        workload,
-        view,
-        budget_bytes,
-    )
+    return _checked(Plan(strategy, tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
 
 
 def hugectr_count_threshold(

@@ -157,11 +157,11 @@ def sync_payload(touched_rows: float, rows: float, vector_bytes: int, sync: str)
     return touched_rows * vector_bytes + rows * MASK_BYTES_PER_ROW
 
 
-def routing_bytes(plan: TablePlan, routing_metadata: bool = True) -> float:
+def routing_bytes(plan: TablePlan) -> float:
     """Per-rank bytes of a table's routing metadata: the sorted hot and warm ids (and their slots)
     that every rank searches to route a lookup; nothing when one tier holds the whole table (owners
     then follow from arithmetic on the id)."""
-    if not routing_metadata or max(plan.hot_rows, plan.warm_rows, plan.cold_rows) == (
+    if max(plan.hot_rows, plan.warm_rows, plan.cold_rows) == (
         plan.hot_rows + plan.warm_rows + plan.cold_rows
     ):
         return 0.0
@@ -219,7 +219,7 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
         hot_payload += sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
         warm_payload += tp.warm_share * sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
         memory += t.row_bytes * (tp.hot_rows + tp.warm_rows * tp.warm_share + tp.cold_rows * tp.cold_share)
-        memory += routing_bytes(tp, plan.routing_metadata)
+        memory += routing_bytes(tp)
         uses_warm |= tp.warm_rows > 0
         uses_cold |= tp.cold_rows > 0
     out[:, :, IDS, :] += split_bytes(view, len(workload.tables), uses_warm, uses_cold)[:, :, None]

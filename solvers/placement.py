@@ -70,7 +70,7 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
         warm_idx += v.warm_volume * INDEX_BYTES
         hot_payload += sync_payload(v.hot_touched, tp.hot_rows, t.vector_bytes, plan.sync)
         warm_payload += sync_payload(v.warm_touched, tp.warm_rows, t.vector_bytes, plan.sync)
-        mem_fixed += t.row_bytes * tp.hot_rows + routing_bytes(tp, plan.routing_metadata)
+        mem_fixed += t.row_bytes * tp.hot_rows + routing_bytes(tp)
         mem_cold += t.row_bytes * tp.cold_rows
         mem_warm += t.row_bytes * tp.warm_rows
     uses_warm = any(tp.warm_rows > 0 for tp in plan.tables)

@@ -50,15 +50,15 @@ def make_plan(
     cfg.dedup, cfg.sync = dedup, sync
     plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
     best = PlannedStrategy(plan, evaluate(workload, view, plan))
-    # Every baseline is a point of FlexShard's plan space (tiers plus owner shares); the optimizer's
-    # linear model cannot see some of them (whole-table tiers need no routing metadata, table-wise
-    # shares are not even), so they are priced as candidates and the cheapest plan is kept.
+    # Every baseline is a point of FlexShard's plan space (tiers plus owner shares); the tier
+    # optimizer assumes even shares and cannot see table-wise's, so they are priced as candidates
+    # and the cheapest plan is kept.
     for name, baseline in BASELINES.items():
         try:
             candidate = baseline(workload, view, budget, dedup, sync)
         except PlannerError:
             continue
-        candidate = replace(candidate, strategy="flexshard", routing_metadata=True)
+        candidate = replace(candidate, strategy="flexshard")
         report = evaluate(workload, view, candidate)
         if report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(report, best.report):
             candidate.solver = {**plan.solver, "chosen": f"{name} tiers"}

@@ -218,7 +218,6 @@ class Plan:
     dedup: bool
     sync: str = "sparse"  # replica gradient sync: "sparse" (touched rows) or "dense" (all rows)
     budget_bytes: float | None = None  # per-GPU memory budget the plan was made for
-    routing_metadata: bool = True  # False where owners follow from arithmetic (whole-table tiers)
     solver: dict = field(default_factory=dict)  # solver metadata (bounds, gap, iterations, seconds)
 
 

@@ -249,7 +249,7 @@ def test_warm_rows_dedup():
 
 def _table_wise_plan(dedup: bool) -> Plan:
     tp = TablePlan("a", 0, 0, 4, warm_share=np.full(4, 0.5), cold_share=np.array([1.0, 0, 0, 0]))
-    return Plan("table_wise", (tp,), dedup=dedup, sync="sparse", routing_metadata=False)
+    return Plan("table_wise", (tp,), dedup=dedup, sync="sparse")
 
 
 def test_table_wise_owner_rank0_no_dedup():
@@ -352,8 +352,9 @@ def test_two_tables_memory_and_splits():
     # a: 12 * (1 hot + 2 warm * 1/2 + 1 cold * 1/4) = 27, routing 12 * 3 = 36
     # b: 8 * (1 warm * 1/2 + 2 cold * 1/4) = 8, routing 12 * 1 = 12      -> 83
     np.testing.assert_allclose(report.memory_bytes, 83.0, rtol=REL)
-    plan.routing_metadata = False
-    np.testing.assert_allclose(evaluate(workload, VIEW, plan).memory_bytes, 35.0, rtol=REL)
+    # a table held whole by one tier needs no routing list: b all warm -> 8 * 3 * 1/2 = 12 B
+    whole = Plan("two", (table_plan(a, VIEW, 1, 2), table_plan(b, VIEW, 0, 3)), dedup=False, sync="dense")
+    np.testing.assert_allclose(evaluate(workload, VIEW, whole).memory_bytes, 27.0 + 36.0 + 12.0, rtol=REL)
     # splits with 2 tables, warm and cold in use: 32 intra, 32 inter on the ids component.
     # Rest of ids: a: V_w = 3 * 0.5 (rows 1,2) -> asked 0.75 -> 6 B; V_c = 0.3 -> intra 0.075 -> 0.6 B,
     # inter 0.15 -> 1.2 B. b: V_w = 1.5 -> asked 0.75 -> 6 B; V_c = 1.5 -> intra 0.375 -> 3 B, inter 6 B.

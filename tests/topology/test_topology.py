@@ -37,8 +37,15 @@ GB = 1e9
 def assert_views_equal(a: ClusterView, b: ClusterView) -> None:
     assert a.groups == b.groups
     assert a.host_of_rank == b.host_of_rank
-    for field in ("group_of_rank", "local_index", "intra_bw_Bps", "inter_bw_Bps", "intra_latency_s",
-                  "inter_latency_s", "memory_bytes"):
+    for field in (
+        "group_of_rank",
+        "local_index",
+        "intra_bw_Bps",
+        "inter_bw_Bps",
+        "intra_latency_s",
+        "inter_latency_s",
+        "memory_bytes",
+    ):
         x, y = getattr(a, field), getattr(b, field)
         assert x.dtype == y.dtype, field
         assert np.array_equal(x, y), field
@@ -158,8 +165,10 @@ def test_single_group_without_network():
 # --- preset specs -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "ranks"), [("h100", 64), ("h100:2", 16), ("nvl72", 72), ("nvl72:2", 144),
-                                             ("skewed", 64), (" H100:1x2 ", 2)])
+@pytest.mark.parametrize(
+    ("spec", "ranks"),
+    [("h100", 64), ("h100:2", 16), ("nvl72", 72), ("nvl72:2", 144), ("skewed", 64), (" H100:1x2 ", 2)],
+)
 def test_from_preset_sizes(spec, ranks):
     assert cluster_view(from_preset(spec)).num_ranks == ranks
 
@@ -295,8 +304,13 @@ def test_write_refuses_invalid_graph(tmp_path):
 def test_slow_links_find_slow_host_nics():
     found = slow_links(skewed_fabric(8))
     assert {(d["u"], d["v"]) for d in found} == {(f"node0/nic{i}", "leaf0") for i in range(8)}
-    assert all(d["kind"] == "network" and d["bandwidth_GBps"] == 12.5 and d["median_GBps"] == 50.0
-               and d["ratio"] == 0.25 for d in found)
+    assert all(
+        d["kind"] == "network"
+        and d["bandwidth_GBps"] == 12.5
+        and d["median_GBps"] == 50.0
+        and d["ratio"] == 0.25
+        for d in found
+    )
 
 
 @pytest.mark.parametrize("spec", ["h100:8", "h100:2", "nvl72:2"])
@@ -313,8 +327,10 @@ def test_summary():
 
 
 def test_package_imports_no_torch_or_planner():
-    code = ("import sys, topology; bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'solvers', 'flexshard', 'pulp')]; assert not bad, bad")
+    code = (
+        "import sys, topology; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'solvers', 'flexshard', 'pulp')]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(topology.__file__).parent.parent)
 
 
