@@ -173,3 +173,12 @@ def test_write_json_topology_roundtrip_plan(tmp_path, capsys):
     rc, _, _ = run(capsys, "plan", "--workload", "synthetic:2:1e4", "--topology", str(topo), "--json")
     assert rc == 0
     assert Path(topo).exists()
+
+
+def test_stats_non_positive_rows(tmp_path, capsys):
+    seqs = tmp_path / "seqs.txt"
+    seqs.write_text("1 5 6\n")
+    out = tmp_path / "stats.npz"
+    line = fails(capsys, "stats", str(seqs), "--num-rows", "item_id=0", "--out", str(out))
+    assert "--num-rows" in line and "item_id=0" in line
+    assert not out.exists()
