@@ -50,6 +50,10 @@ def make_plan(
     cfg.dedup, cfg.sync = dedup, sync
     plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
     best = PlannedStrategy(plan, evaluate(workload, view, plan))
+    if best.report.memory_per_gpu_bytes > budget * (1 + 1e-9):  # a bug, not bad input
+        raise AssertionError(
+            f"optimizer returned {best.report.memory_per_gpu_bytes:.0f} B per GPU over {budget:.0f}"
+        )
     # Every baseline is a point of FlexShard's plan space (tiers plus owner shares); the tier
     # optimizer assumes even shares and cannot see table-wise's, so they are priced as candidates
     # and the cheapest plan is kept.
