@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from solvers.cost_model import table_mass
-from solvers.types import COMPONENTS, LINK_CLASSES, CostReport, Plan, Workload
+from solvers.types import COMPONENTS, LINK_CLASSES, MEMORY_PARTS, CostReport, Plan, Workload
 from topology.views import ClusterView
 
 
@@ -101,7 +101,11 @@ def plan_report(
         f"(bytes / bandwidth; collective latency adds {report.latency_s * 1e3:.3f} ms), "
         f"slowest rank {int(np.argmax(report.time_s))}",
         f"Memory per GPU: min {human_bytes(mem.min())}, median {human_bytes(float(np.median(mem)))}, "
-        f"max {human_bytes(mem.max())} of {human_bytes(plan.budget_bytes)} budget",
+        f"max {human_bytes(mem.max())} of {human_bytes(plan.budget_bytes)} budget; on the fullest GPU: "
+        + ", ".join(
+            f"{part} {human_bytes(v)}"
+            for part, v in zip(MEMORY_PARTS, report.memory_by_part_bytes[int(np.argmax(mem))], strict=True)
+        ),
     ]
     if "lower_bound_s" in plan.solver:
         s = plan.solver

@@ -206,7 +206,7 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
     n = view.num_ranks
     big_g = view.num_groups
     out = np.zeros((n, 2, 4, 2))
-    memory = np.zeros(n)
+    memory = np.zeros((n, 4))  # hot, warm, cold, routing
     hot_payload = 0.0
     warm_payload = np.zeros(n)
     uses_warm = uses_cold = False
@@ -218,8 +218,10 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
         out[:, :, :3, :] += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
         hot_payload += sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
         warm_payload += tp.warm_share * sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
-        memory += t.row_bytes * (tp.hot_rows + tp.warm_rows * tp.warm_share + tp.cold_rows * tp.cold_share)
-        memory += routing_bytes(tp)
+        memory[:, 0] += t.row_bytes * tp.hot_rows
+        memory[:, 1] += t.row_bytes * tp.warm_rows * tp.warm_share
+        memory[:, 2] += t.row_bytes * tp.cold_rows * tp.cold_share
+        memory[:, 3] += routing_bytes(tp)
         uses_warm |= tp.warm_rows > 0
         uses_cold |= tp.cold_rows > 0
     out[:, :, IDS, :] += split_bytes(view, len(workload.tables), uses_warm, uses_cold)[:, :, None]
@@ -235,7 +237,7 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
     per_link = out.sum(axis=2).max(axis=2)  # [N, 2]: max(send, recv) per link class
     bw = np.stack([view.intra_bw_Bps, view.inter_bw_Bps], axis=1)
     time_s = np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1)
-    return CostReport(bytes=out, time_s=time_s, memory_bytes=memory, latency_s=latency)
+    return CostReport(bytes=out, time_s=time_s, memory_by_part_bytes=memory, latency_s=latency)
 
 
 def split_bytes(view: ClusterView, num_tables: int, warm: bool, cold: bool) -> np.ndarray:

@@ -223,6 +223,7 @@ class Plan:
 
 LINK_CLASSES = ("intra_group", "inter_group")
 COMPONENTS = ("ids", "forward", "backward", "sync")
+MEMORY_PARTS = ("hot", "warm", "cold", "routing")
 
 
 @dataclass
@@ -235,8 +236,13 @@ class CostReport:
 
     bytes: np.ndarray  # float64[N, 2, 4, 2], bytes per iteration
     time_s: np.ndarray  # float64[N], bytes / bandwidth per link class, summed, per iteration per rank
-    memory_bytes: np.ndarray  # float64[N], embedding + optimizer + routing bytes per rank
+    memory_by_part_bytes: np.ndarray  # float64[N, 4]: rows (+ optimizer state) per tier, routing ids
     latency_s: float  # collective latency per iteration (hops x link latency), not in time_s
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        """float64[N]: embedding + optimizer + routing bytes per rank."""
+        return self.memory_by_part_bytes.sum(axis=1)
 
     def link_bytes(self, link: str, components: tuple[str, ...] = COMPONENTS) -> np.ndarray:
         """Per-rank bytes on one link class, max(send, recv), summed over ``components``."""
