@@ -23,8 +23,6 @@ def _call(fn, *args) -> dict[str, Any]:
         return {"error": str(e), "code": getattr(e, "value", None)}
     if isinstance(value, bytes):
         value = value.decode()
-    if hasattr(value, "_fields_"):
-        value = {name: _plain(getattr(value, name)) for name, *_ in value._fields_}
     return {"value": _plain(value)}
 
 
@@ -33,8 +31,14 @@ def _plain(v: Any) -> Any:
         return v.decode(errors="replace")
     if isinstance(v, (int, float, str, bool)) or v is None:
         return v
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
+    if hasattr(v, "_fields_"):  # a ctypes struct
+        return {name: _plain(getattr(v, name)) for name, *_ in v._fields_}
+    if hasattr(v, "__len__") and hasattr(v, "__getitem__"):  # a ctypes array (cpu affinity words)
+        return [_plain(v[i]) for i in range(len(v))]
     return repr(v)
 
 
@@ -62,6 +66,8 @@ def snapshot() -> dict[str, Any]:
                 "cpu_affinity": _call(pynvml.nvmlDeviceGetCpuAffinity, h, 4),
                 "pcie_link_gen": _call(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
                 "pcie_link_width": _call(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+                "pcie_max_link_gen": _call(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                "pcie_max_link_width": _call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
                 "nvlink": [],
                 "common_ancestor": {},
             }
@@ -69,7 +75,7 @@ def snapshot() -> dict[str, Any]:
                 state = _call(pynvml.nvmlDeviceGetNvLinkState, h, link)
                 entry = {"link": link, "state": state}
                 if "value" in state:
-                    entry["remote_pci"] = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo_v2, h, link)
+                    entry["remote_pci"] = _call(pynvml.nvmlDeviceGetNvLinkRemotePciInfo, h, link)
                     entry["remote_type"] = _call(
                         getattr(pynvml, "nvmlDeviceGetNvLinkRemoteDeviceType", lambda h, link: None), h, link
                     )
