@@ -34,6 +34,7 @@ class PlanFile:
     groups: list[list[int]]
     fingerprints: dict[str, str]
     predicted: dict[str, Any]
+    owner_pattern_period: int = OWNER_PATTERN_PERIOD
 
 
 def view_fingerprint(view: ClusterView) -> str:
@@ -157,7 +158,12 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
             budget_bytes=doc.get("budget_bytes"),
             solver=dict(doc.get("solver", {})),
         )
-        return PlanFile(plan, world, groups, dict(doc["fingerprints"]), dict(doc["predicted"]))
+        period = int(doc.get("owner_pattern_period", OWNER_PATTERN_PERIOD))
+        if period <= 0:
+            raise PlannerError(
+                f"plan file {str(path)!r}: owner_pattern_period must be positive, got {period}"
+            )
+        return PlanFile(plan, world, groups, dict(doc["fingerprints"]), dict(doc["predicted"]), period)
     except KeyError as e:
         raise PlannerError(f"plan file {str(path)!r}: missing field {e.args[0]!r}") from e
     except (TypeError, ValueError, IndexError) as e:

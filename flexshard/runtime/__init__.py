@@ -1,0 +1,21 @@
+"""Runtime: execute a FlexShard plan on torch.distributed (hot / warm / cold sequence embeddings)."""
+
+from flexshard.runtime.groups import ProcessGroups, emulated_groups, make_process_groups
+from flexshard.runtime.routing import COLD, HOT, WARM, TableRouting, build_routing, complete_order, deal
+from flexshard.runtime.sharded import ShardedSequenceEmbedding, seeded_initializer, to_padded
+
+__all__ = [
+    "COLD",
+    "HOT",
+    "WARM",
+    "ProcessGroups",
+    "ShardedSequenceEmbedding",
+    "TableRouting",
+    "build_routing",
+    "complete_order",
+    "deal",
+    "emulated_groups",
+    "make_process_groups",
+    "seeded_initializer",
+    "to_padded",
+]

@@ -1,0 +1,551 @@
+"""A torch module that executes a FlexShard plan on torch.distributed.
+
+Every rank holds all hot rows of every table, its share of its group's warm rows and its share of the
+cluster's cold rows (plus their optimizer state, placed like the rows). A forward pass:
+
+1. checks every rank's input and agrees on an error flag (one ``all_gather`` of 4 int64s per rank)
+   before any data collective, so bad input on one rank raises ``ValueError`` on every rank;
+2. optionally deduplicates each table's ids on this rank (``torch.unique``);
+3. gathers hot rows locally, sends warm lookups to their owner in the group (one ``all_to_all_single``
+   of split sizes, one of slots, one of embeddings on the intra-group process group, all tables
+   together) and cold lookups to their owner in the cluster (the same on the global group);
+4. puts the rows back in input order.
+
+Backward (through a ``torch.autograd.Function``) sends the output gradients back along the same
+routes and sums them per row at the owner. ``step()`` then synchronises replicas (hot gradients
+all-reduced over all ranks, warm shard gradients over the replica group) and applies row-wise SGD
+or row-wise Adagrad to the rows that received gradient.
+
+Gradient semantics: the gradient a row receives is the sum over all ranks of the gradient of that
+rank's loss (as if the global loss were the sum of the per-rank losses; divide the loss by the world
+size yourself for a mean). Every copy of a replicated row gets the same summed gradient and the same
+update, so copies stay bitwise equal.
+
+Traffic (bytes, per rank, per iteration) is kept in an array ``[2 link classes, 4 components,
+2 directions]`` in the convention of ``solvers.cost_model`` (``LINK_CLASSES``, ``COMPONENTS``,
+send/recv): lookups are counted per peer from the realised split sizes (self excluded; a peer in the
+same group is intra-group), split sizes as one int64 per table per peer per tier exchange, vectors as
+``dim * 4`` bytes (float32 on the wire). Sync bytes are not measured (they depend on the
+collective's algorithm): they are the cost model's hierarchical / ring all-reduce bytes of the
+realised payload (touched rows x vector bytes + one mask byte per replicated row for sparse sync,
+every row for dense sync).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from flexshard.plan_file import PlanFile
+from flexshard.runtime.groups import ProcessGroups, make_process_groups
+from flexshard.runtime.routing import COLD, HOT, WARM, TableRouting, build_routing
+from solvers.types import COMPONENTS, INDEX_BYTES, LINK_CLASSES, MASK_BYTES_PER_ROW
+
+INTRA, INTER = 0, 1
+IDS, FWD, BWD, SYNC = range(4)
+SEND, RECV = 0, 1
+WIRE_ELEMENT_BYTES = 4  # float32 embeddings and gradients on the wire
+OPTIMIZERS = ("sgd", "adagrad")
+
+# error codes agreed before any data collective
+_E_TABLES, _E_TYPE, _E_EMPTY, _E_NEG_LEN, _E_LEN_SUM, _E_RANGE = range(1, 7)
+
+Initializer = Callable[[str, int, int], torch.Tensor]
+
+
+def seeded_initializer(seed: int, scale: float = 0.1) -> Initializer:
+    """Full-table initializer: ``U(-scale, scale)`` from a generator seeded by ``seed`` and the table
+    name, so any process (a test's reference included) can rebuild the same weights."""
+
+    def init(name: str, num_rows: int, dim: int) -> torch.Tensor:
+        salt = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") % (2**31)
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + salt) % (2**63))
+        return (torch.rand(num_rows, dim, generator=gen, dtype=torch.float32) * 2 - 1) * scale
+
+    return init
+
+
+def to_padded(jagged: torch.Tensor, lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
+    """[batch, max_len, dim] view of jagged rows ``[sum(lengths), dim]`` (zeros past each sequence;
+    differentiable). Sequences longer than ``max_len`` are cut."""
+    lengths = lengths.to(device=jagged.device, dtype=torch.int64)
+    batch = lengths.numel()
+    longest = int(lengths.max()) if batch else 0
+    width = longest if max_len is None else int(max_len)
+    seg = torch.repeat_interleave(torch.arange(batch, device=jagged.device), lengths)
+    starts = torch.cumsum(lengths, 0) - lengths
+    pos = torch.arange(jagged.shape[0], device=jagged.device) - starts[seg]
+    keep = pos < width
+    out = jagged.new_zeros(batch, width, jagged.shape[1])
+    return out.index_put((seg[keep], pos[keep]), jagged[keep])
+
+
+class _Lookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, anchor, module, features):  # noqa: ARG004
+        outs, state = module._forward_impl(features)
+        ctx.module, ctx.state = module, state
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.module._backward_impl(ctx.state, grads)
+        ctx.state = None
+        return None, None, None
+
+
+class ShardedSequenceEmbedding(torch.nn.Module):
+    """Sequence embedding tables sharded by a plan (see the module docstring).
+
+    ``tables``: ``(name, num_rows, dim)`` in the plan's table order. ``orders``: per table a hotness
+    order (touched ids hottest first, completed by :func:`complete_order`); missing tables use the
+    identity. ``init``: a full-table initializer ``(name, num_rows, dim) -> float32[num_rows, dim]``
+    or a seed for :func:`seeded_initializer`; every rank must build the same weights.
+    """
+
+    def __init__(
+        self,
+        plan_file: PlanFile,
+        tables: list[tuple[str, int, int]],
+        orders: dict[str, np.ndarray] | None = None,
+        init: Initializer | int = 0,
+        optimizer: str = "sgd",
+        lr: float = 0.01,
+        eps: float = 1e-8,
+        dedup: bool | None = None,
+        sync: str | None = None,
+        period: int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not dist.is_initialized():
+            raise ValueError("ShardedSequenceEmbedding: torch.distributed is not initialised")
+        if device is None:
+            if dist.get_backend() == "nccl":  # LOCAL_RANK (torchrun) or rank modulo the visible GPUs
+                local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
+                device = torch.device("cuda", local)
+                torch.cuda.set_device(device)
+            else:
+                device = torch.device("cpu")
+        self.device = torch.device(device)
+        self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.optimizer, self.lr, self.eps = optimizer, float(lr), float(eps)
+        self.dedup = plan_file.plan.dedup if dedup is None else bool(dedup)
+        self.sync = plan_file.plan.sync if sync is None else sync
+        self.table_names = [str(t[0]) for t in tables]
+        self.dims = [int(t[2]) for t in tables]
+        self._agree(self._check_setup(plan_file, tables, orders), "setup")
+
+        self.pg: ProcessGroups = make_process_groups(plan_file.groups)
+        self.routing: list[TableRouting] = [
+            build_routing(
+                tp, plan_file.groups, (orders or {}).get(name), period or plan_file.owner_pattern_period
+            )
+            for tp, name in zip(plan_file.plan.tables, self.table_names, strict=True)
+        ]
+        init_fn = seeded_initializer(init) if isinstance(init, int) else init
+        self.uses_warm = any(r.warm_rows > 0 for r in self.routing)
+        self.uses_cold = any(r.cold_rows > 0 for r in self.routing)
+        dev = self.device
+        self._map = []  # per table: (tier, owner, slot) as device tensors
+        self._ids: dict[tuple[int, int], np.ndarray] = {}
+        self.weights: dict[tuple[int, int], torch.Tensor] = {}
+        self.opt_state: dict[tuple[int, int], torch.Tensor] = {}
+        pos, rank = self.pg.position, self.rank
+        for t, (name, r) in enumerate(zip(self.table_names, self.routing, strict=True)):
+            full = init_fn(name, r.num_rows, self.dims[t])
+            if tuple(full.shape) != (r.num_rows, self.dims[t]):
+                raise ValueError(
+                    f"table {name!r}: initializer returned shape {tuple(full.shape)}, "
+                    f"expected {(r.num_rows, self.dims[t])}"
+                )
+            self._map.append(
+                (
+                    torch.as_tensor(r.tier.astype(np.int64), device=dev),
+                    torch.as_tensor(r.owner, device=dev),
+                    torch.as_tensor(r.slot, device=dev),
+                )
+            )
+            for tier, owner in ((HOT, -1), (WARM, pos), (COLD, rank)):
+                ids = r.ids_of(tier, owner)
+                self._ids[(t, tier)] = ids
+                w = full[torch.as_tensor(ids)].to(device=dev, dtype=torch.float32).contiguous()
+                self.weights[(t, tier)] = w
+                self.opt_state[(t, tier)] = torch.zeros(w.shape[0], device=dev)
+        # warm owner (a group position) -> index in the intra group's all-to-all
+        self._warm_peer = torch.as_tensor(
+            [self.pg.intra_ranks.index(m) for m in plan_file.groups[self.pg.group]], device=dev
+        )
+        self._anchor = torch.zeros((), requires_grad=True)
+        self.traffic = np.zeros((2, 4, 2))
+        self.traffic_total = np.zeros((2, 4, 2))
+        self.zero_grad()
+
+    # --- setup and input checks ------------------------------------------------------------------
+
+    def _check_setup(self, plan_file: PlanFile, tables, orders) -> str:
+        if plan_file.world_size != self.world_size:
+            return f"plan is for world size {plan_file.world_size}, this job has {self.world_size} ranks"
+        flat = sorted(r for g in plan_file.groups for r in g)
+        if flat != list(range(self.world_size)):
+            return f"plan groups {plan_file.groups} do not partition ranks 0..{self.world_size - 1}"
+        names = [tp.name for tp in plan_file.plan.tables]
+        if names != self.table_names:
+            return f"plan tables {names} differ from the model's tables {self.table_names}"
+        for tp, (name, num_rows, dim) in zip(plan_file.plan.tables, tables, strict=True):
+            rows = tp.hot_rows + tp.warm_rows + tp.cold_rows
+            if rows != int(num_rows):
+                return f"table {name!r}: plan covers {rows} rows, the model has num_rows={num_rows}"
+            if int(dim) <= 0:
+                return f"table {name!r}: dim must be positive, got {dim}"
+            if tp.warm_rows > 0 and len({len(g) for g in plan_file.groups}) != 1:
+                return f"table {name!r}: warm rows need groups of equal size, got {plan_file.groups}"
+        if self.optimizer not in OPTIMIZERS:
+            return f"optimizer: must be one of {OPTIMIZERS}, got {self.optimizer!r}"
+        if self.sync not in ("sparse", "dense"):
+            return f"sync: must be 'sparse' or 'dense', got {self.sync!r}"
+        unknown = [name for name in (orders or {}) if name not in self.table_names]
+        if unknown:
+            return f"orders: unknown table {unknown[0]!r}"
+        return ""
+
+    def _agree(self, message: str, what: str) -> None:
+        """Raise on every rank when any rank's ``message`` is non-empty (one all_gather of a flag)."""
+        flag = torch.tensor([1 if message else 0], dtype=torch.int64, device=self.device)
+        flags = [torch.zeros_like(flag) for _ in range(self.world_size)]
+        dist.all_gather(flags, flag)
+        bad = [r for r, f in enumerate(flags) if int(f.item())]
+        if message:
+            raise ValueError(f"rank {self.rank}: {message}")
+        if bad:
+            raise ValueError(f"{what} failed on rank(s) {bad} (see their error)")
+
+    def _check_features(self, features) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        err = torch.zeros(4, dtype=torch.int64)  # code, table, value, extra
+        parsed = []
+        names = set(features) if isinstance(features, dict) else set()
+        if names != set(self.table_names):
+            missing = [n for n in self.table_names if n not in names]
+            err[:] = torch.tensor([_E_TABLES, self.table_names.index(missing[0]) if missing else -1, 0, 0])
+            return parsed, err
+        for t, name in enumerate(self.table_names):
+            entry = features[name]
+            try:
+                values, lengths = entry
+                values = torch.as_tensor(values)
+                lengths = torch.as_tensor(lengths)
+            except (TypeError, ValueError):
+                err[:] = torch.tensor([_E_TYPE, t, 0, 0])
+                return parsed, err
+            if (
+                values.dim() != 1
+                or lengths.dim() != 1
+                or values.dtype.is_floating_point
+                or lengths.dtype.is_floating_point
+            ):
+                err[:] = torch.tensor([_E_TYPE, t, 0, 0])
+                return parsed, err
+            values = values.to(device=self.device, dtype=torch.int64)
+            lengths = lengths.to(device=self.device, dtype=torch.int64)
+            if lengths.numel() == 0:
+                err[:] = torch.tensor([_E_EMPTY, t, 0, 0])
+                return parsed, err
+            if bool((lengths < 0).any()):
+                err[:] = torch.tensor([_E_NEG_LEN, t, int(lengths.min()), 0])
+                return parsed, err
+            total = int(lengths.sum())
+            if total != values.numel():
+                err[:] = torch.tensor([_E_LEN_SUM, t, total, values.numel()])
+                return parsed, err
+            if values.numel():
+                bad = (values < 0) | (values >= self.routing[t].num_rows)
+                if bool(bad.any()):
+                    err[:] = torch.tensor([_E_RANGE, t, int(values[bad][0]), 0])
+                    return parsed, err
+            parsed.append((values, lengths))
+        return parsed, err
+
+    def _raise_input_error(self, gathered: list[torch.Tensor]) -> None:
+        for r, e in enumerate(gathered):
+            code, t, value, extra = (int(x) for x in e.tolist())
+            if not code:
+                continue
+            name = self.table_names[t] if 0 <= t < len(self.table_names) else None
+            if code == _E_TABLES:
+                what = f"features must have exactly the tables {self.table_names}" + (
+                    f"; table {name!r} is missing" if name else "; got extra or unknown tables"
+                )
+            elif code == _E_TYPE:
+                what = f"table {name!r}: values and lengths must be 1-D integer tensors"
+            elif code == _E_EMPTY:
+                what = f"table {name!r}: empty batch (lengths has no entries)"
+            elif code == _E_NEG_LEN:
+                what = f"table {name!r}: negative length {value}"
+            elif code == _E_LEN_SUM:
+                what = f"table {name!r}: lengths sum to {value} but there are {extra} values"
+            else:
+                num_rows = self.routing[t].num_rows
+                what = f"table {name!r}: id {value} out of range [0, {num_rows})"
+            raise ValueError(f"bad input on rank {r}: {what}")
+
+    # --- forward -----------------------------------------------------------------------------------
+
+    def forward(self, features: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Jagged embeddings ``[sum(lengths), dim]`` per table, in input order. Collective: every
+        rank calls it (and, when training, backward) the same number of times."""
+        parsed, err = self._check_features(features)
+        err = err.to(self.device)
+        gathered = [torch.zeros_like(err) for _ in range(self.world_size)]
+        dist.all_gather(gathered, err)
+        if any(int(e[0]) for e in gathered):
+            self._raise_input_error(gathered)
+        self.traffic = np.zeros((2, 4, 2))
+        outs = _Lookup.apply(self._anchor, self, parsed)
+        return dict(zip(self.table_names, outs, strict=True))
+
+    def padded(self, jagged: torch.Tensor, lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
+        """[batch, max_len, dim] view of one table's jagged output (see :func:`to_padded`)."""
+        return to_padded(jagged, lengths, max_len)
+
+    def _forward_impl(self, parsed):
+        state = {"tables": []}
+        warm_req, cold_req, uniq_rows = [], [], []
+        for t, (values, _lengths) in enumerate(parsed):
+            if self.dedup:
+                uniq, inv = torch.unique(values, return_inverse=True)
+            else:
+                uniq, inv = values, None
+            tier_map, owner_map, slot_map = self._map[t]
+            tier, owner, slot = tier_map[uniq], owner_map[uniq], slot_map[uniq]
+            emb = torch.empty(uniq.numel(), self.dims[t], device=self.device)
+            hot_idx = torch.nonzero(tier == HOT).flatten()
+            hot_slot = slot[hot_idx]
+            emb[hot_idx] = self.weights[(t, HOT)][hot_slot]
+            warm_idx = torch.nonzero(tier == WARM).flatten()
+            cold_idx = torch.nonzero(tier == COLD).flatten()
+            warm_req.append((warm_idx, self._warm_peer[owner[warm_idx]], slot[warm_idx]))
+            cold_req.append((cold_idx, owner[cold_idx], slot[cold_idx]))
+            uniq_rows.append(emb)
+            state["tables"].append({"inv": inv, "n_uniq": uniq.numel(), "hot": (hot_idx, hot_slot)})
+        if self.uses_warm:
+            state["warm"] = self._exchange(WARM, self.pg.intra, self.pg.intra_ranks, warm_req, uniq_rows)
+        if self.uses_cold:
+            ranks = list(range(self.world_size))
+            state["cold"] = self._exchange(COLD, dist.group.WORLD, ranks, cold_req, uniq_rows)
+        outs = []
+        for t, emb in enumerate(uniq_rows):
+            inv = state["tables"][t]["inv"]
+            outs.append(emb[inv] if inv is not None else emb)
+        return outs, state
+
+    def _link(self, peer: int) -> int:
+        return INTRA if self.pg.group_of_rank[peer] == self.pg.group else INTER
+
+    def _exchange(self, tier, group, peer_ranks, requests, uniq_rows) -> dict:
+        """One tier's lookups for all tables: split sizes, slots, then embeddings (all-to-alls)."""
+        n_peers, n_tables = len(peer_ranks), len(requests)
+        dev = self.device
+        counts = torch.zeros(n_peers, n_tables, dtype=torch.int64, device=dev)
+        sorted_req, slot_blocks = [], []
+        for t, (idx, dest, slot) in enumerate(requests):
+            order = torch.argsort(dest, stable=True)
+            counts[:, t] = torch.bincount(dest, minlength=n_peers)
+            sorted_req.append(idx[order])
+            slot_blocks.append(slot[order].split(counts[:, t].tolist()))
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts.view(-1), counts.view(-1), group=group)
+        c_np, rc_np = counts.cpu().numpy(), recv_counts.cpu().numpy()
+        send_slots = torch.cat([slot_blocks[t][d] for d in range(n_peers) for t in range(n_tables)])
+        recv_slots = torch.empty(int(rc_np.sum()), dtype=torch.int64, device=dev)
+        dist.all_to_all_single(
+            recv_slots, send_slots, rc_np.sum(1).tolist(), c_np.sum(1).tolist(), group=group
+        )
+        # owner side: (source, table) blocks of slots, answered with the rows they name
+        owner_blocks = recv_slots.split(rc_np.reshape(-1).tolist())
+        dims = np.asarray(self.dims, dtype=np.int64)
+        send_rows = [
+            self.weights[(t, tier)][owner_blocks[s * n_tables + t]].reshape(-1)
+            for s in range(n_peers)
+            for t in range(n_tables)
+        ]
+        send_f = torch.cat(send_rows) if send_rows else torch.zeros(0, device=dev)
+        owner_floats = (rc_np * dims).sum(1)  # floats sent to each requester
+        req_floats = (c_np * dims).sum(1)  # floats received from each owner
+        recv_f = torch.empty(int(req_floats.sum()), device=dev)
+        dist.all_to_all_single(recv_f, send_f, req_floats.tolist(), owner_floats.tolist(), group=group)
+        blocks = recv_f.split((c_np * dims).reshape(-1).tolist())
+        for t in range(n_tables):
+            rows = [blocks[d * n_tables + t].view(-1, self.dims[t]) for d in range(n_peers)]
+            uniq_rows[t][sorted_req[t]] = torch.cat(rows)
+        # traffic, per peer (self excluded)
+        me = peer_ranks.index(self.rank)
+        for i, peer in enumerate(peer_ranks):
+            if i == me:
+                continue
+            li = self._link(peer)
+            split = n_tables * INDEX_BYTES
+            self.traffic[li, IDS, SEND] += c_np[i].sum() * INDEX_BYTES + split
+            self.traffic[li, IDS, RECV] += rc_np[i].sum() * INDEX_BYTES + split
+            self.traffic[li, FWD, SEND] += owner_floats[i] * WIRE_ELEMENT_BYTES
+            self.traffic[li, FWD, RECV] += req_floats[i] * WIRE_ELEMENT_BYTES
+        return {
+            "tier": tier,
+            "group": group,
+            "peers": peer_ranks,
+            "counts": c_np,
+            "recv_counts": rc_np,
+            "sorted_req": sorted_req,
+            "owner_blocks": owner_blocks,
+            "owner_floats": owner_floats,
+            "req_floats": req_floats,
+        }
+
+    # --- backward ----------------------------------------------------------------------------------
+
+    def _backward_impl(self, state, grads) -> None:
+        uniq_grads = []
+        for t, g in enumerate(grads):
+            st = state["tables"][t]
+            g = g.to(device=self.device, dtype=torch.float32)
+            if st["inv"] is not None:
+                gu = torch.zeros(st["n_uniq"], self.dims[t], device=self.device)
+                gu.index_add_(0, st["inv"], g)
+            else:
+                gu = g
+            hot_idx, hot_slot = st["hot"]
+            self.grads[(t, HOT)].index_add_(0, hot_slot, gu[hot_idx])
+            self.touched[(t, HOT)][hot_slot] = 1
+            uniq_grads.append(gu)
+        for key in ("warm", "cold"):
+            if key in state:
+                self._exchange_grads(state[key], uniq_grads)
+
+    def _exchange_grads(self, ex, uniq_grads) -> None:
+        n_peers, n_tables = len(ex["peers"]), len(uniq_grads)
+        c_np, rc_np, tier = ex["counts"], ex["recv_counts"], ex["tier"]
+        blocks = []
+        for t in range(n_tables):
+            g_sorted = uniq_grads[t][ex["sorted_req"][t]]
+            blocks.append(g_sorted.split(c_np[:, t].tolist()))
+        send = [blocks[t][d].reshape(-1) for d in range(n_peers) for t in range(n_tables)]
+        send_f = torch.cat(send) if send else torch.zeros(0, device=self.device)
+        recv_f = torch.empty(int(ex["owner_floats"].sum()), device=self.device)
+        dist.all_to_all_single(
+            recv_f, send_f, ex["owner_floats"].tolist(), ex["req_floats"].tolist(), group=ex["group"]
+        )
+        dims = np.asarray(self.dims, dtype=np.int64)
+        got = recv_f.split((rc_np * dims).reshape(-1).tolist())
+        for s in range(n_peers):
+            for t in range(n_tables):
+                slots = ex["owner_blocks"][s * n_tables + t]
+                if slots.numel():
+                    self.grads[(t, tier)].index_add_(0, slots, got[s * n_tables + t].view(-1, self.dims[t]))
+                    self.touched[(t, tier)][slots] = 1
+        me = ex["peers"].index(self.rank)
+        for i, peer in enumerate(ex["peers"]):
+            if i != me:
+                li = self._link(peer)
+                self.traffic[li, BWD, SEND] += ex["req_floats"][i] * WIRE_ELEMENT_BYTES
+                self.traffic[li, BWD, RECV] += ex["owner_floats"][i] * WIRE_ELEMENT_BYTES
+
+    # --- replica sync and optimizer step ----------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002
+        self.grads = {k: torch.zeros_like(w) for k, w in self.weights.items()}
+        self.touched = {
+            k: torch.zeros(w.shape[0], dtype=torch.uint8, device=self.device) for k, w in self.weights.items()
+        }
+
+    def _sync(self, tier: int, group, group_size: int) -> float:
+        """All-reduce (sum) the gradients of ``tier``'s replicated rows over ``group``; returns the
+        payload bytes of one replica in the cost model's convention."""
+        keys = [(t, tier) for t in range(len(self.dims)) if self.weights[(t, tier)].shape[0] > 0]
+        if not keys:
+            return 0.0
+        rows = sum(self.weights[k].shape[0] for k in keys)
+        if self.sync == "dense":
+            flat = torch.cat([self.grads[k].reshape(-1) for k in keys])
+            if group_size > 1:
+                dist.all_reduce(flat, group=group)
+            for k, part in zip(keys, flat.split([self.grads[k].numel() for k in keys]), strict=True):
+                self.grads[k].copy_(part.view_as(self.grads[k]))
+            # no touched mask on the wire (as in the cost model): every replicated row is updated; a
+            # row without gradient is left unchanged by SGD and by row-wise Adagrad (g = 0).
+            for k in keys:
+                self.touched[k].fill_(1)
+            return float(sum(self.grads[k].numel() for k in keys) * WIRE_ELEMENT_BYTES)
+        mask = torch.cat([self.touched[k] for k in keys])
+        if group_size > 1:
+            dist.all_reduce(mask, op=dist.ReduceOp.MAX, group=group)
+        parts = mask.split([self.touched[k].numel() for k in keys])
+        rows_of = []
+        for k, part in zip(keys, parts, strict=True):
+            self.touched[k].copy_(part)
+            rows_of.append(torch.nonzero(part).flatten())
+        flat = torch.cat([self.grads[k][r].reshape(-1) for k, r in zip(keys, rows_of, strict=True)])
+        if group_size > 1:
+            dist.all_reduce(flat, group=group)
+        sizes = [r.numel() * self.dims[k[0]] for k, r in zip(keys, rows_of, strict=True)]
+        for k, r, part in zip(keys, rows_of, flat.split(sizes), strict=True):
+            self.grads[k][r] = part.view(-1, self.dims[k[0]])
+        return float(flat.numel() * WIRE_ELEMENT_BYTES + rows * MASK_BYTES_PER_ROW)
+
+    def step(self) -> None:
+        """Synchronise replica gradients, apply the optimizer to rows that received gradient, zero the
+        gradients. Collective."""
+        g_size = len(self.pg.intra_ranks)
+        n_groups = self.pg.num_groups
+        hot_payload = self._sync(HOT, dist.group.WORLD, self.world_size)
+        # hierarchical all-reduce bytes (cost model convention), each direction
+        self.traffic[INTRA, SYNC, :] += 2.0 * (g_size - 1) / g_size * hot_payload
+        self.traffic[INTER, SYNC, :] += 2.0 * (n_groups - 1) / n_groups * hot_payload / g_size
+        if self.uses_warm:
+            warm_payload = self._sync(WARM, self.pg.replica, len(self.pg.replica_ranks))
+            self.traffic[INTER, SYNC, :] += 2.0 * (n_groups - 1) / n_groups * warm_payload
+        for key, w in self.weights.items():
+            rows = torch.nonzero(self.touched[key]).flatten()
+            if rows.numel() == 0:
+                continue
+            g = self.grads[key][rows]
+            if self.optimizer == "sgd":
+                w[rows] = w[rows] - self.lr * g
+            else:
+                s = self.opt_state[key]
+                s[rows] = s[rows] + g.pow(2).mean(dim=1)
+                w[rows] = w[rows] - self.lr * g / (s[rows].sqrt().unsqueeze(1) + self.eps)
+        self.traffic_total += self.traffic
+        self.zero_grad()
+
+    # --- inspection ------------------------------------------------------------------------------
+
+    def traffic_dict(self) -> dict[str, dict[str, dict[str, float]]]:
+        """This iteration's bytes as ``{link: {component: {"send": b, "recv": b}}}``."""
+        return {
+            link: {
+                comp: {"send": float(self.traffic[li, ci, SEND]), "recv": float(self.traffic[li, ci, RECV])}
+                for ci, comp in enumerate(COMPONENTS)
+            }
+            for li, link in enumerate(LINK_CLASSES)
+        }
+
+    def link_bytes(self, components: tuple[str, ...] = COMPONENTS) -> dict[str, float]:
+        """max(send, recv) per link class summed over ``components`` (what the cost model reports)."""
+        ci = [COMPONENTS.index(c) for c in components]
+        per = self.traffic[:, ci, :].sum(axis=1).max(axis=1)
+        return {link: float(per[li]) for li, link in enumerate(LINK_CLASSES)}
+
+    def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
+        """``{(table, tier): (ids, weights, optimizer state)}`` this rank holds, rows in slot order."""
+        names = ("hot", "warm", "cold")
+        return {
+            (self.table_names[t], names[tier]): (
+                self._ids[(t, tier)],
+                w.detach().cpu(),
+                self.opt_state[(t, tier)].cpu(),
+            )
+            for (t, tier), w in self.weights.items()
+        }

@@ -1,0 +1,328 @@
+"""Helpers shared by the runtime tests and the processes they spawn (gloo over loopback)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from flexshard.plan_file import OWNER_PATTERN_PERIOD, PlanFile, read_plan, to_dict, write_plan
+from flexshard.runtime import ShardedSequenceEmbedding, complete_order, seeded_initializer
+from solvers.cost_model import evaluate
+from solvers.placement import interleave_pattern
+from solvers.types import Plan, RowHistogram, TablePlan, TableSpec, Workload
+from topology.views import uniform_view
+
+TABLES = [("a", 120, 4), ("b", 300, 8), ("c", 60, 16)]
+TIERS = {"a": (10, 30), "b": (20, 80), "c": (5, 15)}  # hot, warm rows
+SEED = 7
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_orders() -> dict[str, np.ndarray]:
+    """a: identity; b: 50 touched ids hottest first (the rest completed); c: a full permutation."""
+    rng = np.random.default_rng(3)
+    return {"b": rng.permutation(300)[:50], "c": rng.permutation(60)}
+
+
+def write_test_plan(
+    path: Path, num_groups: int, group_size: int, cold_share=None, warm_by_position=None
+) -> Path:
+    """A plan with all three tiers non-empty and uneven shares, written and read back as a plan file."""
+    n = num_groups * group_size
+    view = uniform_view(num_groups, group_size, 100e9, 10e9)
+    cold = np.full(n, 1.0 / n) if cold_share is None else np.asarray(cold_share, dtype=np.float64)
+    warm_pos = (
+        np.full(group_size, 1.0 / group_size)
+        if warm_by_position is None
+        else np.asarray(warm_by_position, dtype=np.float64)
+    )
+    specs, plans = [], []
+    for name, rows, dim in TABLES:
+        hot, warm = TIERS[name]
+        hist = RowHistogram.from_counts(np.arange(rows, 0, -1))
+        specs.append(TableSpec(name=name, num_rows=rows, dim=dim, ids_per_sample=3.0, hist=hist))
+        plans.append(
+            TablePlan(name, hot, warm, rows - hot - warm, warm_pos[view.local_index].copy(), cold.copy())
+        )
+    workload = Workload("runtime-test", tuple(specs), batch_size_per_gpu=4)
+    plan = Plan(strategy="flexshard", tables=tuple(plans), dedup=True, sync="sparse")
+    report = evaluate(workload, view, plan)
+    write_plan(path, to_dict(plan, workload, view, report, "test"))
+    return path
+
+
+# --- independent routing (from the plan file's definition, not the module's maps) -----------------
+
+
+def owners(plan_file: PlanFile, orders: dict) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per table (tier int[rows], owner int[rows]): owner is -1 (hot), a group position (warm) or a rank."""
+    out = {}
+    for tp, (name, rows, _dim) in zip(plan_file.plan.tables, TABLES, strict=True):
+        order = complete_order(orders.get(name), rows, name)
+        rank = np.empty(rows, dtype=np.int64)
+        rank[order] = np.arange(rows)
+        tier = np.where(rank < tp.hot_rows, 0, np.where(rank < tp.hot_rows + tp.warm_rows, 1, 2))
+        owner = np.full(rows, -1)
+        wpat = interleave_pattern(tp.warm_share[plan_file.groups[0]], OWNER_PATTERN_PERIOD)
+        cpat = interleave_pattern(tp.cold_share, OWNER_PATTERN_PERIOD)
+        for i in range(rows):  # a plain loop on purpose: independent of the vectorised module code
+            if tier[i] == 1:
+                owner[i] = wpat[(rank[i] - tp.hot_rows) % OWNER_PATTERN_PERIOD]
+            elif tier[i] == 2:
+                owner[i] = cpat[(rank[i] - tp.hot_rows - tp.warm_rows) % OWNER_PATTERN_PERIOD]
+        out[name] = (tier, owner)
+    return out
+
+
+# --- batches -------------------------------------------------------------------------------------
+
+
+def random_batch(seed: int, step: int, rank: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed * 10_000 + step * 100 + rank)
+    out = {}
+    for name, rows, _dim in TABLES:
+        lengths = torch.randint(0, 7, (5,), generator=gen)
+        values = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
+        if values.numel() > 4:
+            values[:3] = values[3]  # duplicates, so dedup matters
+        out[name] = (values, lengths)
+    return out
+
+
+def loss_weights(seed: int, step: int, rank: int, features) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed * 7_919 + step * 31 + rank)
+    dims = {n: d for n, _r, d in TABLES}
+    return {n: torch.randn(v.numel(), dims[n], generator=gen) for n, (v, _l) in features.items()}
+
+
+def balanced_ids(routes, rank: int, world: int, warm_counts, cold_counts, hot: int = 2) -> dict:
+    """Distinct ids per table: ``warm_counts[p]`` warm ids of position p, ``cold_counts[o]`` cold ids
+    of rank o and ``hot`` hot ids, varying with ``rank``."""
+    out = {}
+    for name, _rows, _dim in TABLES:
+        tier, owner = routes[name]
+        picked = [np.flatnonzero(tier == 0)[rank : rank + hot]]
+        for p, k in enumerate(warm_counts):
+            ids = np.flatnonzero((tier == 1) & (owner == p))
+            picked.append(ids[rank : rank + k])
+        for o, k in enumerate(cold_counts):
+            ids = np.flatnonzero((tier == 2) & (owner == o))
+            picked.append(ids[rank : rank + k])
+        values = torch.as_tensor(np.concatenate(picked))
+        out[name] = (values, torch.tensor([values.numel()]))
+    return out
+
+
+# --- single-process reference ---------------------------------------------------------------------
+
+
+def full_weights() -> dict[str, torch.Tensor]:
+    init = seeded_initializer(SEED)
+    return {name: init(name, rows, dim) for name, rows, dim in TABLES}
+
+
+def reference_training(world: int, steps: int, optimizer: str, lr: float = 0.05, eps: float = 1e-8):
+    """Single process: the same weights, all ranks' batches, loss = sum over ranks."""
+    w = full_weights()
+    s = {n: torch.zeros(t.shape[0]) for n, t in w.items()}
+    for step in range(steps):
+        for name, rows, dim in TABLES:
+            g = torch.zeros(rows, dim)
+            touched = torch.zeros(rows, dtype=torch.bool)
+            for r in range(world):
+                feats = random_batch(SEED, step, r)
+                g.index_add_(0, feats[name][0], loss_weights(SEED, step, r, feats)[name])
+                touched[feats[name][0]] = True
+            rows_t = torch.nonzero(touched).flatten()
+            if optimizer == "sgd":
+                w[name][rows_t] -= lr * g[rows_t]
+            else:
+                s[name][rows_t] += g[rows_t].pow(2).mean(1)
+                w[name][rows_t] -= lr * g[rows_t] / (s[name][rows_t].sqrt().unsqueeze(1) + eps)
+    return w, s
+
+
+def check_training(plan_file, results, optimizer: str, steps: int) -> None:
+    world = plan_file.world_size
+    ref_w, ref_s = reference_training(world, steps, optimizer.split("-")[0])
+    positions = {r: p for members in plan_file.groups for p, r in enumerate(members)}
+    held = {
+        (name, tier): np.zeros(rows, dtype=np.int64) for name, rows, _ in TABLES for tier in ("warm", "cold")
+    }
+    for r, res in enumerate(results):
+        for (name, tier), (ids, w, s) in res["train"][optimizer]["rows"].items():
+            ids_t = torch.as_tensor(ids, dtype=torch.int64)
+            torch.testing.assert_close(w, ref_w[name][ids_t], rtol=0, atol=1e-5)
+            torch.testing.assert_close(s, ref_s[name][ids_t], rtol=0, atol=1e-5)
+            if tier != "hot":
+                np.add.at(held[(name, tier)], ids, 1)
+            # replicas bitwise equal: hot on every rank, warm on the ranks at the same position
+            peers = (
+                range(world) if tier == "hot" else [q for q in range(world) if positions[q] == positions[r]]
+            )
+            if tier != "cold":
+                for q in peers:
+                    ids_q, w_q, s_q = results[q]["train"][optimizer]["rows"][(name, tier)]
+                    assert np.array_equal(ids, ids_q) and torch.equal(w, w_q) and torch.equal(s, s_q)
+    tiers = {tp.name: tp for tp in plan_file.plan.tables}
+    routes = owners(plan_file, make_orders())
+    for (name, tier), count in held.items():  # every warm row once per group, every cold row once
+        want = np.where(
+            routes[name][0] == (1 if tier == "warm" else 2), len(plan_file.groups) if tier == "warm" else 1, 0
+        )
+        assert np.array_equal(count, want), (name, tier, tiers[name])
+
+
+# --- the spawned process ---------------------------------------------------------------------------
+
+
+def _worker(
+    rank: int, world: int, port: int, plan_path: str, outdir: str, scenario: str, backend: str
+) -> None:
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        torch.set_num_threads(1)
+        result = SCENARIOS[scenario](rank, world, read_plan(plan_path))
+        torch.save(result, Path(outdir) / f"rank{rank}.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(outdir) / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def _train(model, world, rank, steps, seed):
+    traffic = []
+    for step in range(steps):
+        feats = random_batch(seed, step, rank)
+        out = model(feats)
+        weights = loss_weights(seed, step, rank, feats)
+        loss = sum((out[n] * weights[n].to(out[n].device)).sum() for n in out)
+        loss.backward()
+        model.step()
+        traffic.append(model.traffic.copy())
+    return traffic
+
+
+def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
+    orders = make_orders()
+    res = {"forward": {}, "train": {}, "errors": {}}
+    for dedup in (False, True):
+        model = ShardedSequenceEmbedding(plan_file, TABLES, orders, init=SEED, dedup=dedup)
+        feats = random_batch(SEED, 99, rank)
+        with torch.no_grad():
+            out = model(feats)
+        res["forward"][dedup] = {n: o.detach().cpu().clone() for n, o in out.items()}
+        res["padded"] = model.padded(out["b"], feats["b"][1]).cpu()
+    for opt, sync in (("sgd", "sparse"), ("adagrad", "sparse"), ("adagrad", "dense")):
+        model = ShardedSequenceEmbedding(
+            plan_file, TABLES, orders, init=SEED, optimizer=opt, lr=0.05, sync=sync
+        )
+        traffic = _train(model, world, rank, 3, SEED)
+        key = opt if sync == "sparse" else f"{opt}-{sync}"
+        res["train"][key] = {"rows": model.shard_rows(), "traffic": traffic}
+    # exact byte check on a balanced batch
+    routes = owners(plan_file, orders)
+    model = ShardedSequenceEmbedding(plan_file, TABLES, orders, init=SEED, optimizer="sgd", lr=0.05)
+    feats = balanced_ids(routes, rank, world, BALANCED_WARM, BALANCED_COLD)
+    out = model(feats)
+    sum(o.sum() for o in out.values()).backward()
+    model.step()
+    res["balanced_traffic"] = model.traffic.copy()
+    model = ShardedSequenceEmbedding(plan_file, TABLES, orders, init=SEED)
+    # bad input on one rank: every rank raises, and the job goes on afterwards
+    for case in ("range", "lengths", "empty", "missing"):
+        feats = random_batch(SEED, 5, rank)
+        if case == "range" and rank == 2:
+            v, ln = feats["b"]
+            v = v.clone()
+            v[0] = 300
+            feats["b"] = (v, ln)
+        if case == "lengths" and rank == 1:
+            v, ln = feats["c"]
+            feats["c"] = (v, ln + 1)
+        if case == "empty" and rank == 3:
+            feats["a"] = (torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+        if case == "missing" and rank == 0:
+            del feats["c"]
+        try:
+            model(feats)
+            res["errors"][case] = None
+        except ValueError as e:
+            res["errors"][case] = str(e)
+    with torch.no_grad():
+        res["after_error"] = {
+            n: o.detach().cpu().clone() for n, o in model(random_batch(SEED, 6, rank)).items()
+        }
+    bad_plan = PlanFile(plan_file.plan, world + 1, plan_file.groups, {}, {})
+    try:
+        ShardedSequenceEmbedding(bad_plan, TABLES, orders)
+        res["errors"]["world"] = None
+    except ValueError as e:
+        res["errors"]["world"] = str(e)
+    other_tables = [("a", 120, 4), ("b", 301, 8), ("c", 60, 16)]
+    try:
+        ShardedSequenceEmbedding(plan_file, other_tables, orders)
+        res["errors"]["tables"] = None
+    except ValueError as e:
+        res["errors"]["tables"] = str(e)
+    return res
+
+
+def scenario_small(rank: int, world: int, plan_file: PlanFile) -> dict:
+    """Forward (dedup) and SGD training only (the 8-process case)."""
+    orders = make_orders()
+    model = ShardedSequenceEmbedding(plan_file, TABLES, orders, init=SEED, optimizer="sgd", lr=0.05)
+    with torch.no_grad():
+        out = model(random_batch(SEED, 99, rank))
+    res = {"forward": {True: {n: o.detach().cpu().clone() for n, o in out.items()}}}
+    traffic = _train(model, world, rank, 2, SEED)
+    res["train"] = {"sgd": {"rows": model.shard_rows(), "traffic": traffic}}
+    return res
+
+
+BALANCED_WARM = (3, 1)  # warm lookups per position (shares 0.75 / 0.25)
+BALANCED_COLD = (3, 1, 2, 2)  # cold lookups per rank (shares 0.375 / 0.125 / 0.25 / 0.25)
+SCENARIOS = {"main": scenario_main, "small": scenario_small}
+
+
+def run(
+    world: int, plan_path: Path, outdir: Path, scenario: str, timeout_s: float = 120.0, backend: str = "gloo"
+) -> list[dict]:
+    """Spawn ``world`` ranks, wait (with a timeout: a hang fails the test) and load their results."""
+    port = free_port()
+    ctx = mp.start_processes(
+        _worker,
+        args=(world, port, str(plan_path), str(outdir), scenario, backend),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{scenario}: ranks did not finish within {timeout_s} s")
+    except Exception:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        errs = [f.read_text() for f in sorted(outdir.glob("*.err"))]
+        raise AssertionError("\n".join(errs) or "worker failed") from None
+    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

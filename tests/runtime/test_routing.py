@@ -1,0 +1,96 @@
+"""Routing of a plan (tiers, owners, slots), order completion, the padded view and group helpers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from runtime_workers import SEED, TABLES, check_training, random_batch, run, write_test_plan
+from torch.nn.functional import embedding
+
+from flexshard.plan_file import read_plan
+from flexshard.runtime import (
+    COLD,
+    HOT,
+    WARM,
+    build_routing,
+    complete_order,
+    deal,
+    emulated_groups,
+    seeded_initializer,
+    to_padded,
+)
+from solvers.placement import interleave_pattern
+from solvers.types import TablePlan
+
+
+def test_complete_order_puts_untouched_ids_last_in_id_order():
+    assert complete_order([5, 2, 7], 8).tolist() == [5, 2, 7, 0, 1, 3, 4, 6]
+    assert complete_order(None, 4).tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="table 'x': id 9 outside"):
+        complete_order([1, 9], 8, "x")
+    with pytest.raises(ValueError, match="table 'x': id 1 listed twice"):
+        complete_order([1, 3, 1], 8, "x")
+
+
+@pytest.mark.parametrize(("shares", "period", "n"), [([0.5, 0.3, 0.2], 7, 40), ([0.25, 0.75], 4096, 50)])
+def test_deal_follows_the_pattern_formula(shares, period, n):
+    owner, slot, sizes = deal(n, np.array(shares), period)
+    pattern = interleave_pattern(np.array(shares), period)
+    for j in range(n):
+        pos = pattern[j % period]
+        want = (j // period) * int((pattern == pos).sum()) + int((pattern[: j % period] == pos).sum())
+        assert owner[j] == pos and slot[j] == want
+    for k in range(len(shares)):  # an owner's slots are 0..rows-1 in hotness order
+        assert slot[owner == k].tolist() == list(range(sizes[k]))
+
+
+def test_build_routing_tiers_and_slots():
+    groups = [[0, 1], [2, 3]]
+    tp = TablePlan("t", 3, 10, 20, np.array([0.7, 0.3, 0.7, 0.3]), np.array([0.1, 0.2, 0.3, 0.4]))
+    order = np.random.default_rng(0).permutation(33)
+    r = build_routing(tp, groups, order, period=5)
+    assert (r.tier[order[:3]] == HOT).all() and r.slot[order[:3]].tolist() == [0, 1, 2]
+    assert (r.tier[order[3:13]] == WARM).all() and (r.tier[order[13:]] == COLD).all()
+    w_owner, w_slot, _ = deal(10, np.array([0.7, 0.3]), 5)
+    c_owner, c_slot, _ = deal(20, tp.cold_share, 5)
+    assert np.array_equal(r.owner[order[3:13]], w_owner) and np.array_equal(r.slot[order[3:13]], w_slot)
+    assert np.array_equal(r.owner[order[13:]], c_owner) and np.array_equal(r.slot[order[13:]], c_slot)
+    for rank in range(4):  # ids_of lists each shard in slot order
+        ids = r.ids_of(COLD, rank)
+        assert r.slot[ids].tolist() == list(range(ids.size)) and (r.owner[ids] == rank).all()
+
+
+def test_to_padded_and_its_gradient():
+    jagged = torch.arange(12.0).view(6, 2).requires_grad_()
+    lengths = torch.tensor([2, 0, 4])
+    out = to_padded(jagged, lengths)
+    assert out.shape == (3, 4, 2)
+    assert torch.equal(out[0, :2], jagged[:2].detach()) and not out[1].any()
+    assert torch.equal(out[2], jagged[2:].detach())
+    cut = to_padded(jagged, lengths, max_len=3)
+    cut.sum().backward()
+    assert jagged.grad[:, 0].tolist() == [1, 1, 1, 1, 1, 0]
+
+
+def test_emulated_groups():
+    assert emulated_groups(8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert emulated_groups(4, 4) == [[0], [1], [2], [3]]
+    with pytest.raises(ValueError, match="do not divide"):
+        emulated_groups(6, 4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL)")
+def test_nccl_on_the_local_gpus(tmp_path):
+    """NCCL, one rank per visible GPU (one group): device chosen from the backend, outputs exact."""
+    world = torch.cuda.device_count()
+    plan = write_test_plan(tmp_path / "plan.json", 1, world)
+    (tmp_path / "out").mkdir()
+    results = run(world, plan, tmp_path / "out", "small", backend="nccl", timeout_s=300.0)
+    init = seeded_initializer(SEED)
+    w = {name: init(name, rows, dim) for name, rows, dim in TABLES}
+    for r, res in enumerate(results):
+        feats = random_batch(SEED, 99, r)
+        for name, _rows, _dim in TABLES:
+            assert torch.equal(res["forward"][True][name], embedding(feats[name][0], w[name]))
+    check_training(read_plan(plan), results, "sgd", steps=2)
