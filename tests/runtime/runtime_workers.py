@@ -326,3 +326,40 @@ def run(
 
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def _function_worker(rank: int, world: int, port: int, outdir: str, fn, args: tuple) -> None:
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        torch.set_num_threads(1)
+        torch.save(fn(rank, world, *args), Path(outdir) / f"rank{rank}.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(outdir) / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def run_function(fn, world: int, outdir: Path, *args, timeout_s: float = 120.0) -> list:
+    """Spawn ``world`` gloo ranks running ``fn(rank, world, *args)`` (a module-level function) and
+    return their results in rank order; a hang past ``timeout_s`` or an error fails the caller."""
+    port = free_port()
+    ctx = mp.start_processes(
+        _function_worker,
+        args=(world, port, str(outdir), fn, args),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{fn.__name__}: ranks did not finish within {timeout_s} s")
+    except Exception:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        errs = [f.read_text() for f in sorted(Path(outdir).glob("*.err"))]
+        raise AssertionError("\n".join(errs) or "worker failed") from None
+    return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
