@@ -2,7 +2,12 @@
 
 from flexshard.runtime.groups import ProcessGroups, emulated_groups, make_process_groups
 from flexshard.runtime.routing import COLD, HOT, WARM, TableRouting, build_routing, complete_order, deal
-from flexshard.runtime.sharded import ShardedSequenceEmbedding, seeded_initializer, to_padded
+from flexshard.runtime.sharded import (
+    ShardedSequenceEmbedding,
+    features_from_kjt,
+    seeded_initializer,
+    to_padded,
+)
 
 __all__ = [
     "COLD",
@@ -15,6 +20,7 @@ __all__ = [
     "complete_order",
     "deal",
     "emulated_groups",
+    "features_from_kjt",
     "make_process_groups",
     "seeded_initializer",
     "to_padded",

@@ -98,6 +98,21 @@ class _Lookup(torch.autograd.Function):
         return None, None, None
 
 
+def features_from_kjt(kjt) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per-key ``(values, lengths)`` of a TorchRec KeyedJaggedTensor (duck-typed: ``keys()``,
+    ``values()``, ``lengths()``, ``length_per_key()``, ``stride()``), without importing torchrec."""
+    for attr in ("keys", "values", "lengths", "length_per_key", "stride"):
+        if not callable(getattr(kjt, attr, None)):
+            raise ValueError(
+                "features: expected a dict of (values, lengths) or a KeyedJaggedTensor, "
+                f"got {type(kjt).__name__}"
+            )
+    keys, stride = list(kjt.keys()), int(kjt.stride())
+    values = torch.split(kjt.values(), [int(x) for x in kjt.length_per_key()])
+    lengths = kjt.lengths().reshape(len(keys), stride) if keys else kjt.lengths()
+    return {k: (values[i], lengths[i]) for i, k in enumerate(keys)}
+
+
 class ShardedSequenceEmbedding(torch.nn.Module):
     """Sequence embedding tables sharded by a plan (see the module docstring).
 
@@ -294,9 +309,12 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     # --- forward -----------------------------------------------------------------------------------
 
-    def forward(self, features: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        """Jagged embeddings ``[sum(lengths), dim]`` per table, in input order. Collective: every
-        rank calls it (and, when training, backward) the same number of times."""
+    def forward(self, features) -> dict[str, torch.Tensor]:
+        """Jagged embeddings ``[sum(lengths), dim]`` per table, in input order. ``features``: per
+        table ``(values, lengths)``, or a TorchRec KeyedJaggedTensor (keys = table names). Collective:
+        every rank calls it (and, when training, backward) the same number of times."""
+        if not isinstance(features, dict):
+            features = features_from_kjt(features)
         parsed, err = self._check_features(features)
         err = err.to(self.device)
         gathered = [torch.zeros_like(err) for _ in range(self.world_size)]
