@@ -1,4 +1,4 @@
-"""``flexshard`` command line: stats, plan, simulate, topology.
+"""``flexshard`` command line: stats, plan, simulate, topology, probe.
 
 Bad input ends with one line on stderr naming the field and the value, and exit status 2; no
 output file is written unless the command succeeded.
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flexshard import workloads
+from flexshard import probe, workloads
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report
@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     tp = sub.add_parser("topology", help="summarise a topology; write it as JSON")
     tp.add_argument("--topology", default=DEFAULT_TOPOLOGY)
     tp.add_argument("--out", help="write the node-link JSON here")
+
+    pr = sub.add_parser("probe", help="measure this cluster (under torchrun, or --nproc local ranks)")
+    probe.add_arguments(pr)
     return parser
 
 
@@ -227,7 +230,13 @@ def cmd_topology(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"stats": cmd_stats, "plan": cmd_plan, "simulate": cmd_simulate, "topology": cmd_topology}
+COMMANDS = {
+    "stats": cmd_stats,
+    "plan": cmd_plan,
+    "simulate": cmd_simulate,
+    "topology": cmd_topology,
+    "probe": probe.run,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,7 +85,7 @@ def test_nvswitch_node_is_one_group_of_8_at_450():
     assert view.host_of_rank == ("hgx",) * 8
     assert G.nodes["nvswitch/hgx"]["kind"] == "nvswitch"
     edge = G.edges["hgx/gpu0", "nvswitch/hgx"]
-    assert edge["kind"] == "nvlink" and edge["measured"] is False and edge["source"] == "nvml"
+    assert edge["kind"] == "nvlink" and edge["measured"] is False and edge["basis"] == "nvml"
     assert G.nodes["hgx/gpu3"]["bus_id"] == "00000000:5D:00.0"
     assert G.nodes["hgx/nic0"]["measured"] is False
 
@@ -102,7 +102,7 @@ def test_merge_two_nvswitch_hosts():
     assert np.allclose(view.inter_bw_Bps, 50 * GB)  # the placeholder NIC, not measured
     network = [e for e in G.edges(data=True) if e[2]["kind"] == "network"]
     assert len(network) == 16 and all(
-        e[2]["measured"] is False and e[2]["source"] == "default" for e in network
+        e[2]["measured"] is False and e[2]["basis"] == "default" for e in network
     )
 
 
@@ -174,7 +174,7 @@ def test_partly_bridged_box_keeps_unbridged_gpus_apart():
 def test_unknown_nvlink_version_counts_at_default_and_is_marked():
     G = host_graph(probe_host(_bridged_box([(0, 1)], links=2, version=99), host="box"))
     edge = G.edges["box/gpu0", "box/gpu1"]
-    assert edge["bandwidth_GBps"] == 50.0 and edge["source"] == "default"
+    assert edge["bandwidth_GBps"] == 50.0 and edge["basis"] == "default"
 
 
 # --- the real VM snapshot ---------------------------------------------------------------------------
@@ -286,3 +286,17 @@ def test_probe_package_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_basis_survives_a_json_round_trip(tmp_path):
+    from topology.io import read_json, write_json
+    from topology.probe import merge_hosts, probe_host
+    from topology.probe.fake_nvml import fake_nvswitch_node
+
+    graph = merge_hosts(
+        [probe_host(fake_nvswitch_node(2), host="h0"), probe_host(fake_nvswitch_node(2), host="h1")]
+    )
+    write_json(graph, tmp_path / "t.json")
+    back = read_json(tmp_path / "t.json")
+    bases = {d.get("basis") for _, _, d in back.edges(data=True)}
+    assert {"nvml", "default"} <= bases

@@ -40,7 +40,7 @@ from topology.views import TopologyError
 # per direction = total / links / 2: 20, 25, 25, 25, 50. So an H100 SXM with 18 NVLink 4 links has
 # 18 x 25 = 450 GB/s per direction. 2.2 and 3.1 are sub-versions with the signalling of 2.0 and 3.0.
 # NVLink 6 (enum 8) is left out (no per-link figure we can vouch for); unknown versions use
-# UNKNOWN_NVLINK_GBPS in host_graph, marked source="default".
+# UNKNOWN_NVLINK_GBPS in host_graph, marked basis="default".
 NVLINK_GBPS_PER_LINK: dict[int, float] = {1: 20.0, 2: 25.0, 3: 25.0, 4: 25.0, 5: 25.0, 6: 25.0, 7: 50.0}
 NVLINK_VERSION_NAMES: dict[int, str] = {
     1: "1.0",
@@ -314,7 +314,7 @@ def probe_host(nvml: Any = None, host: str | None = None) -> HostProbe:
 
 
 def _mark(G: nx.Graph, u: str, v: str, source: str, **attrs: Any) -> None:
-    G.edges[u, v].update(measured=False, source=source, **attrs)
+    G.edges[u, v].update(measured=False, basis=source, **attrs)
 
 
 def _nvlink_groups(
@@ -431,7 +431,7 @@ def _add_host(G: nx.Graph, probe: HostProbe, nics: bool) -> list[str]:
     if nics:
         for pos, node in enumerate(nodes):
             nic = nic_id(host, pos)
-            G.add_node(nic, kind="nic", host=host, measured=False, source="default")
+            G.add_node(nic, kind="nic", host=host, measured=False, basis="default")
             bw, source = pcie(pos)
             add_link(G, node, nic, "pcie", bw, PCIE_LATENCY_US)
             _mark(G, node, nic, source)
@@ -448,7 +448,7 @@ def host_graph(probe: HostProbe, *, nics: bool = True) -> nx.Graph:
       after the host, otherwise ``<host>/nvl<k>``.
     * GPUs without NVLink are grouped by host and joined pairwise by ``pcie`` edges at the smaller PCIe
       bandwidth of the two (edge attribute ``ancestor``: their common PCIe ancestor level).
-    * ``nics``: one default NIC per GPU (``measured=False``, ``source="default"``) linked by PCIe, as
+    * ``nics``: one default NIC per GPU (``measured=False``, ``basis="default"``) linked by PCIe, as
       :func:`topology.graph.add_node_group` does; NVML cannot see NICs.
     """
     G = new_topology(f"probe:{probe.host}")
@@ -464,7 +464,7 @@ def merge_hosts(
     nic_latency_us: float = NIC_LATENCY_US,
 ) -> nx.Graph:
     """A cluster of probed hosts: ranks in (host order, NVML index) order, one default NIC per GPU, and all
-    NICs on one placeholder leaf switch at ``nic_GBps`` (``measured=False``, ``source="default"``): NVML
+    NICs on one placeholder leaf switch at ``nic_GBps`` (``measured=False``, ``basis="default"``): NVML
     cannot see the network; the collective half of the probe measures it. Host names must be distinct.
     """
     if not probes:
@@ -472,7 +472,7 @@ def merge_hosts(
     G = new_topology(name)
     for probe in probes:
         _add_host(G, probe, nics=True)
-    G.add_node("leaf0", kind="switch", level="leaf", measured=False, source="default")
+    G.add_node("leaf0", kind="switch", level="leaf", measured=False, basis="default")
     for nic in [node for node, kind in G.nodes(data="kind") if kind == "nic"]:
         add_link(G, nic, "leaf0", "network", nic_GBps, nic_latency_us)
         _mark(G, nic, "leaf0", "default")

@@ -1,0 +1,326 @@
+"""``flexshard probe``: measure the cluster this job runs on and write its topology JSON.
+
+Under a launcher (torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
+every rank runs the probe; without one, ``--nproc N`` local processes are spawned on the loopback
+interface (gloo on CPU), so ``flexshard probe --out topo.json`` works on a single machine.
+
+Each host asks NVML for its GPUs (the first rank of the host; a host without NVML says so in one line and
+the probe falls back to measurements alone), then every rank times point-to-point transfers and
+collectives (:mod:`topology.probe.collective`). Rank 0 builds the topology (the NVML graph of the job
+with measured numbers on its edges, or a graph made from the measurements), writes it atomically and
+prints the groups, a bandwidth table per link class and the slow parts. Every wait is bounded by
+``--timeout``; a rank that never joins or stops answering ends the probe with one line naming it.
+
+    torchrun --nnodes 2 --nproc-per-node 8 ... -m flexshard.probe --out topo.json
+    flexshard probe --nproc 4 --groups 2 --quick --out topo.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue as queue_module
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from topology import cluster_view, summary, write_json
+from topology.probe.collective import (
+    ProbeConfig,
+    ProbeError,
+    all_gather,
+    check_groups,
+    consecutive_groups,
+    free_port,
+    gather_rank_info,
+    host_groups,
+    init_probe_group,
+    measure,
+    measured_graph,
+    rendezvous,
+    report,
+    restrict_to_job,
+)
+
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="topology JSON to write (rank 0; atomically, only on success)")
+    p.add_argument("--quick", action="store_true", help="fewer message sizes and repeats")
+    p.add_argument(
+        "--timeout", type=_positive_float, default=60.0, help="seconds any rank may wait (default 60)"
+    )
+    p.add_argument(
+        "--groups",
+        type=_positive_int,
+        help="G groups of consecutive ranks (default: NVML's NVLink domains, else one group per host)",
+    )
+    p.add_argument(
+        "--nproc", type=_positive_int, default=2, help="local processes when not under a launcher (default 2)"
+    )
+    p.add_argument(
+        "--world-size",
+        type=_positive_int,
+        help="ranks to wait for when spawning locally (default --nproc; more waits for other machines)",
+    )
+    p.add_argument("--name", default="probe", help="topology name (default 'probe')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flexshard.probe", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return parser
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in ("out", "quick", "timeout", "groups", "name")}
+
+
+def _nvml_notes(hosts: dict[str, Any]) -> list[str]:
+    """One line per distinct reason NVML was unavailable, naming the hosts."""
+    reasons: dict[str, list[str]] = {}
+    for host, probe in hosts.items():
+        if isinstance(probe, str):
+            reasons.setdefault(probe.split(";")[0], []).append(host)
+    return [
+        f"{reason} on {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}; "
+        "falling back to collective measurements"
+        for reason, names in reasons.items()
+    ]
+
+
+def run_rank(
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    options: dict[str, Any],
+    *,
+    client_only: bool = False,
+    backend: str | None = None,
+) -> str | None:
+    """Run the probe as ``rank``; rank 0 writes ``options["out"]`` and returns the report text."""
+    import torch.distributed as dist
+
+    from flexshard.progress import Progress
+    from topology.probe.nvml import merge_hosts, probe_host
+
+    timeout = float(options["timeout"])
+    store = rendezvous(rank, world_size, master_addr, master_port, timeout, client_only=client_only)
+    try:
+        init_probe_group(rank, world_size, store, timeout, backend)
+    except RuntimeError as err:
+        raise ProbeError(f"rank {rank}: cannot start the process group: {str(err).splitlines()[0]}") from None
+    try:
+        infos = gather_rank_info(timeout, store)
+        first_of_host = {}
+        for info in infos:
+            first_of_host.setdefault(info.host, info.rank)
+        mine: Any = None
+        if first_of_host[infos[rank].host] == rank:
+            try:
+                mine = probe_host(host=infos[rank].host)
+            except Exception as err:  # any NVML trouble means: measure instead
+                mine = str(err).splitlines()[0] if str(err) else type(err).__name__
+        gathered = all_gather(mine, "nvml", timeout, store)
+        probes = {infos[r].host: gathered[r] for r in first_of_host.values()}
+        notes = _nvml_notes(probes)
+        base = None
+        on_gpu = all(i.device.startswith("cuda") for i in infos)
+        if not notes and probes:
+            if on_gpu:
+                base = restrict_to_job(merge_hosts(list(probes.values()), name=options["name"]), infos)
+                if base is None:
+                    notes.append("NVML GPUs do not match the job's ranks; using collective measurements")
+            else:
+                notes.append("ranks run on CPU; NVML links are not used, only collective measurements")
+        if options.get("groups"):
+            groups = consecutive_groups(world_size, int(options["groups"]))
+            names = [f"g{k}" for k in range(len(groups))]
+        elif base is not None:
+            view = cluster_view(base)
+            groups = [list(g) for g in view.groups]
+            names = [base.nodes[_gpu_of(base, g[0])]["group"] for g in groups]
+        else:
+            groups = host_groups([i.host for i in infos])
+            names = [infos[g[0]].host for g in groups]
+        groups = check_groups(groups, world_size)
+        if base is not None and options.get("groups"):
+            for k, members in enumerate(groups):
+                for r in members:
+                    base.nodes[_gpu_of(base, r)]["group"] = names[k]
+        config = (
+            ProbeConfig.quick(timeout_s=timeout) if options.get("quick") else ProbeConfig(timeout_s=timeout)
+        )
+        bar: Progress | None = None
+
+        def progress(done: int, total: int, note: str) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = Progress(total, "probe")
+            bar.done = done
+            bar.note(note)
+
+        try:
+            m = measure(groups, config, infos=infos, store=store, progress=progress, group_names=names)
+        finally:
+            if bar is not None:
+                bar.__exit__()
+    except RuntimeError as err:  # a torch error the probe did not wrap: keep it to one line
+        raise ProbeError(f"rank {rank}: {str(err).strip().splitlines()[-1][:200]}") from None
+    # after a failure the group is left as is (tearing it down can wait on a dead peer); the process ends
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    G = measured_graph(m, base, name=options["name"])
+    if options.get("out"):
+        write_json(G, options["out"])
+    lines = [*notes, report(m), "", summary(G)]
+    if options.get("out"):
+        lines.append(f"\nwrote {options['out']}")
+    return "\n".join(lines)
+
+
+def _gpu_of(G: Any, rank: int) -> Any:
+    return next(n for n, a in G.nodes(data=True) if a.get("kind") == "gpu" and a["rank"] == rank)
+
+
+def _child(rank: int, world_size: int, port: int, nproc: int, options: dict[str, Any], results: Any) -> None:
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # a peer's failure is reported once, by us
+    import torch
+
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc), WORLD_SIZE=str(world_size)
+    )
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = "nccl" if 0 < nproc <= gpus else "gloo"  # one GPU per local rank, else CPU
+    code = 0
+    try:
+        text = run_rank(rank, world_size, "127.0.0.1", port, options, backend=backend)
+        results.put(("ok", rank, text))
+    except BaseException as err:  # report every failure to the parent, in one line
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        results.put(("error", rank, message))
+        code = 1
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    os._exit(code)  # no teardown of a process group a dead peer may still hold
+
+
+def spawn_local(options: dict[str, Any], nproc: int, world_size: int | None = None) -> str:
+    """Run the probe in ``nproc`` local processes (ranks 0..nproc-1 of ``world_size``); rank 0's report."""
+    import multiprocessing as mp
+
+    world_size = world_size or nproc
+    if world_size < nproc:
+        raise ProbeError(f"--world-size {world_size}: smaller than --nproc {nproc}")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_child, args=(r, world_size, port, nproc, options, results), daemon=True)
+        for r in range(nproc)
+    ]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[str, Any]] = {}
+    errors: dict[int, str] = {}
+    grace_until: float | None = None
+    try:
+        while len(got) < nproc:
+            if grace_until is not None and time.monotonic() > grace_until:
+                break
+            try:
+                status, rank, payload = results.get(timeout=0.1)
+            except queue_module.Empty:
+                for r, p in enumerate(procs):
+                    if r not in got and p.exitcode is not None and r not in errors:
+                        time.sleep(0.2)  # its message may still be in flight
+                        if results.empty():
+                            errors[r] = f"rank {r} exited with code {p.exitcode} before reporting"
+                            got[r] = ("error", errors[r])
+                if errors and grace_until is None:
+                    grace_until = time.monotonic() + min(float(options["timeout"]), 5.0)
+                continue
+            got[rank] = (status, payload)
+            if status == "error":
+                errors[rank] = payload
+                if grace_until is None:
+                    grace_until = time.monotonic() + min(float(options["timeout"]), 5.0)
+    finally:
+        for p in procs:
+            p.join(timeout=0.5 if errors else 5.0)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2.0)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise ProbeError(errors[min(errors)])
+    return str(got[0][1])
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``flexshard probe`` command: under a launcher run this rank, else spawn ``--nproc`` ranks."""
+    options = _options(args)
+    if args.out:
+        parent = Path(args.out).resolve().parent
+        if not parent.is_dir():
+            raise ProbeError(f"--out {args.out!r}: folder {str(parent)!r} does not exist")
+    launched = all(k in os.environ for k in LAUNCHER_ENV)
+    if args.groups:  # check before any process starts
+        consecutive_groups(
+            int(os.environ["WORLD_SIZE"]) if launched else args.world_size or args.nproc, args.groups
+        )
+    if launched:
+        if args.world_size is not None:
+            raise ProbeError("--world-size: only for local runs; under a launcher WORLD_SIZE decides")
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            raise ProbeError("MASTER_PORT: not set; launch with torchrun or set MASTER_ADDR and MASTER_PORT")
+        client_only = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        text = run_rank(rank, world, addr, int(os.environ["MASTER_PORT"]), options, client_only=client_only)
+    else:
+        text = spawn_local(options, args.nproc, args.world_size)
+    if text:
+        print(text)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, OSError) as e:  # ProbeError, TopologyError, unwritable files
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"flexshard probe: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

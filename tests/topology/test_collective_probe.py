@@ -1,0 +1,273 @@
+"""The collective half of the cluster probe: fitting, schedules, graphs from measurements, bounded joins.
+
+The multi-process probe itself (real gloo ranks on loopback) is tested through the command line in
+tests/flexshard/test_probe_cli.py.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import numpy as np
+import pytest
+
+from topology import TopologyError, cluster_view, read_json, slow_links, write_json
+from topology.probe import (
+    Fit,
+    Measurements,
+    ProbeConfig,
+    ProbeError,
+    RankInfo,
+    consecutive_groups,
+    fit_latency_bandwidth,
+    host_groups,
+    measured_graph,
+    merge_hosts,
+    probe_host,
+    probe_report,
+    rank_links,
+    replica_groups,
+    restrict_to_job,
+    sample_pairs,
+    schedule_rounds,
+    slow_parts,
+)
+from topology.probe.collective import check_groups, free_port, rendezvous
+from topology.probe.fake_nvml import fake_nvswitch_node
+
+GB = 1e9
+SIZES = (8 * 1024, 256 * 1024, 2 * 1024 * 1024)
+
+
+def _fit(bw_GBps: float, lat_us: float) -> Fit:
+    return fit_latency_bandwidth(SIZES, [lat_us * 1e-6 + s / (bw_GBps * GB) for s in SIZES])
+
+
+def _measurements(
+    hosts: list[str], groups: list[list[int]], bw: dict[str, float], slow_ranks: set[int] = frozenset()
+) -> Measurements:
+    """Synthetic measurements: intra pairs at bw['intra'], inter pairs at the slower end's NIC speed."""
+    infos = tuple(
+        RankInfo(r, h, hosts[:r].count(h), "cpu", None, 8 * 2**30, "cpu") for r, h in enumerate(hosts)
+    )
+    group_of = {r: k for k, g in enumerate(groups) for r in g}
+    pairs = {}
+    for a in range(len(hosts)):
+        for b in range(a + 1, len(hosts)):
+            if group_of[a] == group_of[b]:
+                pairs[(a, b)] = _fit(bw["intra"], 3.0)
+            else:
+                speed = bw["inter"] / (4 if {a, b} & slow_ranks else 1)
+                pairs[(a, b)] = _fit(speed, 10.0)
+    return Measurements(
+        ranks=infos,
+        groups=tuple(tuple(g) for g in groups),
+        group_names=tuple(f"g{k}" for k in range(len(groups))),
+        pairs=pairs,
+        collectives={"all_to_all/world": _fit(5.0, 20.0)},
+        bus_factor={"all_to_all/world": 0.75},
+        config=ProbeConfig.quick(),
+        seconds=1.0,
+    )
+
+
+# --- fitting ----------------------------------------------------------------------------------------
+
+
+def test_fit_recovers_latency_and_bandwidth():
+    fit = _fit(12.5, 7.0)
+    assert fit.bandwidth_GBps == pytest.approx(12.5, rel=1e-6)
+    assert fit.latency_us == pytest.approx(7.0, rel=1e-6)
+    noisy = fit_latency_bandwidth(
+        [1000, 1000, 1000, 10**6, 10**6, 10**6], [1e-5, 9e-3, 1e-5, 1e-3, 1e-3, 1e-3]
+    )
+    assert noisy.median_s == (1e-5, 1e-3)  # medians per size, the outlier ignored
+
+
+def test_fit_flat_or_single_size_falls_back_to_throughput():
+    flat = fit_latency_bandwidth([1000, 2000], [5e-6, 4e-6])  # negative slope: noise
+    assert flat.bandwidth_GBps == pytest.approx(2000 / 4e-6 / GB)
+    assert flat.latency_us == pytest.approx(4.0)
+    single = fit_latency_bandwidth([10**6], [1e-3])
+    assert single.bandwidth_GBps == pytest.approx(1.0) and single.latency_s == 0.0
+    with pytest.raises(ProbeError, match="no samples"):
+        fit_latency_bandwidth([], [])
+
+
+# --- groups and schedules ---------------------------------------------------------------------------
+
+
+def test_groups():
+    assert consecutive_groups(4, 2) == [[0, 1], [2, 3]]
+    assert host_groups(["b", "a", "b", "a"]) == [[0, 2], [1, 3]]
+    assert replica_groups([[0, 1], [2, 3], [4, 5]]) == [[0, 2, 4], [1, 3, 5]]
+    assert replica_groups([[0, 1, 2]]) == []
+    with pytest.raises(ProbeError, match="do not divide 4 ranks"):
+        consecutive_groups(4, 3)
+    with pytest.raises(ProbeError, match="positive"):
+        consecutive_groups(4, 0)
+    with pytest.raises(ProbeError, match="exactly once"):
+        check_groups([[0, 1], [1, 2]], 3)
+    assert issubclass(ProbeError, TopologyError) and issubclass(ProbeError, ValueError)
+
+
+def test_all_pairs_on_small_worlds_in_disjoint_rounds():
+    pairs = sample_pairs([[0, 1], [2, 3]], 4, all_pairs_max_ranks=16)
+    assert pairs == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    rounds = schedule_rounds(pairs)
+    assert sorted(p for r in rounds for p in r) == pairs
+    for r in rounds:
+        ranks = [x for p in r for x in p]
+        assert len(ranks) == len(set(ranks))
+    assert len(rounds) == 3
+
+
+def test_sampled_pairs_cover_every_rank_inside_and_outside_its_group():
+    groups = consecutive_groups(256, 32)
+    pairs = sample_pairs(groups, 256, all_pairs_max_ranks=16, seed=3)
+    assert pairs == sample_pairs(groups, 256, all_pairs_max_ranks=16, seed=3)  # deterministic
+    assert len(pairs) <= 2 * 256
+    group_of = {r: k for k, g in enumerate(groups) for r in g}
+    for r in range(256):
+        mine = [p for p in pairs if r in p]
+        assert any(group_of[a] == group_of[b] for a, b in mine)
+        assert any(group_of[a] != group_of[b] for a, b in mine)
+    assert len(schedule_rounds(pairs)) < 12
+
+
+# --- graphs from measurements -----------------------------------------------------------------------
+
+
+def test_measured_graph_reads_back_the_measured_numbers(tmp_path):
+    hosts = ["h0"] * 2 + ["h1"] * 2 + ["h2"] * 2 + ["h3"] * 2
+    m = _measurements(hosts, host_groups(hosts), {"intra": 100.0, "inter": 20.0}, slow_ranks={0, 1})
+    G = measured_graph(m, name="synthetic")
+    view = cluster_view(G)
+    assert view.groups == ((0, 1), (2, 3), (4, 5), (6, 7))
+    assert np.allclose(view.intra_bw_Bps, 100 * GB, rtol=1e-6)
+    assert np.allclose(view.inter_bw_Bps, [5 * GB] * 2 + [20 * GB] * 6, rtol=1e-6)
+    assert np.allclose(view.inter_latency_s, 10e-6, rtol=1e-6)  # one way, GPU to GPU
+    assert np.allclose(view.intra_latency_s, 3e-6, rtol=1e-6)
+    measured = [a for *_, a in G.edges(data=True)]
+    assert all(a["measured"] is True and a["measured_by"] == "collective" for a in measured)
+    # the slow host: in the measurements and on the graph's edges
+    slow = slow_parts(m)
+    assert {(s["what"], s["name"]) for s in slow if s["class"] == "p2p/inter"} >= {
+        ("host", "h0"),
+        ("rank", "0"),
+        ("rank", "1"),
+    }
+    assert {frozenset((s["u"], s["v"])) for s in slow_links(G) if s["kind"] == "network"} == {
+        frozenset(("h0/nic0", "leaf0")),
+        frozenset(("h0/nic1", "leaf0")),
+    }
+    assert [e["class"] for e in G.nodes["h0"]["slow"]] == ["p2p/inter"]
+    assert G.nodes["h0/gpu1"]["slow"][0]["bandwidth_GBps"] == pytest.approx(5.0)
+    assert "slow" not in G.nodes["h1"] and "slow" not in G.nodes["h1/gpu0"]
+    text = probe_report(m)
+    assert "p2p/inter" in text and "host h0" in text and "all_to_all/world" in text
+    path = tmp_path / "probe.json"
+    write_json(G, path)
+    back = read_json(path)
+    assert back.graph["probe"]["groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert back.graph["probe"]["pairs"]["0-1"]["bandwidth_GBps"] == pytest.approx(100.0)
+
+
+def test_single_group_has_no_network_and_groups_of_one_get_defaults():
+    m = _measurements(["h"] * 3, [[0, 1, 2]], {"intra": 40.0, "inter": 0.0})
+    view = cluster_view(measured_graph(m))
+    assert view.num_groups == 1 and np.allclose(view.inter_bw_Bps, 0.0)
+    lone = _measurements(["a", "b", "b"], [[0], [1, 2]], {"intra": 40.0, "inter": 10.0})
+    G = measured_graph(lone)
+    assert cluster_view(G).intra_bw_Bps[0] == pytest.approx(40 * GB)  # borrowed median
+    assert G.edges["a/gpu0", "nvswitch/g0"]["measured"] is False
+    assert rank_links(lone)[0].intra_GBps is None
+
+
+def test_nvml_graph_restricted_to_the_job_then_measured():
+    probes = [probe_host(fake_nvswitch_node(4, tag=t), host=h) for t, h in (("1", "a"), ("2", "b"))]
+    base = merge_hosts(probes)
+    bus = {h: [base.nodes[f"{h}/gpu{i}"]["bus_id"] for i in range(4)] for h in ("a", "b")}
+    # the job: GPUs 2 and 3 of each host (matched by bus id), torch ranks 0..3
+    infos = [
+        RankInfo(r, h, i, f"cuda:{i}", bus[h][i + 2], 80 * 2**30, "H100")
+        for r, (h, i) in enumerate([("a", 0), ("a", 1), ("b", 0), ("b", 1)])
+    ]
+    job = restrict_to_job(base, infos)
+    assert sorted(n for n, a in job.nodes(data=True) if a["kind"] == "gpu") == [
+        "a/gpu2",
+        "a/gpu3",
+        "b/gpu2",
+        "b/gpu3",
+    ]
+    assert [job.nodes[n]["rank"] for n in ("a/gpu2", "a/gpu3", "b/gpu2", "b/gpu3")] == [0, 1, 2, 3]
+    assert "a/nic0" not in job
+    m = _measurements(["a", "a", "b", "b"], [[0, 1], [2, 3]], {"intra": 300.0, "inter": 40.0})
+    G = measured_graph(m, job)
+    view = cluster_view(G)
+    assert np.allclose(view.intra_bw_Bps, 300 * GB, rtol=1e-6)
+    assert np.allclose(view.inter_bw_Bps, 40 * GB, rtol=1e-6)
+    edge = G.edges["a/gpu2", "nvswitch/a"]
+    assert edge["measured"] is True and edge["nominal_GBps"] == pytest.approx(450.0)
+    assert G.edges["a/nic2", "leaf0"]["nominal_GBps"] == pytest.approx(50.0)
+    # a rank whose GPU NVML does not list: the caller falls back to measurements alone
+    assert restrict_to_job(base, [*infos[:3], RankInfo(3, "zzz", 0, "cuda:0", None, 1, "H100")]) is None
+
+
+# --- bounded waits ----------------------------------------------------------------------------------
+
+
+def test_rendezvous_names_the_rank_that_never_joins():
+    start = time.monotonic()
+    with pytest.raises(ProbeError, match=r"rank 1 of 2 did not join within 1 s \(joined: 0\)"):
+        rendezvous(0, 2, "127.0.0.1", free_port(), 1.0)
+    assert time.monotonic() - start < 5
+
+
+def test_measure_needs_an_initialised_job():
+    from topology.probe import measure
+
+    with pytest.raises(ProbeError, match="not initialised"):
+        measure([[0]])
+
+
+def _silent_after_join(rank: int, port: int, results) -> None:
+    """Rank 1 joins and exchanges its info, then never answers; rank 0 measures and must fail naming it."""
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    from topology.probe.collective import gather_rank_info, init_probe_group, measure
+
+    store = rendezvous(rank, 2, "127.0.0.1", port, 20.0)
+    init_probe_group(rank, 2, store, 2.0, "gloo")
+    infos = gather_rank_info(2.0, store)
+    if rank == 1:
+        time.sleep(30)
+        os._exit(0)
+    start = time.monotonic()
+    try:
+        measure([[0, 1]], ProbeConfig.quick(timeout_s=2.0), infos=infos, store=store)
+        results.put(("finished", 0.0))
+    except ProbeError as err:
+        results.put((str(err), time.monotonic() - start))
+    results.close()
+    results.join_thread()
+    os._exit(0)
+
+
+def test_a_rank_that_stops_answering_is_named_within_the_timeout():
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_silent_after_join, args=(r, port, results), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        message, elapsed = results.get(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.join(timeout=5)
+    assert "rank 1 never reached it" in message and "within 2 s" in message, message
+    assert "\n" not in message
+    assert elapsed < 2 + 5
