@@ -158,7 +158,7 @@ def optimize_tiers(
             }
     assert best is not None
     lower = min(c[0] for c in candidates)
-    gap = (best["total_s"] - lower) / lower if lower > 0 else 0.0
+    gap = max((best["total_s"] - lower) / lower, 0.0) if lower > 0 else 0.0  # >= 0 up to rounding
     tables = tuple(table_plan(t, view, h, w) for t, (h, w) in zip(workload.tables, best["rows"], strict=True))
     solve_time = time.perf_counter() - t0
     solver = {
