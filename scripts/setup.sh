@@ -16,4 +16,4 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     "${PIP[@]}" "torch==2.13.0"
   fi
 fi
-"${PIP[@]}" -e ".[dev]"
+"${PIP[@]}" -e ".[dev,plots]"
