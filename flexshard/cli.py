@@ -1,4 +1,4 @@
-"""``flexshard`` command line: stats, plan, simulate, topology, probe.
+"""``flexshard`` command line: stats, plan, simulate, topology, probe, train.
 
 Bad input ends with one line on stderr naming the field and the value, and exit status 2; no
 output file is written unless the command succeeded.
@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--dedup", choices=("on", "off", "both"), default="on")
     sm.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
     sm.add_argument("--json", action="store_true", help="print a JSON list of records instead of the table")
+
+    tr = sub.add_parser(
+        "train",
+        help="train a sequence model on a plan (also torchrun -m flexshard.train; see train --help)",
+        add_help=False,
+    )
+    tr.add_argument("args", nargs=argparse.REMAINDER)
 
     tp = sub.add_parser("topology", help="summarise a topology; write it as JSON")
     tp.add_argument("--topology", default=DEFAULT_TOPOLOGY)
@@ -240,6 +247,11 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # the training entry point has its own options
+        from flexshard import train
+
+        return train.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

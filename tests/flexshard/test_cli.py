@@ -182,3 +182,9 @@ def test_stats_non_positive_rows(tmp_path, capsys):
     line = fails(capsys, "stats", str(seqs), "--num-rows", "item_id=0", "--out", str(out))
     assert "--num-rows" in line and "item_id=0" in line
     assert not out.exists()
+
+
+def test_train_subcommand_runs_the_training_entry_point(capsys):
+    rc, text, _ = run(capsys, "train", "--steps", "2", "--verify", "--quiet")
+    assert rc == 0
+    assert "verify: OK" in text

@@ -1,0 +1,867 @@
+"""FlexShard vs TorchRec row-wise sharding of sequence embeddings, on the same batches (CPU, gloo).
+
+One launch spawns ``--world`` gloo ranks on this host (default 4 = 2 emulated groups of 2; ``--world
+8`` gives 2 groups of 4) and runs, on identical jagged batches, one system after the other:
+
+(a) FlexShard: ``ShardedSequenceEmbedding`` with a plan from ``make_plan("flexshard", ...)`` at a
+    per-GPU budget of ``--budget`` x row-wise memory (default 2x); forward + backward + ``step()``
+    (row-wise Adagrad, sparse replica sync, dedup as planned);
+(b) TorchRec: ``EmbeddingCollection`` wrapped by ``DistributedModelParallel`` with a plan forcing
+    ``ShardingType.ROW_WISE`` and the FUSED kernel on CPU, input as ``KeyedJaggedTensor``; forward +
+    backward (the fused ``EXACT_ROWWISE_ADAGRAD`` update runs inside backward). No index dedup:
+    ``EmbeddingCollectionSharder(use_index_dedup=True)`` calls ``fbgemm::jagged_unique_indices``,
+    which has no CPU kernel in fbgemm-gpu-cpu 1.8 (``--torchrec-dedup`` tries it and reports the
+    error); what it would send is COMPUTED from the ids instead (see the cross-checks);
+(c) ablation (``--no-ablation`` skips it): FlexShard's runtime on the plain row-wise plan
+    (``make_plan("row_wise", ..., dedup=True)``: every row cold, ids deduplicated per rank), which
+    separates what deduplication saves from what the hot / warm tiers save.
+
+EmbeddingCollection needs one embedding dim for all its tables, so the default tables share dim 64.
+
+Data: ``--tables`` tables of 10^4-10^5 rows; every sample is one history of length uniform in
+``[--len-min, --len-max]`` looked up in every table; ids are drawn from the calibrated head + tail
+mixture of ``flexshard.workloads.synthetic`` (Zipf(``--alpha``) over a head of ``0.08 x`` the lookups
+of an 8-rank iteration, plus ``--tail-mass`` uniform over the table), then mapped through a fixed
+random permutation (real ids are hashed, so hot rows are spread over TorchRec's row blocks).
+FlexShard's hotness order is counted on ``--profile-steps`` separate profiling batches (not the timed
+ones); ``--oracle-order`` uses the true order. The planner sees the analytic histogram.
+
+Measured vs computed:
+
+* step time: wall time of forward + backward + optimizer step on each rank after a barrier; the
+  step's time is the slowest rank's; mean, std and median over the timed steps. Both models are
+  built once; ``--rounds`` timed blocks of ``--steps`` steps per system alternate which system runs
+  first (A B, B A, ...), on the same batches;
+* bytes: MEASURED for both systems by wrapping the ``torch.distributed`` collectives both call
+  (``all_to_all_single``, ``all_to_all``, ``all_gather``, ``all_gather_into_tensor``, ``broadcast``,
+  ``all_reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``) during the timed steps only: bytes each
+  rank sends to each peer (self excluded), peers classified intra / inter by the emulated groups.
+  All-to-all and gather bytes per peer are exact (from the split sizes). An all-reduce's per-peer
+  traffic depends on gloo's algorithm, so it is COMPUTED from its payload with the cost model's
+  hierarchical all-reduce (``2 (g-1)/g P`` intra-group, ``2 (G-1)/G P / g`` inter-group), the same
+  convention as FlexShard's own counter; TorchRec row-wise issues no all-reduce here.
+* cross-checks: FlexShard's own ``traffic`` counter (ids + forward + backward + sync, send side), and
+  for TorchRec the bytes COMPUTED from the ids and its row-block boundaries (8-byte ids sent to the
+  owning rank + ``dim x 4`` bytes per remote lookup forward and again backward); the measured
+  TorchRec bytes add the lengths / split-size exchanges of its input dist on top. The same
+  computation on each rank's unique ids per table gives TorchRec's bytes with index dedup;
+* the cost model's prediction (``CostReport`` of each plan, bottleneck rank) is printed alongside.
+
+Bytes are per rank per iteration (mean over ranks and timed steps, send side). Timings on CPU with
+gloo over loopback (all ranks share this host's cores) say nothing about GPU / NCCL step times.
+
+Run (TorchRec installed as in ``scripts/setup_torchrec.sh``)::
+
+    .venv/bin/python experiments/bench_vs_torchrec.py [--world 4|8] [--batch 128] [--steps 10]
+        [--warmup 3] [--rounds 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+REFERENCE_RANKS = 8  # the head size is fixed from an 8-rank iteration, so --world does not change the data
+INTRA, INTER = 0, 1
+DEFAULT_TABLES = "item:100000:64,creator:50000:64,category:10000:64"  # EmbeddingCollection: one dim
+
+
+@dataclass
+class Config:
+    world: int = 4
+    groups: int = 2
+    tables: list[tuple[str, int, int]] = field(default_factory=list)
+    batch: int = 128
+    len_min: int = 50
+    len_max: int = 100
+    warmup: int = 3
+    steps: int = 10
+    seed: int = 0
+    budget: float = 2.0
+    lr: float = 0.01
+    alpha: float = 0.87
+    tail_mass: float = 0.045
+    intra_GBps: float = 450.0
+    inter_GBps: float = 50.0
+    profile_steps: int = 4
+    oracle_order: bool = False
+    threads: int = 1
+    rounds: int = 2
+    torchrec_dedup: bool = False
+    ablation: bool = True
+    skip_torchrec: bool = False
+    timeout_s: float = 1200.0
+
+    @property
+    def group_size(self) -> int:
+        return self.world // self.groups
+
+    @property
+    def mean_len(self) -> float:
+        return (self.len_min + self.len_max) / 2.0
+
+
+# --- data --------------------------------------------------------------------------------------------
+
+
+class TableDistribution:
+    """Head + tail mixture over hotness ranks, mapped to ids by a fixed random permutation."""
+
+    def __init__(self, cfg: Config, index: int, num_rows: int) -> None:
+        from flexshard.workloads.synthetic import head_rows_for, iteration_lookups
+
+        lookups = iteration_lookups(cfg.mean_len, REFERENCE_RANKS, cfg.batch)
+        self.num_rows = num_rows
+        self.head = head_rows_for(num_rows, lookups)
+        w = np.arange(1, self.head + 1, dtype=np.float64) ** -cfg.alpha
+        self.cdf = np.cumsum(w) / w.sum()
+        self.tail_mass = cfg.tail_mass
+        self.perm = np.random.default_rng((cfg.seed, 1_000 + index)).permutation(num_rows)  # rank -> id
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        tail = rng.random(n) < self.tail_mass
+        ranks = np.searchsorted(self.cdf, rng.random(n), side="right")
+        ranks = np.minimum(ranks, self.head - 1)
+        ranks[tail] = rng.integers(0, self.num_rows, int(tail.sum()))
+        return self.perm[ranks]
+
+
+def make_batch(cfg: Config, dists: list[TableDistribution], step: int, rank: int) -> dict:
+    """``{table: (values int64, lengths int64)}``; one history per sample, shared by all tables."""
+    rng = np.random.default_rng((cfg.seed, step, rank))
+    lengths = rng.integers(cfg.len_min, cfg.len_max + 1, cfg.batch)
+    n = int(lengths.sum())
+    out = {}
+    for (name, _rows, _dim), d in zip(cfg.tables, dists, strict=True):
+        out[name] = (torch.from_numpy(d.sample(rng, n)), torch.from_numpy(lengths.copy()))
+    return out
+
+
+def counted_orders(cfg: Config, dists: list[TableDistribution]) -> dict[str, np.ndarray]:
+    """Hotness order per table: ids touched in the profiling batches (all ranks), most counted first."""
+    if cfg.oracle_order:
+        return {name: d.perm.copy() for (name, _r, _d), d in zip(cfg.tables, dists, strict=True)}
+    counts = {name: np.zeros(rows, dtype=np.int64) for name, rows, _ in cfg.tables}
+    for k in range(cfg.profile_steps):
+        for r in range(cfg.world):
+            for name, (values, _l) in make_batch(cfg, dists, 1_000_000 + k, r).items():
+                counts[name] += np.bincount(values.numpy(), minlength=counts[name].size)
+    orders = {}
+    for name, c in counts.items():
+        touched = np.flatnonzero(c)
+        orders[name] = touched[np.argsort(-c[touched], kind="stable")]
+    return orders
+
+
+# --- plan --------------------------------------------------------------------------------------------
+
+
+def make_workload_and_view(cfg: Config):
+    from flexshard.workloads.synthetic import head_rows_for, iteration_lookups, zipf_table
+    from solvers.types import Workload
+    from topology.views import uniform_view
+
+    lookups = iteration_lookups(cfg.mean_len, REFERENCE_RANKS, cfg.batch)
+    specs = tuple(
+        zipf_table(
+            name, rows, dim, cfg.mean_len, cfg.alpha, cfg.tail_mass, head_rows=head_rows_for(rows, lookups)
+        )
+        for name, rows, dim in cfg.tables
+    )
+    workload = Workload("bench-vs-torchrec", specs, batch_size_per_gpu=cfg.batch)
+    view = uniform_view(cfg.groups, cfg.group_size, cfg.intra_GBps * 1e9, cfg.inter_GBps * 1e9)
+    return workload, view
+
+
+def write_bench_plan(cfg: Config, path: Path) -> dict:
+    """Plan FlexShard at ``cfg.budget`` x row-wise memory; also price row-wise (no dedup, as TorchRec)."""
+    from flexshard.plan_file import to_dict, write_plan
+    from solvers.planner import budget_bytes, make_plan
+
+    workload, view = make_workload_and_view(cfg)
+    budget = budget_bytes(workload, view, cfg.budget)
+    t0 = time.perf_counter()
+    planned = make_plan("flexshard", workload, view, budget)
+    plan_s = time.perf_counter() - t0
+    write_plan(path, to_dict(planned.plan, workload, view, planned.report, "bench-vs-torchrec"))
+    rw = make_plan("row_wise", workload, view, budget_bytes(workload, view, 1.0), dedup=False)
+    rw_dedup = make_plan("row_wise", workload, view, budget_bytes(workload, view, 1.0), dedup=True)
+    rw_path = path.with_name("plan_row_wise.json")  # the ablation: FlexShard's runtime, all rows cold
+    write_plan(rw_path, to_dict(rw_dedup.plan, workload, view, rw_dedup.report, "bench-vs-torchrec"))
+    tiers = [(tp.name, tp.hot_rows, tp.warm_rows, tp.cold_rows) for tp in planned.plan.tables]
+    return {
+        "plan_s": plan_s,
+        "tiers": tiers,
+        "chosen": planned.plan.solver.get("chosen", "tier optimizer"),
+        "modeled": {
+            "FlexShard": (planned.report.intra_group_bytes, planned.report.inter_group_bytes),
+            "row-wise (no dedup)": (rw.report.intra_group_bytes, rw.report.inter_group_bytes),
+            "row-wise (dedup)": (rw_dedup.report.intra_group_bytes, rw_dedup.report.inter_group_bytes),
+        },
+        "memory_per_gpu": {
+            "FlexShard": planned.report.memory_per_gpu_bytes,
+            "row-wise": rw.report.memory_per_gpu_bytes,
+        },
+    }
+
+
+# --- byte recorder (wraps torch.distributed collectives) ---------------------------------------------
+
+
+class Recorder:
+    """Bytes this rank sends / receives per link class while ``on``; see the module docstring."""
+
+    HOOKED = (
+        "all_to_all_single",
+        "all_to_all",
+        "all_gather",
+        "all_gather_into_tensor",
+        "broadcast",
+        "all_reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+    )
+
+    def __init__(self, rank: int, world: int, group_size: int) -> None:
+        self.rank, self.world, self.gs = rank, world, group_size
+        self.on = False
+        self.reset()
+        self._orig = {}
+        for name in self.HOOKED:
+            orig = getattr(dist, name)
+            self._orig[name] = orig
+            setattr(dist, name, self._wrap(name, orig))
+
+    def reset(self) -> None:
+        self.send = np.zeros(2)
+        self.recv = np.zeros(2)
+        self.calls: dict[str, int] = {}
+
+    def link(self, peer: int) -> int:
+        return INTRA if peer // self.gs == self.rank // self.gs else INTER
+
+    def _ranks(self, group) -> list[int]:
+        if group is None:
+            return list(range(self.world))
+        return list(dist.get_process_group_ranks(group))
+
+    def _wrap(self, name, orig):
+        sig = inspect.signature(orig)
+        recorder = self
+
+        def wrapped(*args, **kwargs):
+            if recorder.on:
+                try:
+                    a = sig.bind(*args, **kwargs).arguments
+                    recorder._record(name, a)
+                except Exception as e:  # never let accounting break the job
+                    recorder.calls[f"{name} (unrecorded: {type(e).__name__})"] = 1
+            return orig(*args, **kwargs)
+
+        wrapped.__name__ = name
+        wrapped.__wrapped__ = orig
+        return wrapped
+
+    def _add(self, peer: int, sent: float, got: float) -> None:
+        if peer == self.rank:
+            return
+        li = self.link(peer)
+        self.send[li] += sent
+        self.recv[li] += got
+
+    @staticmethod
+    def _row_bytes(t: torch.Tensor) -> tuple[int, int]:
+        rows = t.shape[0] if t.dim() else 1
+        per_row = (t.numel() // rows if rows else 0) * t.element_size()
+        return rows, per_row
+
+    def _record(self, name: str, a: dict) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+        ranks = self._ranks(a.get("group"))
+        n = len(ranks)
+        if name == "all_to_all_single":
+            inp, out = a["input"], a["output"]
+            rows_i, per_i = self._row_bytes(inp)
+            rows_o, per_o = self._row_bytes(out)
+            ins = a.get("input_split_sizes") or [rows_i // n] * n
+            outs = a.get("output_split_sizes") or [rows_o // n] * n
+            for i, peer in enumerate(ranks):
+                self._add(peer, int(ins[i]) * per_i, int(outs[i]) * per_o)
+        elif name == "all_to_all":
+            for i, peer in enumerate(ranks):
+                t_in, t_out = a["input_tensor_list"][i], a["output_tensor_list"][i]
+                self._add(peer, t_in.numel() * t_in.element_size(), t_out.numel() * t_out.element_size())
+        elif name in ("all_gather", "all_gather_into_tensor"):
+            t = a["tensor"] if name == "all_gather" else a["input_tensor"]
+            b = t.numel() * t.element_size()
+            for peer in ranks:
+                self._add(peer, b, b)
+        elif name == "broadcast":
+            t = a["tensor"]
+            b = t.numel() * t.element_size()
+            src = a["src"] if a.get("src") is not None else ranks[a.get("group_src") or 0]
+            for peer in ranks:
+                self._add(peer, b if self.rank == src else 0, b if peer == src else 0)
+        elif name == "all_reduce":
+            t = a["tensor"]
+            payload = t.numel() * t.element_size()
+            self._hierarchical(ranks, payload)
+        else:  # reduce_scatter(output, input_list) / reduce_scatter_tensor(output, input): ring model
+            t = a.get("input") if name == "reduce_scatter_tensor" else None
+            payload = (
+                t.numel() * t.element_size()
+                if t is not None
+                else sum(x.numel() * x.element_size() for x in a["input_list"])
+            )
+            self._hierarchical(ranks, payload / 2.0)
+
+    def _hierarchical(self, ranks: list[int], payload: float) -> None:
+        if len(ranks) < 2:
+            return
+        by_group: dict[int, int] = {}
+        for r in ranks:
+            by_group[r // self.gs] = by_group.get(r // self.gs, 0) + 1
+        G = len(by_group)
+        g = by_group[self.rank // self.gs]
+        intra = 2.0 * (g - 1) / g * payload
+        inter = 2.0 * (G - 1) / G * payload / g
+        self.send += (intra, inter)
+        self.recv += (intra, inter)
+
+
+# --- the two systems -----------------------------------------------------------------------------
+
+
+class System:
+    """One system under test: ``step(input)`` runs forward + backward + optimizer step."""
+
+    key = ""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.sent: list[np.ndarray] = []
+        self.got: list[np.ndarray] = []
+        self.calls: dict[str, int] = {}
+        self.inputs: list = []
+
+    def step(self, batch) -> None:
+        raise NotImplementedError
+
+    def after_timed_step(self, index: int) -> None:  # noqa: B027  (optional hook)
+        pass
+
+    def result(self) -> dict:
+        return {
+            "times": self.times,
+            "send": np.mean(self.sent, 0),
+            "recv": np.mean(self.got, 0),
+            "calls": {k: v / max(1, len(self.times)) for k, v in self.calls.items()},
+        }
+
+
+def timed_block(cfg: Config, rec: Recorder, system: System, warmup: int) -> None:
+    """``warmup`` untimed steps then ``cfg.steps`` timed ones on the system's inputs (barrier before
+    each step, outside the timing and the byte count)."""
+    for index, batch in enumerate(system.inputs[cfg.warmup - warmup :]):
+        dist.barrier()
+        timed = index >= warmup
+        rec.reset()
+        rec.on = timed
+        t0 = time.perf_counter()
+        system.step(batch)
+        dt = time.perf_counter() - t0
+        rec.on = False
+        if timed:
+            system.times.append(dt)
+            system.sent.append(rec.send.copy())
+            system.got.append(rec.recv.copy())
+            for k, v in rec.calls.items():
+                system.calls[k] = system.calls.get(k, 0) + v
+            system.after_timed_step(cfg.warmup - warmup + index)
+
+
+def _loss(values: list[torch.Tensor]) -> torch.Tensor:
+    return sum(0.5 * v.pow(2).sum() for v in values)
+
+
+class FlexShardSystem(System):
+    def __init__(self, cfg: Config, batches: list, plan_path: str, orders, key: str = "flexshard") -> None:
+        super().__init__()
+        self.key = key
+        from flexshard.plan_file import read_plan
+        from flexshard.runtime import ShardedSequenceEmbedding
+
+        self.model = ShardedSequenceEmbedding(
+            read_plan(plan_path), cfg.tables, orders, init=cfg.seed, optimizer="adagrad", lr=cfg.lr
+        )
+        self.inputs = batches
+        self.own: list[np.ndarray] = []
+
+    def step(self, batch) -> None:
+        out = self.model(batch)
+        _loss(list(out.values())).backward()
+        self.model.step()
+
+    def after_timed_step(self, index: int) -> None:
+        self.own.append(self.model.traffic[:, :, 0].sum(axis=1).copy())  # send side, all components
+
+    def result(self) -> dict:
+        res = super().result()
+        res["own_counter_send"] = np.mean(self.own, 0)
+        res["dedup"] = self.model.dedup
+        return res
+
+
+class TorchRecSystem(System):
+    def __init__(self, cfg: Config, batches: list, rec: Recorder, dedup: bool = False) -> None:
+        super().__init__()
+        self.key = "torchrec_dedup" if dedup else "torchrec"
+        self.dedup = dedup
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
+        from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+        from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+        from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+        configs = [
+            EmbeddingConfig(name=name, embedding_dim=dim, num_embeddings=rows, feature_names=[name])
+            for name, rows, dim in cfg.tables
+        ]
+
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.ec = EmbeddingCollection(tables=configs, device=torch.device("meta"))
+
+            def forward(self, kjt):
+                return self.ec(kjt)
+
+        sharder = EmbeddingCollectionSharder(
+            fused_params={
+                "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                "learning_rate": cfg.lr,
+                "eps": 1e-8,
+            },
+            use_index_dedup=dedup,
+        )
+        model = Model()
+        module_plan = construct_module_sharding_plan(
+            model.ec,
+            {
+                name: row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value)
+                for name, _r, _d in cfg.tables
+            },
+            sharder=sharder,
+            local_size=cfg.group_size,
+            world_size=cfg.world,
+            device_type="cpu",
+        )
+        self.dmp = DistributedModelParallel(
+            model,
+            env=ShardingEnv.from_process_group(dist.group.WORLD),
+            device=torch.device("cpu"),
+            plan=ShardingPlan({"ec": module_plan}),
+            sharders=[sharder],
+        )
+        self.keys = [name for name, _r, _d in cfg.tables]
+        self.blocks = {}  # row-block boundaries, for the computed cross-check
+        for name, ps in module_plan.items():
+            shards = ps.sharding_spec.shards
+            self.blocks[name] = (
+                np.asarray([sh.shard_offsets[0] for sh in shards]),
+                np.asarray([sh.shard_sizes[0] for sh in shards]),
+                np.asarray([sh.placement.rank() for sh in shards]),
+                ps.compute_kernel,
+            )
+        self.batches = batches
+        self.inputs = [
+            KeyedJaggedTensor(
+                keys=self.keys,
+                values=torch.cat([b[k][0] for k in self.keys]),
+                lengths=torch.cat([b[k][1] for k in self.keys]),
+            )
+            for b in batches
+        ]
+        self.dims = {name: dim for name, _r, dim in cfg.tables}
+        self.rec = rec
+        self.computed: list[np.ndarray] = []
+        self.before = self.local_weights()
+
+    def step(self, kjt) -> None:
+        out = self.dmp(kjt)
+        _loss([out[k].values() for k in self.keys]).backward()  # fused optimizer updates in backward
+
+    def after_timed_step(self, index: int) -> None:
+        """Bytes computed from the ids: as run, and as with index dedup (unique ids per rank and table)."""
+        rank, out = dist.get_rank(), np.zeros((2, 2))
+        for name, (values, _l) in self.batches[index].items():
+            offs, sizes, ranks, _k = self.blocks[name]
+            for d, ids in enumerate((values.numpy(), np.unique(values.numpy()))):
+                owner = ranks[np.searchsorted(offs + sizes, ids, side="right")]
+                for peer in np.unique(owner):
+                    if peer != rank:
+                        n = int((owner == peer).sum())
+                        out[d, self.rec.link(int(peer))] += n * (
+                            values.element_size() + 2 * self.dims[name] * 4
+                        )
+        self.computed.append(out if not self.dedup else out[::-1])
+
+    def local_weights(self) -> list[torch.Tensor]:
+        out = []
+        for key, value in self.dmp.state_dict().items():
+            if key.endswith(".weight") and hasattr(value, "local_shards"):
+                out += [sh.tensor.detach().clone() for sh in value.local_shards()]
+        return out
+
+    def result(self) -> dict:
+        res = super().result()
+        after = self.local_weights()
+        moved = sum(int((a != b).any(dim=1).sum()) for a, b in zip(after, self.before, strict=True))
+        res["rows_updated"] = (moved, sum(int(b.shape[0]) for b in self.before))
+        res["computed_send"] = np.mean(self.computed, 0)
+        res["kernels"] = sorted({v[3] for v in self.blocks.values()})
+        res["block_rows"] = {name: int(v[1][0]) for name, v in self.blocks.items()}
+        res["optimizer"] = type(self.dmp.fused_optimizer).__name__
+        return res
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+
+def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str, outdir: str) -> None:
+    out = Path(outdir)
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.world
+        )
+        torch.set_num_threads(cfg.threads)
+        rec = Recorder(rank, cfg.world, cfg.group_size)
+        dists = [TableDistribution(cfg, i, rows) for i, (_n, rows, _d) in enumerate(cfg.tables)]
+        batches = [make_batch(cfg, dists, s, rank) for s in range(cfg.warmup + cfg.steps)]
+        orders = dict(np.load(orders_path))
+        systems: list[System] = [FlexShardSystem(cfg, batches, plan_path, orders)]
+        if cfg.ablation:
+            rw_plan = str(Path(plan_path).with_name("plan_row_wise.json"))
+            systems.append(FlexShardSystem(cfg, batches, rw_plan, orders, key="flexshard_rw"))
+        result = {}
+        variants = [] if cfg.skip_torchrec else [False] + ([True] if cfg.torchrec_dedup else [])
+        for dedup in variants:
+            key = "torchrec_dedup" if dedup else "torchrec"
+            try:
+                system = TorchRecSystem(cfg, batches, rec, dedup)
+                dist.barrier()
+                system.step(system.inputs[0])  # a trial step: a failure here drops only this system
+                systems.append(system)
+            except Exception:
+                result[f"{key}_error"] = traceback.format_exc()
+                (out / f"rank{rank}.{key}.err").write_text(result[f"{key}_error"])
+        # rounds alternate the order (A B C, C B A, ...) so no system always runs first
+        for rnd in range(cfg.rounds):
+            order = systems if rnd % 2 == 0 else systems[::-1]
+            for system in order:
+                timed_block(cfg, rec, system, cfg.warmup if rnd == 0 else min(1, cfg.warmup))
+        for system in systems:
+            result[system.key] = system.result()
+        torch.save(result, out / f"rank{rank}.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        (out / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cfg: Config, plan_path: Path, orders_path: Path, outdir: Path) -> list[dict]:
+    ctx = mp.start_processes(
+        _worker,
+        args=(cfg, free_port(), str(plan_path), str(orders_path), str(outdir)),
+        nprocs=cfg.world,
+        join=False,
+        start_method="spawn",
+    )
+    deadline = time.monotonic() + cfg.timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks did not finish within {cfg.timeout_s} s")
+    except Exception as e:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        errs = [f"{f.name}:\n{f.read_text()}" for f in sorted(outdir.glob("*.err"))]
+        raise SystemExit("\n".join(errs) or f"worker failed: {e}") from None
+    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(cfg.world)]
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def summarize(results: list[dict], key: str) -> dict:
+    per_rank = [r[key] for r in results]
+    steps = np.max(np.array([p["times"] for p in per_rank]), axis=0)  # slowest rank per step
+    send = np.mean([p["send"] for p in per_rank], 0)
+    recv = np.mean([p["recv"] for p in per_rank], 0)
+    out = {
+        "mean_ms": float(steps.mean() * 1e3),
+        "median_ms": float(np.median(steps) * 1e3),
+        "std_ms": float(steps.std() * 1e3),
+        "intra": float(send[INTRA]),
+        "inter": float(send[INTER]),
+        "recv": recv.tolist(),
+        "max_rank_send": np.max([p["send"] for p in per_rank], 0).tolist(),
+        "calls": per_rank[0]["calls"],
+    }
+    if "own_counter_send" in per_rank[0]:
+        out["check"] = np.mean([p["own_counter_send"] for p in per_rank], 0).tolist()
+        out["check_what"] = "FlexShard's own traffic counter (send)"
+    if "computed_send" in per_rank[0]:
+        computed = np.mean([p["computed_send"] for p in per_rank], 0)  # [as run / other dedup, link]
+        out["check"] = computed[0].tolist()
+        out["check_what"] = "computed from ids and row blocks (8 B ids + fwd + bwd embeddings)"
+        out["computed_other"] = computed[1].tolist()
+        out["kernels"] = per_rank[0]["kernels"]
+        out["optimizer"] = per_rank[0]["optimizer"]
+        out["block_rows"] = per_rank[0]["block_rows"]
+        out["rows_updated"] = [sum(p["rows_updated"][i] for p in per_rank) for i in range(2)]
+    return out
+
+
+def mb(x: float) -> str:
+    return f"{x / 1e6:.3f}"
+
+
+def report(cfg: Config, plan_info: dict, results: list[dict]) -> tuple[str, dict]:
+    lines = []
+    labels = {
+        "flexshard": f"FlexShard (budget {cfg.budget:g}x, plan from make_plan)",
+        "flexshard_rw": "ablation: FlexShard runtime, row-wise plan (all rows cold, dedup)",
+        "torchrec": "TorchRec 1.8 EmbeddingCollection, ROW_WISE, fused row-wise Adagrad",
+        "torchrec_dedup": "TorchRec, same, with use_index_dedup=True",
+    }
+    systems = [(label, key) for key, label in labels.items() if all(key in r for r in results)]
+    errors = {
+        key: next(r[f"{key}_error"] for r in results if f"{key}_error" in r)
+        for key in labels
+        if any(f"{key}_error" in r for r in results)
+    }
+    summary = {key: summarize(results, key) for _label, key in systems}
+    tables = ", ".join(f"{n} {r:,}x{d}" for n, r, d in cfg.tables)
+    lines.append(
+        f"world {cfg.world} = {cfg.groups} emulated groups of {cfg.group_size} (gloo, CPU, "
+        f"{cfg.threads} thread(s) per rank, {os.cpu_count()} cores); tables: {tables}; "
+        f"batch {cfg.batch}/rank, lengths {cfg.len_min}-{cfg.len_max}; per system {cfg.rounds} rounds of "
+        f"{cfg.steps} timed steps (first after {cfg.warmup} warm-up steps, later after 1; rounds alternate "
+        f"which system runs first); zipf alpha {cfg.alpha}, tail {cfg.tail_mass}; "
+        f"order: {'oracle' if cfg.oracle_order else f'counted on {cfg.profile_steps} profiling steps'}"
+    )
+    lines.append(
+        "FlexShard tiers (hot, warm, cold rows): "
+        + "; ".join(f"{n}: {h:,}/{w:,}/{c:,}" for n, h, w, c in plan_info["tiers"])
+        + f" ({plan_info['chosen']}; planned in {plan_info['plan_s']:.2f} s)"
+    )
+    lines.append("")
+    lines.append(
+        "Bytes: measured (hooked torch.distributed collectives), per rank per iteration, send side, "
+        "MB = 1e6 B"
+    )
+    lines.append("")
+    lines.append(
+        "| system | step time ms (mean ± std / median) | intra-group MB | inter-group MB | total MB |"
+    )
+    lines.append("|---|---|---|---|---|")
+    for label, key in systems:
+        s = summary[key]
+        lines.append(
+            f"| {label} | {s['mean_ms']:.1f} ± {s['std_ms']:.1f} / {s['median_ms']:.1f} | {mb(s['intra'])} | "
+            f"{mb(s['inter'])} | {mb(s['intra'] + s['inter'])} |"
+        )
+    f = summary["flexshard"]
+    names = {
+        "torchrec": "TorchRec",
+        "torchrec_dedup": "TorchRec with dedup",
+        "flexshard_rw": "ablation (row-wise + dedup)",
+    }
+    lines.append("")
+    for key, name in names.items():
+        if key in summary:
+            t = summary[key]
+            saved = (1 - f["inter"] / t["inter"]) * 100
+            lines.append(
+                f"- FlexShard / {name}: inter-group bytes {f['inter'] / t['inter']:.3f} ({saved:.1f}% "
+                f"fewer); total bytes {(f['intra'] + f['inter']) / (t['intra'] + t['inter']):.3f}; "
+                f"step time {f['mean_ms'] / t['mean_ms']:.2f}x"
+            )
+    lines.append("")
+    lines.append("Cross-checks (MB per rank per iteration, intra / inter):")
+    for _label, key in systems:
+        s = summary[key]
+        lines.append(
+            f"- {key}: measured {mb(s['intra'])} / {mb(s['inter'])}; {s['check_what']}: "
+            f"{mb(s['check'][0])} / {mb(s['check'][1])}; busiest rank sends "
+            f"{mb(s['max_rank_send'][0])} / {mb(s['max_rank_send'][1])}; collectives per step on rank 0: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(s["calls"].items()))
+        )
+    for key in ("torchrec", "torchrec_dedup"):
+        if key not in summary:
+            continue
+        t = summary[key]
+        if key == "torchrec":
+            lines.append(
+                f"- torchrec with index dedup (COMPUTED from the ids, unique per rank and table, as "
+                f"use_index_dedup would send; that op has no CPU kernel): {mb(t['computed_other'][0])} / "
+                f"{mb(t['computed_other'][1])}; FlexShard measured / this: inter "
+                f"{f['inter'] / t['computed_other'][1]:.3f}, total "
+                f"{(f['intra'] + f['inter']) / sum(t['computed_other']):.3f}"
+            )
+        lines.append(
+            f"- {key}: compute kernels {t['kernels']}, fused optimizer {t['optimizer']}, "
+            f"row blocks {t['block_rows']}; rows changed by its fused optimizer over all steps: "
+            f"{t['rows_updated'][0]:,} of {t['rows_updated'][1]:,}"
+        )
+    lines.append(
+        "- cost model (bottleneck rank, MB, intra / inter): "
+        + "; ".join(f"{k}: {mb(v[0])} / {mb(v[1])}" for k, v in plan_info["modeled"].items())
+        + "; memory per GPU (MB): "
+        + ", ".join(f"{k} {mb(v)}" for k, v in plan_info["memory_per_gpu"].items())
+    )
+    for key, err in errors.items():
+        tb = err.rstrip().splitlines()
+        frames = [ln.strip() for ln in tb if ln.strip().startswith("File ")]
+        final = next((ln for ln in tb if ln and not ln.startswith((" ", "Traceback"))), tb[-1])
+        lines.append("")
+        lines.append(f"{labels[key]} FAILED on CPU/gloo (full traceback in --json):")
+        lines.append(f"    at {frames[-1] if frames else '?'}")
+        lines.append(f"    {final[:400]}")
+    return "\n".join(lines), summary
+
+
+def parse_tables(text: str) -> list[tuple[str, int, int]]:
+    out = []
+    for item in text.split(","):
+        name, rows, dim = item.split(":")
+        out.append((name, int(float(rows)), int(dim)))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world", type=int, default=4, help="ranks (4 or 8; 2 emulated groups)")
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--tables", default=DEFAULT_TABLES, help="name:rows:dim,... (default %(default)s)")
+    p.add_argument("--batch", type=int, default=128, help="samples per rank")
+    p.add_argument("--len-min", type=int, default=50)
+    p.add_argument("--len-max", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--budget", type=float, default=2.0, help="FlexShard budget, x row-wise memory")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--alpha", type=float, default=0.87)
+    p.add_argument("--tail-mass", type=float, default=0.045)
+    p.add_argument("--intra-gbps", type=float, default=450.0, help="planner's intra-group GB/s")
+    p.add_argument("--inter-gbps", type=float, default=50.0, help="planner's inter-group GB/s")
+    p.add_argument("--profile-steps", type=int, default=4)
+    p.add_argument("--oracle-order", action="store_true")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument(
+        "--rounds", type=int, default=2, help="timed blocks per system, alternating which runs first"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-torchrec", action="store_true")
+    p.add_argument(
+        "--no-ablation",
+        action="store_true",
+        help="skip FlexShard's runtime on the plain row-wise plan (all rows cold, dedup on)",
+    )
+    p.add_argument(
+        "--torchrec-dedup",
+        action="store_true",
+        help="also try TorchRec with EmbeddingCollectionSharder(use_index_dedup=True) (its "
+        "fbgemm::jagged_unique_indices has no CPU kernel in fbgemm-gpu-cpu 1.8: fails on CPU)",
+    )
+    p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--json", help="also write the summary here")
+    args = p.parse_args(argv)
+    cfg = Config(
+        world=args.world,
+        groups=args.groups,
+        tables=parse_tables(args.tables),
+        batch=args.batch,
+        len_min=args.len_min,
+        len_max=args.len_max,
+        warmup=args.warmup,
+        steps=args.steps,
+        seed=args.seed,
+        budget=args.budget,
+        lr=args.lr,
+        alpha=args.alpha,
+        tail_mass=args.tail_mass,
+        intra_GBps=args.intra_gbps,
+        inter_GBps=args.inter_gbps,
+        profile_steps=args.profile_steps,
+        oracle_order=args.oracle_order,
+        threads=args.threads,
+        rounds=args.rounds,
+        torchrec_dedup=args.torchrec_dedup,
+        ablation=not args.no_ablation,
+        skip_torchrec=args.skip_torchrec,
+        timeout_s=args.timeout,
+    )
+    if not cfg.skip_torchrec and len({d for _n, _r, d in cfg.tables}) > 1:
+        p.error("TorchRec's EmbeddingCollection needs one embedding dim for all tables (or --skip-torchrec)")
+    if cfg.world % cfg.groups:
+        p.error(f"--world {cfg.world} is not a multiple of --groups {cfg.groups}")
+    if not cfg.skip_torchrec:
+        try:
+            import torchrec  # noqa: F401
+        except Exception as e:  # still run the FlexShard half
+            print(f"TorchRec unavailable ({type(e).__name__}: {e}); running FlexShard only", file=sys.stderr)
+            cfg.skip_torchrec = True
+    with tempfile.TemporaryDirectory(prefix="bench_vs_torchrec.") as tmp:
+        tmp = Path(tmp)
+        plan_info = write_bench_plan(cfg, tmp / "plan.json")
+        dists = [TableDistribution(cfg, i, rows) for i, (_n, rows, _d) in enumerate(cfg.tables)]
+        np.savez(tmp / "orders.npz", **counted_orders(cfg, dists))
+        results = launch(cfg, tmp / "plan.json", tmp / "orders.npz", tmp)
+    text, summary = report(cfg, plan_info, results)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "config": asdict(cfg),
+                    "plan": plan_info,
+                    "summary": summary,
+                    "errors": {k: v for r in results for k, v in r.items() if k.endswith("_error")},
+                },
+                indent=1,
+                default=str,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
