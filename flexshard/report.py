@@ -107,6 +107,12 @@ def plan_report(
             for part, v in zip(MEMORY_PARTS, report.memory_by_part_bytes[int(np.argmax(mem))], strict=True)
         ),
     ]
+    device = float(view.memory_bytes.min())
+    if device > 0 and mem.max() > device:
+        lines.append(
+            f"Warning: {human_bytes(mem.max())} per GPU exceeds the smallest device memory in the topology "
+            f"({human_bytes(device)}); use more GPUs or smaller tables"
+        )
     if "lower_bound_s" in plan.solver:
         s = plan.solver
         if s.get("placement") == "balanced":
