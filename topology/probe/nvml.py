@@ -2,15 +2,16 @@
 
 :func:`probe_host` asks NVML (``pynvml``, imported lazily, or any module-like object with the same API,
 e.g. :class:`topology.probe.fake_nvml.FakeNVML`) for each GPU's memory, PCI bus id, NUMA node, CPU
-affinity, PCIe link, active NVLinks and the common PCIe ancestor of every GPU pair. Queries the host does
-not support (VMs often answer "Not Supported" for NVLink and NUMA) give ``None``. :func:`host_graph` turns
-one :class:`HostProbe` into the intra-host part of a ``flexshard-topology/1`` graph; :func:`merge_hosts`
+affinity, PCIe link, active NVLinks and the common PCIe ancestor of every GPU pair, and sysfs
+(:mod:`topology.probe.nics`) for the NICs NVML cannot see and the nearest one to each GPU. Queries the host
+does not support (VMs often answer "Not Supported" for NVLink and NUMA) give ``None``. :func:`host_graph`
+turns one :class:`HostProbe` into the intra-host part of a ``flexshard-topology/1`` graph; :func:`merge_hosts`
 joins several hosts (ranks in host order, then NVML index order) behind a placeholder network.
 
-Every bandwidth here is a *nominal* figure from the link generation tables below, not a measurement: the
-edges carry ``measured=False`` and ``source`` ("nvml": derived from what NVML reported; "default": assumed,
-e.g. the NICs and network that NVML cannot see). The collective half of the probe replaces them with
-measured values.
+Every bandwidth here is a *nominal* figure from the link generation tables below or a NIC's advertised
+rate, not a measurement: the edges carry ``measured=False`` and ``basis`` ("nvml": derived from what NVML
+reported; "sysfs": a NIC's port rate or link speed; "default": assumed, e.g. NICs when sysfs shows none,
+and the network). The collective half of the probe replaces them with measured values.
 """
 
 # ruff: noqa: N802, N815  (unit suffixes such as _GBps keep their case: B = bytes)
@@ -29,6 +30,7 @@ from typing import Any
 import networkx as nx
 
 from topology.graph import add_link, gpu_id, new_topology, nic_id, nvswitch_id, validate
+from topology.probe.nics import SYSFS_ROOT, NicRecord, discover_nics, nearest_nics
 from topology.views import TopologyError
 
 # NVLink bandwidth per link, per direction, GB/s (1e9 B/s), keyed by the NVML version *enum* that
@@ -143,12 +145,19 @@ class GpuRecord:
 
 @dataclass(frozen=True)
 class HostProbe:
-    """One host as NVML sees it. ``unsupported``: distinct "query: error" lines NVML answered with."""
+    """One host as NVML sees it. ``unsupported``: distinct "query: error" lines NVML answered with.
+
+    ``nics``: the host's NICs as sysfs shows them (:func:`topology.probe.nics.discover_nics`; NVML cannot
+    see them); ``nic_of_gpu``: NVML index -> name of the NIC that GPU uses
+    (:func:`topology.probe.nics.nearest_nics`). Both empty when no NIC is visible.
+    """
 
     host: str
     gpus: tuple[GpuRecord, ...]
     driver_version: str | None = None
     unsupported: tuple[str, ...] = ()
+    nics: tuple[NicRecord, ...] = ()
+    nic_of_gpu: dict[int, str] = field(default_factory=dict)
 
     def ancestor(self, i: int, j: int) -> str | None:
         """Common PCIe ancestor level of GPUs ``i`` and ``j`` (NVML indices), from either side."""
@@ -275,13 +284,20 @@ def _probe_gpu(ask: _Asker, nvml: Any, index: int, handle: Any, handles: Sequenc
     )
 
 
-def probe_host(nvml: Any = None, host: str | None = None) -> HostProbe:
-    """Ask NVML about every GPU of this host (``host``: its name, default the hostname).
+def probe_host(
+    nvml: Any = None, host: str | None = None, *, sysfs_root: str | os.PathLike[str] | None = None
+) -> HostProbe:
+    """Ask NVML about every GPU of this host (``host``: its name, default the hostname), and sysfs about its
+    NICs.
 
     ``nvml``: a module-like object with the ``pynvml`` API subset used here (default: ``pynvml``).
+    ``sysfs_root``: where to look for NICs (:func:`topology.probe.nics.discover_nics`) and the GPUs' PCI
+    paths; default ``/sys`` with the real ``pynvml`` and no NIC discovery with an injected ``nvml`` (a fake
+    describes some other machine than this one's ``/sys``).
     Raises :class:`TopologyError` when NVML is unavailable (no library, no driver, no pynvml) or a required
     query (device count, handles, memory) fails; unsupported optional queries give ``None``.
     """
+    injected = nvml
     if nvml is None:
         nvml = _load_pynvml()
     error_type = getattr(nvml, "NVMLError", Exception)
@@ -302,11 +318,16 @@ def probe_host(nvml: Any = None, host: str | None = None) -> HostProbe:
     finally:
         with contextlib.suppress(Exception):  # a shutdown problem must not hide the probe's own result
             nvml.nvmlShutdown()
+    if sysfs_root is None and injected is None:
+        sysfs_root = SYSFS_ROOT
+    nics = tuple(discover_nics(sysfs_root)) if sysfs_root is not None else ()
     return HostProbe(
         host=host or socket.gethostname(),
         gpus=gpus,
         driver_version=driver,
         unsupported=tuple(ask.notes),
+        nics=nics,
+        nic_of_gpu=nearest_nics(gpus, nics, sysfs_root) if nics and sysfs_root is not None else {},
     )
 
 
@@ -429,13 +450,38 @@ def _add_host(G: nx.Graph, probe: HostProbe, nics: bool) -> list[str]:
             source = "nvml" if src_a == src_b == "nvml" else "default"
             _mark(G, nodes[a], nodes[b], source, ancestor=probe.ancestor(gpus[a].index, gpus[b].index))
     if nics:
+        found = {nic.name: nic for nic in probe.nics}
         for pos, node in enumerate(nodes):
-            nic = nic_id(host, pos)
-            G.add_node(nic, kind="nic", host=host, measured=False, basis="default")
+            record = found.get(probe.nic_of_gpu.get(gpus[pos].index, ""))
+            if record is None:  # no NIC visible: one assumed NIC per GPU
+                nic = nic_id(host, pos)
+                G.add_node(nic, kind="nic", host=host, measured=False, basis="default")
+            else:  # a real NIC, shared by the GPUs nearest to it
+                nic = real_nic_id(host, record.name)
+                if nic not in G:
+                    G.add_node(
+                        nic,
+                        kind="nic",
+                        host=host,
+                        measured=False,
+                        basis="sysfs",
+                        device=record.name,
+                        nic_kind=record.kind,
+                        bus_id=record.bus_id,
+                        numa_node=record.numa_node,
+                        rate_GBps=record.bandwidth_GBps,
+                    )
             bw, source = pcie(pos)
             add_link(G, node, nic, "pcie", bw, PCIE_LATENCY_US)
             _mark(G, node, nic, source)
     return nodes
+
+
+def real_nic_id(host: str, device: str) -> str:
+    """Node id of the NIC that sysfs names ``device`` on ``host`` ("h0/nic/mlx5_0"). Distinct from
+    :func:`topology.graph.nic_id` ("h0/nic3", one assumed NIC per GPU) on purpose: a real NIC may serve
+    several GPUs, so it must not be taken for the private NIC of one local rank."""
+    return f"{host}/nic/{device}"
 
 
 def host_graph(probe: HostProbe, *, nics: bool = True) -> nx.Graph:
@@ -448,8 +494,11 @@ def host_graph(probe: HostProbe, *, nics: bool = True) -> nx.Graph:
       after the host, otherwise ``<host>/nvl<k>``.
     * GPUs without NVLink are grouped by host and joined pairwise by ``pcie`` edges at the smaller PCIe
       bandwidth of the two (edge attribute ``ancestor``: their common PCIe ancestor level).
-    * ``nics``: one default NIC per GPU (``measured=False``, ``basis="default"``) linked by PCIe, as
-      :func:`topology.graph.add_node_group` does; NVML cannot see NICs.
+    * ``nics``: NICs linked to GPUs by PCIe (at the GPU's PCIe bandwidth). When the probe found NICs in
+      sysfs (``probe.nic_of_gpu``), each GPU links to its nearest real NIC, node :func:`real_nic_id`
+      (``measured=False``, ``basis="sysfs"``, attributes ``device``, ``nic_kind``, ``bus_id``,
+      ``numa_node``, ``rate_GBps``); GPUs under one NIC share it. Otherwise one default NIC per GPU
+      (``basis="default"``), as :func:`topology.graph.add_node_group` does.
     """
     G = new_topology(f"probe:{probe.host}")
     _add_host(G, probe, nics)
@@ -463,9 +512,11 @@ def merge_hosts(
     nic_GBps: float = NIC_GBPS,
     nic_latency_us: float = NIC_LATENCY_US,
 ) -> nx.Graph:
-    """A cluster of probed hosts: ranks in (host order, NVML index) order, one default NIC per GPU, and all
-    NICs on one placeholder leaf switch at ``nic_GBps`` (``measured=False``, ``basis="default"``): NVML
-    cannot see the network; the collective half of the probe measures it. Host names must be distinct.
+    """A cluster of probed hosts: ranks in (host order, NVML index) order, NICs as in :func:`host_graph`,
+    and all NICs on one placeholder leaf switch (``measured=False``): a NIC whose rate sysfs gave links at
+    that rate (``basis="sysfs"``), any other at ``nic_GBps`` (``basis="default"``). Neither NVML nor sysfs
+    sees the fabric; the collective half of the probe measures it. A NIC shared by several GPUs is one
+    edge, which :func:`topology.views.cluster_view` divides among them. Host names must be distinct.
     """
     if not probes:
         raise TopologyError(f"cluster {name!r}: field 'probes' is empty; probe at least one host")
@@ -474,6 +525,7 @@ def merge_hosts(
         _add_host(G, probe, nics=True)
     G.add_node("leaf0", kind="switch", level="leaf", measured=False, basis="default")
     for nic in [node for node, kind in G.nodes(data="kind") if kind == "nic"]:
-        add_link(G, nic, "leaf0", "network", nic_GBps, nic_latency_us)
-        _mark(G, nic, "leaf0", "default")
+        rate = G.nodes[nic].get("rate_GBps")
+        add_link(G, nic, "leaf0", "network", rate or nic_GBps, nic_latency_us)
+        _mark(G, nic, "leaf0", "sysfs" if rate else "default")
     return validate(G)
