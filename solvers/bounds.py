@@ -1,10 +1,17 @@
 """A lower bound on any tier plan's modeled time, by Lagrangian relaxation of the memory budget.
 
-Pricing memory at ``lam`` seconds per byte decouples the rows: each bucket of identical rows takes
-the tier minimising ``time + lam * memory``. ``L(lam) = sum_k min_tier(...) - lam * budget`` is a
-lower bound for every ``lam >= 0`` (weak duality) and its maximum equals the bucket-level linear
-program's optimum. Prefix (hotness-ordered) plans are a subset, so the bound holds for them too.
-Fully vectorised over all buckets of all tables.
+Pricing memory at ``lam`` seconds per byte decouples the tables: each table takes the prefix plan
+(the ``h`` hottest rows hot, the next ``w`` warm, the rest cold) minimising
+``time + lam * memory``, or sits whole in one tier without routing metadata. Inside a histogram
+bucket the rows are identical, so the best boundaries lie on bucket edges, and for each warm/cold
+boundary ``b`` the best hot boundary is a running minimum: O(buckets) per table. Then
+
+    L(lam) = sum_tables min_plan (time + lam * memory) - lam * budget
+
+is a lower bound on every plan's linear-model time for every ``lam >= 0`` (weak duality), and its
+maximum equals the optimum of the bucket-level program with fractional rows (the per-table
+constraint system, monotone prefix shares, has integral vertices). Vectorised over tables padded to
+a common number of buckets.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import numpy as np
 
 from solvers.coefficients import TableCoefficients
 
+HOT, WARM, COLD = 0, 1, 2
+
 
 @dataclass(frozen=True)
 class LagrangeBound:
@@ -23,35 +32,93 @@ class LagrangeBound:
     iterations: int
 
 
+class _PrefixPricer:
+    """Cheapest prefix plan of every table at a memory price, on padded [tables, buckets] arrays."""
+
+    def __init__(self, coeffs: list[TableCoefficients], allowed: np.ndarray) -> None:
+        kmax = max(c.rows.size for c in coeffs)
+        nt = len(coeffs)
+        self.time = np.zeros((3, nt, kmax))
+        self.mem = np.zeros((3, nt, kmax))
+        self.valid = np.zeros((nt, kmax + 1), dtype=bool)  # bucket edges 0..K_t
+        for i, c in enumerate(coeffs):
+            k = c.rows.size
+            self.time[:, i, :k] = c.time_s
+            self.mem[:, i, :k] = c.memory_bytes
+            self.valid[i, : k + 1] = True
+        self.last = np.array([c.rows.size for c in coeffs])
+        self.credit = np.array([c.whole_table_credit_bytes for c in coeffs])
+        self.allowed = allowed
+
+    @staticmethod
+    def _cum(x: np.ndarray) -> np.ndarray:
+        return np.concatenate([np.zeros(x.shape[:-1] + (1,)), np.cumsum(x, axis=-1)], axis=-1)
+
+    def price(self, lam: float) -> tuple[float, float]:
+        """(sum over tables of the cheapest priced plan, its memory in bytes)."""
+        priced = self.time + lam * self.mem
+        cum = self._cum(priced)  # [3, T, K+1]
+        cum_mem = self._cum(self.mem)
+        rows = np.arange(self.valid.shape[0])
+        total_cold = cum[COLD, rows, self.last][:, None]
+        total_cold_mem = cum_mem[COLD, rows, self.last][:, None]
+        inf = np.inf
+        # hot boundary h <= warm/cold boundary b; f(h) = CH[h] - CW[h], running minimum over h <= b
+        if self.allowed[HOT]:
+            f = cum[HOT] - cum[WARM] if self.allowed[WARM] else cum[HOT] - cum[COLD]
+            f = np.where(self.valid, f, inf)
+            best_h = np.minimum.accumulate(f, axis=1)
+            arg_h = _running_argmin(f)
+        else:
+            best_h = np.zeros_like(cum[HOT])
+            arg_h = np.zeros(best_h.shape, dtype=np.int64)
+        if self.allowed[WARM]:
+            cost_b = best_h + cum[WARM] + total_cold - cum[COLD]
+        else:  # no warm tier: b = h
+            cost_b = best_h + cum[COLD] + total_cold - cum[COLD]
+        if not self.allowed[COLD]:
+            cost_b = np.where(np.arange(cost_b.shape[1])[None, :] == self.last[:, None], cost_b, inf)
+        cost_b = np.where(self.valid, cost_b, inf)
+        b = np.argmin(cost_b, axis=1)
+        h = arg_h[rows, b]
+        cost = cost_b[rows, b]
+        upper = WARM if self.allowed[WARM] else COLD
+        mem = (
+            cum_mem[HOT, rows, h]
+            + (cum_mem[upper, rows, b] - cum_mem[upper, rows, h])
+            + (total_cold_mem[:, 0] - cum_mem[COLD, rows, b])
+        )
+        # whole-table tiers need no routing metadata
+        for tier in (HOT, WARM):
+            if self.allowed[tier]:
+                whole_mem = cum_mem[tier, rows, self.last] - self.credit
+                whole = cum[tier, rows, self.last] - lam * self.credit
+                better = whole < cost
+                cost = np.where(better, whole, cost)
+                mem = np.where(better, whole_mem, mem)
+        return float(cost.sum()), float(mem.sum())
+
+
+def _running_argmin(f: np.ndarray) -> np.ndarray:
+    """Index of the running minimum along axis 1 (first occurrence)."""
+    idx = np.broadcast_to(np.arange(f.shape[1]), f.shape)
+    running = np.minimum.accumulate(f, axis=1)
+    is_new = f <= running  # positions where the running minimum is attained
+    return np.maximum.accumulate(np.where(is_new, idx, 0), axis=1)
+
+
 def lagrange_bound(
-    coeffs: list[TableCoefficients], budget_bytes: float, allowed: np.ndarray, iterations: int = 200
+    coeffs: list[TableCoefficients], budget_bytes: float, allowed: np.ndarray, iterations: int = 100
 ) -> LagrangeBound:
-    """Maximise L(lam) by bisection on its supergradient (memory - budget).
+    """Maximise L(lam) over lam >= 0 by bisection on its supergradient (memory - budget).
 
     ``allowed``: bool[3], which tiers (hot, warm, cold) may be used.
     """
-    time_s = np.concatenate([c.time_s for c in coeffs], axis=1)
-    memory = np.concatenate([c.memory_bytes for c in coeffs], axis=1)
-    starts = np.cumsum([0] + [c.rows.size for c in coeffs[:-1]])
-    credit = np.array([c.whole_table_credit_bytes for c in coeffs])
-    # a table may also sit whole in the hot or warm tier, without routing metadata
-    whole_time = np.add.reduceat(time_s, starts, axis=1)[:2]  # [hot, warm] x tables
-    whole_mem = np.add.reduceat(memory, starts, axis=1)[:2] - credit
-    whole_ok = allowed[:2]
-    time_s, memory = time_s[allowed], memory[allowed]
-    cols = np.arange(time_s.shape[1])
+    pricer = _PrefixPricer(coeffs, np.asarray(allowed, dtype=bool))
 
     def evaluate(lam: float) -> tuple[float, float]:
-        priced = time_s + lam * memory
-        pick = np.argmin(priced, axis=0)
-        per_table = np.add.reduceat(priced[pick, cols], starts)
-        per_table_mem = np.add.reduceat(memory[pick, cols], starts)
-        for tier in np.flatnonzero(whole_ok):
-            whole = whole_time[tier] + lam * whole_mem[tier]
-            better = whole < per_table
-            per_table = np.where(better, whole, per_table)
-            per_table_mem = np.where(better, whole_mem[tier], per_table_mem)
-        return float(per_table.sum() - lam * budget_bytes), float(per_table_mem.sum())
+        cost, mem = pricer.price(lam)
+        return cost - lam * budget_bytes, mem
 
     value0, mem0 = evaluate(0.0)
     if mem0 <= budget_bytes:

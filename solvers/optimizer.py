@@ -31,7 +31,7 @@ from solvers.types import Plan, PlannerError, Workload
 from topology.views import ClusterView
 
 HOT, WARM, COLD = 0, 1, 2
-INTEGER_ROWS_MAX = 4096  # segments this small get whole-row variables in the final (integer) solve
+INTEGER_ROWS_MAX = 64  # segments this small get whole-row variables in the final (integer) solve
 
 
 @dataclass
@@ -49,6 +49,8 @@ class OptimizerConfig:
     solver_time_limit_s: float = 120.0
     routing_metadata: bool = True
     integer_rows: bool = True  # finish with whole-row counts in small segments (a MILP)
+    integer_time_limit_s: float = 5.0  # CBC stops here with its best whole-row plan
+    full_integer_max_vars: int = 400  # above this, only segments near the LP's boundaries are integer
     include_latency: bool = False  # also minimise collective latency (a fixed cost per tier in use)
 
 
@@ -146,6 +148,8 @@ def optimize_tiers(
         if solved is None:
             continue
         rows, linear_s, nvars, rounds = solved
+        rows = _whole_table_moves(coeffs, rows, budget_bytes, allowed)
+        linear_s = _linear_time(coeffs, rows)
         used = _tiers_used(rows, workload)
         total = linear_s + fixed_time_s(view, ntab, *used, cfg.sync, cfg.include_latency)
         if best is None or total < best["total_s"]:
@@ -173,6 +177,44 @@ def optimize_tiers(
     return OptimizerResult(
         plan, best["total_s"], lower, gap, best["rounds"], best["variables"], solve_time, history
     )
+
+
+def _plan_memory(c: TableCoefficients, h: int, w: int) -> float:
+    """Per-GPU bytes of one table's (hot, warm) boundaries, without metadata if one tier holds it all."""
+    total = float(c.rows.sum())
+    mem = _prefix_sum(c, h, HOT, "memory_bytes") + _prefix_sum(c, h + w, WARM, "memory_bytes")
+    mem += -_prefix_sum(c, h, WARM, "memory_bytes") + c.memory_bytes[COLD].sum()
+    mem -= _prefix_sum(c, h + w, COLD, "memory_bytes")
+    if h == total or w == total:
+        mem -= c.whole_table_credit_bytes
+    return float(mem)
+
+
+def _whole_table_moves(
+    coeffs: list[TableCoefficients], rows: list[tuple[int, int]], budget: float, allowed: np.ndarray
+) -> list[tuple[int, int]]:
+    """Greedy: move whole tables into the hot or warm tier (no routing metadata) while that saves
+    time and fits; the segment program sees only partial tiers with metadata."""
+    rows = list(rows)
+    mem = [_plan_memory(c, h, w) for c, (h, w) in zip(coeffs, rows, strict=True)]
+    time_now = [_linear_time([c], [r]) for c, r in zip(coeffs, rows, strict=True)]
+    while True:
+        slack = budget - sum(mem)
+        best = None
+        for i, c in enumerate(coeffs):
+            total = int(c.rows.sum())
+            for tier, plan in ((HOT, (total, 0)), (WARM, (0, total))):
+                if not allowed[tier] or rows[i] == plan:
+                    continue
+                t_new = _linear_time([c], [plan])
+                m_new = _plan_memory(c, *plan)
+                gain = time_now[i] - t_new
+                if gain > 1e-15 and m_new - mem[i] <= slack and (best is None or gain > best[0]):
+                    best = (gain, i, plan, t_new, m_new)
+        if best is None:
+            return rows
+        _, i, plan, t_new, m_new = best
+        rows[i], time_now[i], mem[i] = plan, t_new, m_new
 
 
 def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
@@ -205,6 +247,7 @@ def _refined_solve(
     (None when no plan with these tiers fits)."""
     edges = [_initial_edges(c, c.time_s[COLD], cfg.initial_segments) for c in coeffs]
     best: tuple[float, list[tuple[int, int]]] | None = None
+    solved: tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
     nvars = rounds = 0
     tiers = "+".join(n for n, a in zip(("hot", "warm", "cold"), allowed, strict=True) if a)
     for rounds in range(1, cfg.max_rounds + 1):  # noqa: B007
@@ -212,6 +255,7 @@ def _refined_solve(
             shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s)
         except PlannerError:
             break  # fits only with whole-table tiers: left to the integer solve
+        solved = ([e.copy() for e in edges], shares)
         rows = [_shares_to_rows(c, e, hs, ws) for c, e, (hs, ws) in zip(coeffs, edges, shares, strict=True)]
         linear = _linear_time(coeffs, rows)
         if best is None or linear < best[0]:
@@ -234,9 +278,14 @@ def _refined_solve(
         if not changed_any:
             break
     if cfg.integer_rows and (best is None or best[0] > bound_s * (1 + 1e-9)):
+        if solved is not None:
+            edges = solved[0]
+        fixed = None
+        if solved is not None and _integer_vars(coeffs, edges, allowed) > cfg.full_integer_max_vars:
+            fixed = [_fix_far_segments(hs, ws) for hs, ws in solved[1]]
         try:
-            limit = cfg.solver_time_limit_s
-            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, limit, integer=True)
+            limit = min(cfg.solver_time_limit_s, cfg.integer_time_limit_s)
+            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, limit, integer=True, fixed=fixed)
         except PlannerError:
             shares = None  # keep the rounded LP solution
         if shares is not None:
@@ -250,14 +299,41 @@ def _refined_solve(
     return best[1], best[0], nvars, rounds
 
 
+def _integer_vars(coeffs: list[TableCoefficients], edges: list[np.ndarray], allowed: np.ndarray) -> int:
+    """Integer variables of the full integer finish: small segments times the prefix tiers in use."""
+    tiers = int(allowed[HOT]) + int(allowed[WARM])
+    small = sum(
+        int((np.add.reduceat(c.rows, e[:-1]) <= INTEGER_ROWS_MAX).sum())
+        for c, e in zip(coeffs, edges, strict=True)
+    )
+    return small * tiers
+
+
+def _fix_far_segments(hs: np.ndarray, ws: np.ndarray) -> tuple[dict[int, float], dict[int, float]]:
+    """Per share vector, the LP values of segments more than one segment away from its boundary:
+    the integer finish keeps them, so it only decides whole rows where the LP was fractional."""
+    out = []
+    for share in (hs, ws):
+        near = set()
+        for s in _boundary_segments(share):
+            near |= {s - 1, s, s + 1}
+        out.append({j: float(v) for j, v in enumerate(share) if j not in near})
+    return out[0], out[1]
+
+
 def _segment_sums(c: TableCoefficients, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = edges[:-1]
     return np.add.reduceat(c.time_s, starts, axis=1), np.add.reduceat(c.memory_bytes, starts, axis=1)
 
 
-def _share(name: str, rows: float, low: int, integer: bool) -> tuple[pulp.LpVariable, float]:
+def _share(
+    name: str, rows: float, low: int, integer: bool, fixed: float | None = None
+) -> tuple[pulp.LpVariable, float]:
     """A segment's prefix share as (variable, scale), share = scale * variable: a whole row count
-    for small segments in integer mode, else a fraction in [low, 1]."""
+    for small segments in integer mode, else a fraction in [low, 1]; ``fixed`` pins the share."""
+    if fixed is not None:
+        value = min(max(fixed, float(low)), 1.0)
+        return pulp.LpVariable(name, value, value), 1.0
     if integer and rows <= INTEGER_ROWS_MAX:
         return pulp.LpVariable(name, low * rows, rows, cat=pulp.LpInteger), 1.0 / float(rows)
     return pulp.LpVariable(name, low, 1), 1.0
@@ -270,9 +346,11 @@ def _solve_lp(
     allowed: np.ndarray,
     time_limit_s: float,
     integer: bool = False,
+    fixed: list[tuple[dict[int, float], dict[int, float]]] | None = None,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """Solve the segment program; with ``integer`` the shares of small segments (at most
-    ``INTEGER_ROWS_MAX`` rows) become whole row counts, so single hot rows are not split."""
+    ``INTEGER_ROWS_MAX`` rows) become whole row counts, so single hot rows are not split.
+    ``fixed``: per table, (hot, warm) shares held at given values (segment index -> share)."""
     prob = pulp.LpProblem("flexshard_tiers", pulp.LpMinimize)
     objective: dict[pulp.LpVariable, float] = {}
     memory: dict[pulp.LpVariable, float] = {}
@@ -287,15 +365,16 @@ def _solve_lp(
         const_mem += seg_m[COLD].sum()
 
         cold_ok = bool(allowed[COLD])
+        fix_h, fix_w = fixed[i] if fixed is not None else ({}, {})
         wv = (
-            [_share(f"w_{i}_{j}", seg_rows[j], 0 if cold_ok else 1, integer) for j in range(k)]
+            [_share(f"w_{i}_{j}", seg_rows[j], 0 if cold_ok else 1, integer, fix_w.get(j)) for j in range(k)]
             if allowed[WARM]
             else None
         )
         hv = None
         if allowed[HOT]:
             low = 0 if (cold_ok or wv is not None) else 1
-            hv = [_share(f"h_{i}_{j}", seg_rows[j], low, integer) for j in range(k)]
+            hv = [_share(f"h_{i}_{j}", seg_rows[j], low, integer, fix_h.get(j)) for j in range(k)]
         for j in range(k):
             if wv is not None:
                 var, sc = wv[j]
@@ -327,7 +406,7 @@ def _solve_lp(
         handles.append((hv, wv, k))
     prob += pulp.LpAffineExpression(objective)
     prob += pulp.LpAffineExpression(memory) <= (budget - const_mem) * ms, "memory_budget"
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-6 if integer else None)
+    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-5 if integer else None)
     status = prob.solve(solver)
     if pulp.LpStatus[status] != "Optimal":
         raise PlannerError(f"optimizer: CBC ended with status {pulp.LpStatus[status]!r}; try a larger budget")
