@@ -3,18 +3,21 @@
 Every rank holds all hot rows of every table, its share of its group's warm rows and its share of the
 cluster's cold rows (plus their optimizer state, placed like the rows). A forward pass:
 
-1. checks every rank's input and agrees on an error flag (one ``all_gather`` of 4 int64s per rank)
-   before any data collective, so bad input on one rank raises ``ValueError`` on every rank;
-2. optionally deduplicates each table's ids on this rank (``torch.unique``);
-3. gathers hot rows locally, sends warm lookups to their owner in the group (one ``all_to_all_single``
-   of split sizes, one of slots, one of embeddings on the intra-group process group, all tables
-   together) and cold lookups to their owner in the cluster (the same on the global group);
+1. checks its input, optionally deduplicates each table's ids on this rank (``torch.unique``),
+   gathers hot rows locally and sorts the remote (warm and cold) lookups by owner rank;
+2. exchanges, in one ``all_to_all_single`` on the global group before any data collective, every
+   rank's error code (4 int64s to every rank, as an all-gather would) and the split sizes (one int64
+   per table per tier exchange: warm to the ranks of this group, cold to every rank), so bad input
+   on one rank raises ``ValueError`` on every rank;
+3. sends the slots of warm lookups to their owner in the group and of cold lookups to their owner in
+   the cluster (one ``all_to_all_single`` on the global group, all tables and both tiers together;
+   a warm block goes only to ranks of this group), then gets the embeddings back the same way;
 4. puts the rows back in input order.
 
 Backward (through a ``torch.autograd.Function``) sends the output gradients back along the same
-routes and sums them per row at the owner. ``step()`` then synchronises replicas (hot gradients
-all-reduced over all ranks, warm shard gradients over the replica group) and applies row-wise SGD
-or row-wise Adagrad to the rows that received gradient.
+routes (one ``all_to_all_single``) and sums them per row at the owner. ``step()`` then synchronises
+replicas (hot gradients all-reduced over all ranks, warm shard gradients over the replica group) and
+applies row-wise SGD or row-wise Adagrad to the rows that received gradient.
 
 Gradient semantics: the gradient a row receives is the sum over all ranks of the gradient of that
 rank's loss (as if the global loss were the sum of the per-rank losses; divide the loss by the world
