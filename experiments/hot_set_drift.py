@@ -28,9 +28,9 @@ Method, per data set, at ``h100:8`` (64 GPUs), budget 2x row-wise, dedup on and 
    ``solvers.cost_model.evaluate`` cannot price that order). ``tier_volumes_from_probs`` computes each
    tier's lookup volume, dedup volume ``sum 1 - (1 - p)^n`` and touched rows ``sum 1 - (1 - p)^(N n)``
    from the per-row probabilities with the formulas of ``solvers.cost_model.table_mass`` (``n`` = the
-   later window's lookups per GPU), and ``evaluate_with_volumes`` feeds them to the same traffic,
-   sync, split-size and time functions as ``solvers.cost_model.evaluate`` (self-check on sorted
-   input: the oracle below and row-wise agree with ``evaluate`` to 1e-9);
+   later window's lookups per GPU), and ``solvers.cost_model.evaluate_volumes`` prices them with
+   the same traffic, sync, split-size and time functions as ``solvers.cost_model.evaluate``
+   (self-check on sorted input: the oracle below and row-wise agree with ``evaluate`` to 1e-9);
 3. **oracle**: ``make_plan`` on the later window itself, priced by ``evaluate``.
 
 Reported: row-wise inter-group bytes on the later window, the inter-group saving vs row-wise that the
@@ -57,20 +57,7 @@ from pathlib import Path
 import numpy as np
 
 from flexshard import workloads
-from solvers.cost_model import (
-    IDS,
-    INTER,
-    RECV,
-    SEND,
-    SYNC,
-    TierVolumes,
-    collective_latency_s,
-    hierarchical_allreduce_bytes,
-    lookup_traffic,
-    routing_bytes,
-    split_bytes,
-    sync_payload,
-)
+from solvers.cost_model import TierVolumes, evaluate_volumes
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import CostReport, Plan, RowHistogram, TableSpec, Workload
@@ -208,43 +195,6 @@ def tier_volumes_from_probs(
     return TierVolumes(warm_volume=vol[1], cold_volume=vol[2], hot_touched=tch[0], warm_touched=tch[1])
 
 
-def evaluate_with_volumes(
-    workload: Workload, view: ClusterView, plan: Plan, volumes: list[TierVolumes]
-) -> CostReport:
-    """``solvers.cost_model.evaluate`` with the tier volumes given instead of read off sorted histograms."""
-    n, big_g = view.num_ranks, view.num_groups
-    out = np.zeros((n, 2, 4, 2))
-    memory = np.zeros((n, 4))
-    hot_payload, warm_payload = 0.0, np.zeros(n)
-    uses_warm = uses_cold = False
-    for t, tp, vol in zip(workload.tables, plan.tables, volumes, strict=True):
-        vec = t.vector_bytes
-        out[:, :, :3, :] += lookup_traffic(view, tp.warm_share, vol.warm_volume, vec, within_group=True)
-        out[:, :, :3, :] += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
-        hot_payload += sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
-        warm_payload += tp.warm_share * sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
-        memory[:, 0] += t.row_bytes * tp.hot_rows
-        memory[:, 1] += t.row_bytes * tp.warm_rows * tp.warm_share
-        memory[:, 2] += t.row_bytes * tp.cold_rows * tp.cold_share
-        memory[:, 3] += routing_bytes(tp)
-        uses_warm |= tp.warm_rows > 0
-        uses_cold |= tp.cold_rows > 0
-    out[:, :, IDS, :] += split_bytes(view, len(workload.tables), uses_warm, uses_cold)[:, :, None]
-    hot_sync = hierarchical_allreduce_bytes(view, hot_payload)
-    out[:, :, SYNC, SEND] += hot_sync
-    out[:, :, SYNC, RECV] += hot_sync
-    warm_sync = 2.0 * (big_g - 1.0) / big_g * warm_payload
-    out[:, INTER, SYNC, SEND] += warm_sync
-    out[:, INTER, SYNC, RECV] += warm_sync
-    latency = collective_latency_s(
-        view, uses_warm, uses_cold, hot_payload > 0, bool(warm_payload.any()), plan.sync
-    )
-    per_link = out.sum(axis=2).max(axis=2)
-    bw = np.stack([view.intra_bw_Bps, view.inter_bw_Bps], axis=1)
-    time_s = np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1)
-    return CostReport(bytes=out, time_s=time_s, memory_by_part_bytes=memory, latency_s=latency)
-
-
 def price_in_order(
     workload: Workload, view: ClusterView, plan: Plan, window: Window, orders: dict[str, np.ndarray]
 ) -> tuple[CostReport, float, dict[str, float]]:
@@ -263,7 +213,7 @@ def price_in_order(
         per_table[t.name] = hit / float(c.sum())
         replicated += hit
         total += float(c.sum())
-    return evaluate_with_volumes(workload, view, plan, volumes), replicated / total, per_table
+    return evaluate_volumes(workload, view, plan, volumes), replicated / total, per_table
 
 
 def study(name: str, early: Window, late: Window, view: ClusterView, dedup: bool, config) -> dict:
@@ -283,7 +233,7 @@ def study(name: str, early: Window, late: Window, view: ClusterView, dedup: bool
         check, oracle_cov, oracle_tables = price_in_order(w_late, view, oracle.plan, late, order_late)
         ref = oracle.report.inter_group_bytes
         if not math.isclose(check.inter_group_bytes, ref, rel_tol=1e-9, abs_tol=1e-6):  # self-check
-            raise AssertionError(f"{name}: evaluate_with_volumes {check.inter_group_bytes} != evaluate {ref}")
+            raise AssertionError(f"{name}: evaluate_volumes {check.inter_group_bytes} != evaluate {ref}")
         rec[strategy] = {
             "predicted": 1 - stale.report.inter_group_bytes / rw_early.inter_group_bytes,
             "stale": 1 - stale_rep.inter_group_bytes / rw_late.inter_group_bytes,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flexshard import probe, workloads
+from flexshard.argtypes import positive_float
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report
@@ -25,18 +26,8 @@ DEFAULT_TOPOLOGY = "h100:8"
 DEFAULT_BUDGETS = "1,1.5,2,3,4,6,8"
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
 def _budgets(text: str) -> list[float]:
-    return [_positive_float(x) for x in text.split(",") if x.strip()]
+    return [positive_float(x) for x in text.split(",") if x.strip()]
 
 
 def _add_inputs(p: argparse.ArgumentParser) -> None:
@@ -80,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="workload + topology + budget -> plan file and report")
     _add_inputs(pl)
     pl.add_argument(
-        "--budget", type=_positive_float, default=2.0, help="per-GPU budget as a multiple of row-wise"
+        "--budget", type=positive_float, default=2.0, help="per-GPU budget as a multiple of row-wise"
     )
     pl.add_argument("--strategy", choices=STRATEGIES, default="flexshard")
     pl.add_argument("--no-dedup", action="store_true", help="model no per-rank id dedup")

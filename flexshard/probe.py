@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from flexshard.argtypes import positive_float, positive_int
 from topology import cluster_view, summary, write_json
 from topology.probe.collective import (
     ProbeConfig,
@@ -47,43 +48,23 @@ from topology.probe.collective import (
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="topology JSON to write (rank 0; atomically, only on success)")
     p.add_argument("--quick", action="store_true", help="fewer message sizes and repeats")
     p.add_argument(
-        "--timeout", type=_positive_float, default=60.0, help="seconds any rank may wait (default 60)"
+        "--timeout", type=positive_float, default=60.0, help="seconds any rank may wait (default 60)"
     )
     p.add_argument(
         "--groups",
-        type=_positive_int,
+        type=positive_int,
         help="G groups of consecutive ranks (default: NVML's NVLink domains, else one group per host)",
     )
     p.add_argument(
-        "--nproc", type=_positive_int, default=2, help="local processes when not under a launcher (default 2)"
+        "--nproc", type=positive_int, default=2, help="local processes when not under a launcher (default 2)"
     )
     p.add_argument(
         "--world-size",
-        type=_positive_int,
+        type=positive_int,
         help="ranks to wait for when spawning locally (default --nproc; more waits for other machines)",
     )
     p.add_argument("--name", default="probe", help="topology name (default 'probe')")

@@ -204,15 +204,25 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
     """Modeled per-iteration bytes, time and memory of ``plan`` (see the module docstring)."""
     check_plan(workload, view, plan)
     n = view.num_ranks
+    volumes = [
+        tier_volumes(table_mass(t, workload.lookups_per_gpu(t), n), tp, plan.dedup)
+        for t, tp in zip(workload.tables, plan.tables, strict=True)
+    ]
+    return evaluate_volumes(workload, view, plan, volumes)
+
+
+def evaluate_volumes(
+    workload: Workload, view: ClusterView, plan: Plan, volumes: list[TierVolumes]
+) -> CostReport:
+    """:func:`evaluate` with each table's tier volumes given (e.g. priced on another trace window)."""
+    n = view.num_ranks
     big_g = view.num_groups
     out = np.zeros((n, 2, 4, 2))
     memory = np.zeros((n, 4))  # hot, warm, cold, routing
     hot_payload = 0.0
     warm_payload = np.zeros(n)
     uses_warm = uses_cold = False
-    for t, tp in zip(workload.tables, plan.tables, strict=True):
-        mass = table_mass(t, workload.lookups_per_gpu(t), n)
-        vol = tier_volumes(mass, tp, plan.dedup)
+    for t, tp, vol in zip(workload.tables, plan.tables, volumes, strict=True):
         vec = t.vector_bytes
         out[:, :, :3, :] += lookup_traffic(view, tp.warm_share, vol.warm_volume, vec, within_group=True)
         out[:, :, :3, :] += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
