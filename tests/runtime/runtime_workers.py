@@ -299,30 +299,30 @@ BALANCED_COLD = (3, 1, 2, 2)  # cold lookups per rank (shares 0.375 / 0.125 / 0.
 SCENARIOS = {"main": scenario_main, "small": scenario_small}
 
 
-def run(
-    world: int, plan_path: Path, outdir: Path, scenario: str, timeout_s: float = 120.0, backend: str = "gloo"
-) -> list[dict]:
-    """Spawn ``world`` ranks, wait (with a timeout: a hang fails the test) and load their results."""
-    port = free_port()
-    ctx = mp.start_processes(
-        _worker,
-        args=(world, port, str(plan_path), str(outdir), scenario, backend),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
+def _spawn(target, args: tuple, world: int, outdir: Path, label: str, timeout_s: float) -> list:
+    """Start ``world`` spawned ranks of ``target(rank, *args)``, wait with a timeout (a hang fails
+    the test), kill leftovers on failure, and load the ranks' results."""
+    ctx = mp.start_processes(target, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{scenario}: ranks did not finish within {timeout_s} s")
+                raise TimeoutError(f"{label}: ranks did not finish within {timeout_s} s")
     except Exception:
         for p in ctx.processes:
             if p.is_alive():
                 p.kill()
-        errs = [f.read_text() for f in sorted(outdir.glob("*.err"))]
+        errs = [f.read_text() for f in sorted(Path(outdir).glob("*.err"))]
         raise AssertionError("\n".join(errs) or "worker failed") from None
-    return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def run(
+    world: int, plan_path: Path, outdir: Path, scenario: str, timeout_s: float = 120.0, backend: str = "gloo"
+) -> list[dict]:
+    """Spawn ``world`` ranks running a named scenario and load their results."""
+    args = (world, free_port(), str(plan_path), str(outdir), scenario, backend)
+    return _spawn(_worker, args, world, outdir, scenario, timeout_s)
 
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -343,23 +343,5 @@ def _function_worker(rank: int, world: int, port: int, outdir: str, fn, args: tu
 def run_function(fn, world: int, outdir: Path, *args, timeout_s: float = 120.0) -> list:
     """Spawn ``world`` gloo ranks running ``fn(rank, world, *args)`` (a module-level function) and
     return their results in rank order; a hang past ``timeout_s`` or an error fails the caller."""
-    port = free_port()
-    ctx = mp.start_processes(
-        _function_worker,
-        args=(world, port, str(outdir), fn, args),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{fn.__name__}: ranks did not finish within {timeout_s} s")
-    except Exception:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-        errs = [f.read_text() for f in sorted(Path(outdir).glob("*.err"))]
-        raise AssertionError("\n".join(errs) or "worker failed") from None
-    return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    spawn_args = (world, free_port(), str(outdir), fn, args)
+    return _spawn(_function_worker, spawn_args, world, outdir, fn.__name__, timeout_s)
