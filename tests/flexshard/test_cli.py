@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import fails, run
 
 from flexshard.cli import main
 from flexshard.plan_file import read_plan
@@ -13,21 +14,6 @@ from solvers.types import PlannerError
 from topology import h100_cluster, write_json
 
 SMALL = ["--workload", "synthetic:6:2e6:1.0", "--topology", "h100:2x4"]
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def fails(capsys, *argv: str) -> str:
-    """Run a command that must fail: exit 2 and exactly one line on stderr, returned."""
-    rc, out, err = run(capsys, *argv)
-    assert rc == 2, (rc, out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 def test_plan_writes_a_plan_file_that_reads_back(tmp_path, capsys):

@@ -9,25 +9,12 @@ import time
 
 import numpy as np
 import pytest
+from cli_helpers import fails, run
 
 from flexshard.cli import main
 from topology import cluster_view, read_json
 
 SMALL_WORKLOAD = ["--workload", "synthetic:6:2e6:1.0"]
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def fails(capsys, *argv: str) -> str:
-    rc, out, err = run(capsys, *argv)
-    assert rc == 2, (rc, out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
