@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flexshard import probe, workloads
-from flexshard.argtypes import positive_float
+from flexshard.cli_common import first_line, positive_float
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report
@@ -247,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except (ValueError, OSError) as e:  # PlannerError, TopologyError, unreadable files
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         print(f"flexshard {args.command}: error: {message}", file=sys.stderr)
         return 2
 

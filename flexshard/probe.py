@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flexshard.argtypes import positive_float, positive_int
+from flexshard.cli_common import first_line, positive_float, positive_int
 from topology import cluster_view, summary, write_json
 from topology.probe.collective import (
     ProbeConfig,
@@ -125,7 +125,7 @@ def run_rank(
             try:
                 mine = probe_host(host=infos[rank].host)
             except Exception as err:  # any NVML trouble means: measure instead
-                mine = str(err).splitlines()[0] if str(err) else type(err).__name__
+                mine = first_line(err)
         gathered = all_gather(mine, "nvml", timeout, store)
         probes = {infos[r].host: gathered[r] for r in first_of_host.values()}
         notes = _nvml_notes(probes)
@@ -203,7 +203,7 @@ def _child(rank: int, world_size: int, port: int, nproc: int, options: dict[str,
         text = run_rank(rank, world_size, "127.0.0.1", port, options, backend=backend)
         results.put(("ok", rank, text))
     except BaseException as err:  # report every failure to the parent, in one line
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        message = first_line(err)
         results.put(("error", rank, message))
         code = 1
     results.close()
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except (ValueError, OSError) as e:  # ProbeError, TopologyError, unwritable files
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         print(f"flexshard probe: error: {message}", file=sys.stderr)
         return 2
 

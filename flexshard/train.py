@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch.nn import functional
 
 from flexshard import checkpoint
+from flexshard.cli_common import first_line
 from flexshard.model import OBJECTIVES, Batch, DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding, emulated_groups, seeded_initializer
@@ -575,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(e), file=sys.stderr, flush=True)
         return 1
     except (ValueError, OSError) as e:  # PlannerError, CheckpointError, the module's input checks
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        message = first_line(e)
         print(f"flexshard train: error: {message}", file=sys.stderr, flush=True)
         return 2
     finally:

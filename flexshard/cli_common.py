@@ -1,4 +1,4 @@
-"""argparse value types shared by the command-line entry points."""
+"""Pieces shared by the command-line entry points: argparse value types, one-line errors."""
 
 from __future__ import annotations
 
@@ -24,3 +24,9 @@ def positive_float(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return value
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none), for one-line errors."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
