@@ -26,7 +26,7 @@ import pulp
 
 from solvers.bounds import lagrange_bound
 from solvers.coefficients import TableCoefficients, fixed_time_s, table_coefficients
-from solvers.cost_model import table_plan
+from solvers.cost_model import row_wise_memory_bytes, table_plan
 from solvers.types import Plan, PlannerError, Workload
 from topology.views import ClusterView
 
@@ -121,9 +121,11 @@ def optimize_tiers(
     warm_possible = cfg.allow_warm and view.num_groups > 1 and view.uniform_group_size not in (None, 1)
     floor_bytes = float(sum(c.memory_bytes[COLD].sum() for c in coeffs))
     if budget_bytes < floor_bytes * (1 - 1e-12):
+        rw = row_wise_memory_bytes(workload, view)
         raise PlannerError(
-            f"budget: {budget_bytes / 2**30:.3f} GiB per GPU is infeasible; the smallest feasible budget is "
-            f"{floor_bytes / 2**30:.3f} GiB per GPU (every row cold, split over {view.num_ranks} GPUs)"
+            f"budget: {budget_bytes:,.0f} bytes ({budget_bytes / rw:.3g}x row-wise) per GPU is infeasible; "
+            f"the smallest feasible budget is {floor_bytes:,.0f} bytes ({floor_bytes / rw:.3g}x row-wise) "
+            f"per GPU (every row cold, split over {view.num_ranks} GPUs)"
         )
     ntab = len(workload.tables)
     candidates = []
