@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from solvers.types import CostReport, Plan, PlannerError, TablePlan, Workload
+from topology.io import atomic_open
 from topology.views import ClusterView
 
 SCHEMA = "flexshard-plan/1"
@@ -100,17 +100,10 @@ def to_dict(
 
 
 def write_plan(path: str | os.PathLike, document: dict[str, Any]) -> None:
-    """Write atomically: a temporary file in the same folder, then a rename, so no partial file is left."""
-    path = Path(path)
+    """Write atomically (:func:`topology.io.atomic_open`), so no partial file is left."""
     text = json.dumps(document, indent=1)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        f.write(text + "\n")
 
 
 def read_plan(path: str | os.PathLike) -> PlanFile:

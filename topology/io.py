@@ -7,8 +7,9 @@ import inspect
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import networkx as nx
 
@@ -20,21 +21,30 @@ from topology.views import TopologyError
 _EDGES_KW = "edges" if "edges" in inspect.signature(nx.node_link_data).parameters else "link"
 
 
-def write_json(G: nx.Graph, path: str | os.PathLike) -> None:
-    """Validate ``G`` and write it as node-link JSON, atomically (temp file in the same dir, then replace)."""
-    validate(G)
-    data = nx.node_link_data(G, **{_EDGES_KW: "edges"})
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing and move it onto ``path`` when the block ends
+    without an exception (``os.replace``); on an exception the temporary file is removed and ``path``
+    is left as it was. ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1, allow_nan=False)
-            f.write("\n")
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_json(G: nx.Graph, path: str | os.PathLike) -> None:
+    """Validate ``G`` and write it as node-link JSON, atomically (:func:`atomic_open`)."""
+    validate(G)
+    data = nx.node_link_data(G, **{_EDGES_KW: "edges"})
+    with atomic_open(path) as f:
+        json.dump(data, f, indent=1, allow_nan=False)
+        f.write("\n")
 
 
 def _check_structure(data: Any, where: str) -> str:

@@ -9,12 +9,10 @@ reader never sees a partial file. Loading validates everything and raises Planne
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import struct
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
+from topology.io import atomic_open
 
 FORMAT = "flexshard-stats"
 VERSION = 1
@@ -117,23 +116,13 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
         "tables": tables_meta,
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    parent = path.parent if str(path.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise PlannerError(f"{path}: cannot write the stats file ({exc.strerror})") from exc
-    try:
-        with os.fdopen(fd, "wb") as fh:
+        with atomic_open(path, "wb") as fh:
             np.savez(fh, **arrays)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise PlannerError(f"{path}: cannot write the stats file ({exc.strerror or exc})") from exc
-        raise
+    except OSError as exc:
+        raise PlannerError(f"{path}: cannot write the stats file ({exc.strerror or exc})") from exc
     return path
 
 

@@ -338,3 +338,19 @@ def test_errors_are_value_errors_and_one_line():
     with pytest.raises(ValueError) as err:
         from_preset("nope")
     assert "\n" not in str(err.value)
+
+
+def test_atomic_open_replaces_on_success_and_keeps_the_old_file_on_error(tmp_path):
+    from topology.io import atomic_open
+
+    target = tmp_path / "out.txt"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError, match="boom"), atomic_open(target) as f:
+        f.write("half")
+        raise RuntimeError("boom")
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]  # no temporary file left
+    with atomic_open(target, "wb") as f:
+        f.write(b"new\n")
+    assert target.read_bytes() == b"new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
