@@ -14,9 +14,13 @@ the hottest 10% of items) plus a 5% uniform tail, history lengths uniform in ``1
 are deterministic in ``(seed, step, rank)``: sample ``i`` of a rank's batch is a user (or synthetic
 history), a cut point and ``--negatives`` random items.
 
-Plan: ``--plan PATH`` (a plan file) or planned on the fly by ``solvers.planner.make_plan`` for
-``uniform_view(G, world / G)`` (``--groups G`` emulates G NVLink domains of consecutive ranks) at
-``--budget`` times row-wise memory (on rank 0, then broadcast).
+Plan: ``--plan PATH`` (a plan file) or planned on the fly by ``solvers.planner.make_plan`` with
+``--strategy`` (default ``flexshard``; or a baseline such as ``row_wise``: every row cold, split
+evenly over all ranks) for ``uniform_view(G, world / G)`` (``--groups G`` emulates G NVLink domains
+of consecutive ranks) at ``--budget`` times row-wise memory (on rank 0, then broadcast).
+``--strategy`` and ``--plan`` are exclusive. A plan file may cover more tables than the model uses (a
+plan made from ``flexshard stats`` of the same data also has its ``item_attribute`` table): those
+entries are dropped, and its predicted metrics still describe the whole plan.
 
 Gradients: each rank's loss is its batch mean divided by the world size; embedding rows get the sum
 over ranks (the module's semantics) and dense gradients are all-reduced with SUM, so both follow the
@@ -33,6 +37,16 @@ training goes on, and GPU ``index_add_`` sums in a nondeterministic order). The 
 ends the run on every rank with exit status 1 and a ``verify: FAILED ...`` line; success prints
 ``verify: OK (N steps, all rows of all copies match)``.
 
+``--metrics-out PATH``: rank 0 writes a JSON Lines file: a ``header`` record (run config, world,
+groups, data, the plan's strategy, tier sizes per table and the cost model's ``predicted`` metrics
+from the plan), one ``step`` record per step (``loss``: the global mean loss printed on the step
+line; ``elapsed_s``: the slowest rank's step time in seconds; ``bytes``: this step's bytes per rank
+per link class, ``max(send, recv)`` summed over components, as ``{"max": ..., "mean": ...}`` over
+ranks; ``bytes_by_component``: the same per link class and component ``ids`` / ``forward`` /
+``backward`` / ``sync`` (``max(send, recv)`` of that component alone)), and an ``end`` record (steps
+run, verify outcome). The file is written at the end (temporary file + rename): a failed run leaves
+no file, or the previous one unchanged.
+
 Exit status: 0 success, 1 verification failure, 2 bad input (one ``flexshard train: error:`` line).
 """
 
@@ -40,11 +54,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +74,9 @@ from flexshard.model import OBJECTIVES, Batch, DenseOptimizer, SequenceRecModel,
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding, emulated_groups, seeded_initializer
 from flexshard.runtime.sharded import OPTIMIZERS
-from solvers.planner import budget_bytes, make_plan
-from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
+from solvers.planner import STRATEGIES, budget_bytes, make_plan
+from solvers.types import COMPONENTS, LINK_CLASSES, PlannerError, RowHistogram, TableSpec, Workload
+from topology.io import atomic_open
 from topology.views import uniform_view
 
 TOLERANCE = 1e-5
@@ -304,7 +321,7 @@ def _plan(args, source, world: int, rank: int) -> PlanFile:
         plan_file = read_plan(args.plan)
         if args.groups is not None and args.groups != len(plan_file.groups):
             raise PlannerError(f"--groups {args.groups}: the plan file has {len(plan_file.groups)} groups")
-        return plan_file
+        return _model_tables(plan_file, [name for name, _rows, _dim in source.tables])
     groups = 1 if args.groups is None else args.groups
     emulated_groups(world, groups)  # checks that groups divide the world size
     doc: list = [None]
@@ -313,7 +330,12 @@ def _plan(args, source, world: int, rank: int) -> PlanFile:
             workload = source.workload()
             view = uniform_view(groups, world // groups, INTRA_BW_BPS, INTER_BW_BPS)
             planned = make_plan(
-                "flexshard", workload, view, budget_bytes(workload, view, args.budget), args.dedup, "sparse"
+                args.strategy or "flexshard",
+                workload,
+                view,
+                budget_bytes(workload, view, args.budget),
+                args.dedup,
+                "sparse",
             )
             from flexshard.workloads import fingerprint
 
@@ -327,6 +349,17 @@ def _plan(args, source, world: int, rank: int) -> PlanFile:
         path = Path(tmp) / "plan.json"
         write_plan(path, doc[0])
         return read_plan(path)
+
+
+def _model_tables(plan_file: PlanFile, names: list[str]) -> PlanFile:
+    """The plan restricted to the model's tables, in the model's order. A plan made from the whole data
+    set (``flexshard stats`` adds e.g. an ``item_attribute`` table the model does not use) covers more
+    tables; their entries are dropped. A model table the plan lacks is left for the module's check."""
+    by_name = {t.name: t for t in plan_file.plan.tables}
+    if set(by_name) == set(names) or not set(names) <= set(by_name):
+        return plan_file
+    plan = replace(plan_file.plan, tables=tuple(by_name[n] for n in names))
+    return replace(plan_file, plan=plan)
 
 
 def _allreduce_dense_grads(model: torch.nn.Module, world: int) -> None:
@@ -362,6 +395,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="a 'user item item ...' sequence file (default: embedded synthetic data)")
     p.add_argument("--plan", help="a plan file (default: plan on the fly with make_plan)")
     p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=None,
+        help="strategy when planning on the fly (default flexshard; not with --plan)",
+    )
+    p.add_argument(
         "--groups", type=int, default=None, help="emulated groups of consecutive ranks (default 1)"
     )
     p.add_argument(
@@ -390,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir"
     )
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
+    p.add_argument(
+        "--metrics-out",
+        help="rank 0 writes per-step loss and bytes per link class / component here (JSON Lines)",
+    )
     return p
 
 
@@ -403,6 +446,8 @@ def _check_args(args) -> None:
         raise PlannerError("--lr and --budget must be positive")
     if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
         raise PlannerError("--resume and --checkpoint-every need --checkpoint-dir")
+    if args.plan and args.strategy is not None:
+        raise PlannerError("--strategy and --plan are exclusive (--strategy plans on the fly)")
 
 
 def run(args) -> int:
@@ -416,6 +461,11 @@ def run(args) -> int:
     out = print if rank == 0 else (lambda *a, **k: None)
     src_args = (args.dim, args.max_len, args.negatives, args.batch_size, args.seed)
     source = SequenceFileSource(args.data, *src_args) if args.data else SyntheticSource(*src_args)
+    if args.metrics_out:
+        problem = _check_metrics_path(args.metrics_out) if rank == 0 else ""
+        problem = _agree_message(problem)
+        if problem:
+            raise PlannerError(problem)
     plan_file = _plan(args, source, world, rank)
 
     torch.manual_seed(args.seed)
@@ -448,13 +498,17 @@ def run(args) -> int:
         f"backend {dist.get_backend()}, device {device}, data {source.describe()}"
     )
     out(
-        "plan: "
+        f"plan ({plan_file.plan.strategy}): "
         + ", ".join(
             f"{t.name} hot/warm/cold {t.hot_rows}/{t.warm_rows}/{t.cold_rows}" for t in plan_file.plan.tables
         )
         + f"; optimizer {args.optimizer}, lr {args.lr}, dedup {'on' if args.dedup else 'off'}, "
         f"batch {args.batch_size} per rank, objective {args.objective}"
     )
+
+    records: list[dict] = []
+    if args.metrics_out:
+        records.append(_header_record(args, world, source, plan_file, device, start))
 
     reference = None
     if args.verify:
@@ -491,6 +545,8 @@ def run(args) -> int:
         loss_sum = stats[:1].clone()
         dist.all_reduce(loss_sum)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        if args.metrics_out:
+            records.append(_step_record(step + 1, float(loss_sum), elapsed, module.traffic, world, device))
         if not args.quiet:
             out(
                 f"step {step + 1}/{args.steps} loss {float(loss_sum):.6f} "
@@ -524,7 +580,87 @@ def run(args) -> int:
         if message:
             raise VerifyError(message)
         out(f"verify: OK ({args.steps - start} steps, all rows of all copies match)")
+    if args.metrics_out and rank == 0:
+        records.append({"kind": "end", "steps": args.steps - start, "verify": "OK" if args.verify else None})
+        _write_jsonl(Path(args.metrics_out), records)
+        out(f"metrics: wrote {args.metrics_out} ({args.steps - start} steps)")
     return 0
+
+
+# --- metrics -----------------------------------------------------------------------------------------
+
+
+def _check_metrics_path(path: str) -> str:
+    """'' if ``path``'s folder exists and ``path`` is not a folder, else an error message."""
+    target = Path(path)
+    if target.is_dir():
+        return f"--metrics-out: {path} is a directory"
+    if not target.resolve().parent.is_dir():
+        return f"--metrics-out: {path}: folder {target.parent} does not exist"
+    return ""
+
+
+def _header_record(args, world: int, source, plan_file: PlanFile, device: torch.device, start: int) -> dict:
+    """The run's configuration and the plan (tiers per table, the cost model's predicted metrics)."""
+    return {
+        "kind": "header",
+        "config": {k: v for k, v in vars(args).items() if k != "metrics_out"},
+        "world": world,
+        "groups": plan_file.groups,
+        "backend": dist.get_backend(),
+        "device": str(device),
+        "data": source.describe(),
+        "start_step": start,
+        "link_classes": list(LINK_CLASSES),
+        "components": list(COMPONENTS),
+        "plan": {
+            "strategy": plan_file.plan.strategy,
+            "dedup": plan_file.plan.dedup,
+            "sync": plan_file.plan.sync,
+            "tables": [
+                {"name": t.name, "hot_rows": t.hot_rows, "warm_rows": t.warm_rows, "cold_rows": t.cold_rows}
+                for t in plan_file.plan.tables
+            ],
+            "predicted": plan_file.predicted,
+        },
+    }
+
+
+def _step_record(
+    step: int, loss: float, elapsed_s: float, traffic: np.ndarray, world: int, device: torch.device
+) -> dict:
+    """One step's record (collective: gathers every rank's ``[2 links, 4 components, 2 directions]``
+    traffic array in bytes and its step time in seconds, as float64)."""
+    mine = torch.as_tensor(np.concatenate([[elapsed_s], traffic.reshape(-1)]), dtype=torch.float64)
+    mine = mine.to(device)
+    everyone = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    rows = torch.stack(everyone).cpu().numpy()  # [world, 1 + 16]
+    per_rank = rows[:, 1:].reshape(world, len(LINK_CLASSES), len(COMPONENTS), 2)
+    link = per_rank.sum(axis=2).max(axis=2)  # [world, links]: max(send, recv) of the component sum
+    comp = per_rank.max(axis=3)  # [world, links, components]
+
+    def stat(x: np.ndarray) -> dict[str, float]:
+        return {"max": float(x.max()), "mean": float(x.mean())}
+
+    return {
+        "kind": "step",
+        "step": step,
+        "loss": loss,
+        "elapsed_s": float(rows[:, 0].max()),
+        "bytes": {lk: stat(link[:, li]) for li, lk in enumerate(LINK_CLASSES)},
+        "bytes_by_component": {
+            lk: {c: stat(comp[:, li, ci]) for ci, c in enumerate(COMPONENTS)}
+            for li, lk in enumerate(LINK_CLASSES)
+        },
+    }
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    """Write ``records`` one JSON object a line, atomically (:func:`topology.io.atomic_open`)."""
+    with atomic_open(path) as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
 
 
 def _final_check(module: ShardedSequenceEmbedding, dense, reference: Reference, rank: int) -> str:

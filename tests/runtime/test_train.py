@@ -1,5 +1,6 @@
 """``flexshard.train``: multi-process training with ``--verify`` against the unsharded reference, a
-deliberately wrong reference, sharded checkpoint / resume, a real-data run, and argument errors.
+deliberately wrong reference, sharded checkpoint / resume, a real-data run, ``--strategy`` (every
+strategy the runtime accepts trains and verifies), ``--metrics-out``, and argument errors.
 
 Ranks are spawned gloo processes that call ``main(argv)`` with the launcher's environment set (as
 torchrun would); see ``train_workers.py``."""
@@ -230,6 +231,8 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
         (["--resume"], "--resume and --checkpoint-every need --checkpoint-dir"),
         (["--groups", "3"], "3 groups do not divide world size 1"),
         (["--data", "/nonexistent/x.txt"], "--data: /nonexistent/x.txt: no such file"),
+        (["--plan", "p.json", "--strategy", "row_wise"], "--strategy and --plan are exclusive"),
+        (["--metrics-out", "/nonexistent/dir/m.jsonl"], "--metrics-out: /nonexistent/dir/m.jsonl: folder"),
     ],
 )
 def test_bad_arguments(monkeypatch, capsys, argv, message):
@@ -238,6 +241,7 @@ def test_bad_arguments(monkeypatch, capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("flexshard train: error:") and message in err
+    assert err.count("\n") == 1  # one line
 
 
 def test_synthetic_batches_are_deterministic():
@@ -249,3 +253,111 @@ def test_synthetic_batches_are_deterministic():
     assert x.candidates["item"].shape == (8, 5)
     assert np.array_equal(x.history["creator"], x.history["item"] // 10)
     assert not np.array_equal(src.batch(5, 2).history["item"][:5], x.history["item"][:5])
+
+
+# --- --strategy and --metrics-out ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def strategies(tmp_path_factory):
+    """4 ranks as 2 groups of 2, 3 steps each: row-wise and FlexShard with --metrics-out, every other
+    strategy with --verify, and a failing verify run with --metrics-out (must leave no file)."""
+    from solvers.planner import STRATEGIES
+
+    root = tmp_path_factory.mktemp("strategies")
+    base = ["--groups", "2", "--steps", "3", *SMALL]
+    calls = [
+        ([*base, "--strategy", "row_wise", "--verify", "--metrics-out", str(root / "rw.jsonl")], None),
+        ([*base, "--metrics-out", str(root / "fs.jsonl")], None),
+        ([*base, "--verify", "--metrics-out", str(root / "bad.jsonl")], "corrupt_reference"),
+    ]
+    others = [s for s in STRATEGIES if s not in ("row_wise", "flexshard")]
+    for s in others:  # table-wise puts a whole table on one rank: it needs the larger budget
+        calls.append(([*base, "--strategy", s, "--verify", "--budget", "5"], None))
+    results = run_main(4, calls, root / "run", timeout_s=180.0)
+    return {"root": root, "results": results, "others": others}
+
+
+def _records(path) -> list[dict]:
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_row_wise_strategy_is_all_cold_and_verifies(strategies):
+    calls = _call(strategies["results"], 0)
+    assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
+    out = calls[0]["out"]
+    assert "plan (row_wise): item hot/warm/cold 0/0/50000, creator hot/warm/cold 0/0/5000" in out
+    assert out.rstrip().splitlines()[-2] == "verify: OK (3 steps, all rows of all copies match)"
+    header = _records(strategies["root"] / "rw.jsonl")[0]
+    assert header["plan"]["strategy"] == "row_wise" and header["config"]["strategy"] == "row_wise"
+    for t in header["plan"]["tables"]:
+        assert t["hot_rows"] == t["warm_rows"] == 0 and t["cold_rows"] > 0
+    assert header["plan"]["predicted"]["sync_bytes"] == 0.0  # nothing replicated
+
+
+def test_metrics_out_matches_printed_steps(strategies):
+    for i, name in ((0, "rw.jsonl"), (1, "fs.jsonl")):
+        out = _call(strategies["results"], i)[0]["out"]
+        records = _records(strategies["root"] / name)
+        assert [r["kind"] for r in records] == ["header", "step", "step", "step", "end"]
+        assert records[0]["world"] == 4 and records[0]["groups"] == [[0, 1], [2, 3]]
+        assert set(records[0]["plan"]["predicted"]) >= {"inter_group_bytes", "intra_group_bytes"}
+        assert records[-1] == {"kind": "end", "steps": 3, "verify": "OK" if i == 0 else None}
+        lines = [ln.split() for ln in out.splitlines() if ln.startswith("step ")]
+        for rec, words in zip(records[1:-1], lines, strict=True):
+            assert words[1] == f"{rec['step']}/3"
+            assert words[3] == f"{rec['loss']:.6f}"
+            assert words[7] == f"{rec['bytes']['intra_group']['max']:,.0f}"
+            assert words[10] == f"{rec['bytes']['inter_group']['max']:,.0f}"
+            assert rec["elapsed_s"] > 0
+            for link in ("intra_group", "inter_group"):
+                b = rec["bytes"][link]
+                assert 0 <= b["mean"] <= b["max"]
+                comp = rec["bytes_by_component"][link]
+                assert set(comp) == {"ids", "forward", "backward", "sync"}
+                assert all(0 <= v["mean"] <= v["max"] for v in comp.values())
+                assert sum(v["max"] for v in comp.values()) >= b["max"]  # max(send, recv) per part
+        assert not list(strategies["root"].glob(f".{name}.*"))  # no temporary file left
+    # the row-wise plan replicates nothing; FlexShard's does, and learns the same losses
+    rw, fs = (_records(strategies["root"] / n) for n in ("rw.jsonl", "fs.jsonl"))
+    assert all(r["bytes_by_component"]["inter_group"]["sync"]["max"] == 0 for r in rw[1:-1])
+    assert any(r["bytes_by_component"]["intra_group"]["sync"]["max"] > 0 for r in fs[1:-1])
+    for a, b in zip(rw[1:-1], fs[1:-1], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=0, abs=1e-5)
+
+
+def test_failed_run_writes_no_metrics(strategies):
+    calls = _call(strategies["results"], 2)
+    assert [c["rc"] for c in calls] == [1, 1, 1, 1]
+    assert not (strategies["root"] / "bad.jsonl").exists()
+    assert not list(strategies["root"].glob(".bad.jsonl.*"))
+
+
+def test_every_runtime_strategy_verifies(strategies):
+    for i, name in enumerate(strategies["others"], start=3):
+        calls = _call(strategies["results"], i)
+        assert [c["rc"] for c in calls] == [0, 0, 0, 0], (name, [c["err"] for c in calls])
+        out = calls[0]["out"]
+        assert f"plan ({name}):" in out
+        assert out.rstrip().endswith("verify: OK (3 steps, all rows of all copies match)")
+
+
+def test_plan_restricted_to_the_model_tables():
+    """A plan made from the whole data set (three tables) is cut to the model's two, in its order."""
+    from flexshard.plan_file import PlanFile
+    from flexshard.train import _model_tables
+    from solvers.types import Plan, TablePlan
+
+    def table(name: str, rows: int) -> TablePlan:
+        return TablePlan(name, 1, 0, rows - 1, np.full(2, 0.5), np.full(2, 0.5))
+
+    tables = (table("item_id", 10), table("item_attribute", 5), table("user_id", 7))
+    plan_file = PlanFile(Plan("flexshard", tables, True), 2, [[0], [1]], {}, {})
+    cut = _model_tables(plan_file, ["user_id", "item_id"])
+    assert [t.name for t in cut.plan.tables] == ["user_id", "item_id"]
+    assert cut.plan.tables[1] is tables[0] and cut.groups == plan_file.groups
+    assert [t.name for t in plan_file.plan.tables] == ["item_id", "item_attribute", "user_id"]  # unchanged
+    assert _model_tables(plan_file, ["item_id", "item_attribute", "user_id"]) is plan_file
+    assert _model_tables(plan_file, ["item_id", "genre"]) is plan_file  # the module names the missing table
