@@ -219,6 +219,16 @@ def zipf_table(
     )
 
 
+def sample_ids(hist: RowHistogram, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` row ids (int64) drawn independently from a table's access distribution, as the cost model
+    assumes; row ``i`` is the ``i``-th hottest (apply a hotness order to get real ids). Vectorised: a
+    bucket by its mass, then a uniform row inside it."""
+    mass = hist.rows * hist.prob
+    bucket = rng.choice(hist.rows.size, size=n, p=mass / mass.sum())
+    starts = np.cumsum(hist.rows) - hist.rows
+    return starts[bucket] + (rng.random(n) * hist.rows[bucket]).astype(np.int64)
+
+
 def iteration_lookups(
     ids_per_sample: float,
     num_gpus: int = REFERENCE_GPUS,

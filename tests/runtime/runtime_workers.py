@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from flexshard.plan_file import OWNER_PATTERN_PERIOD, PlanFile, read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding, complete_order, seeded_initializer
+from flexshard.runtime.local import run_on_ranks
 from solvers.cost_model import evaluate
 from solvers.placement import interleave_pattern
 from solvers.types import Plan, RowHistogram, TablePlan, TableSpec, Workload
@@ -23,12 +18,6 @@ from topology.views import uniform_view
 TABLES = [("a", 120, 4), ("b", 300, 8), ("c", 60, 16)]
 TIERS = {"a": (10, 30), "b": (20, 80), "c": (5, 15)}  # hot, warm rows
 SEED = 7
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_orders() -> dict[str, np.ndarray]:
@@ -189,19 +178,8 @@ def check_training(plan_file, results, optimizer: str, steps: int) -> None:
 # --- the spawned process ---------------------------------------------------------------------------
 
 
-def _worker(
-    rank: int, world: int, port: int, plan_path: str, outdir: str, scenario: str, backend: str
-) -> None:
-    try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        torch.set_num_threads(1)
-        result = SCENARIOS[scenario](rank, world, read_plan(plan_path))
-        torch.save(result, Path(outdir) / f"rank{rank}.pt")
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        (Path(outdir) / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
+def _scenario(rank: int, world: int, plan_path: str, scenario: str) -> dict:
+    return SCENARIOS[scenario](rank, world, read_plan(plan_path))
 
 
 def _train(model, world, rank, steps, seed):
@@ -299,49 +277,16 @@ BALANCED_COLD = (3, 1, 2, 2)  # cold lookups per rank (shares 0.375 / 0.125 / 0.
 SCENARIOS = {"main": scenario_main, "small": scenario_small}
 
 
-def _spawn(target, args: tuple, world: int, outdir: Path, label: str, timeout_s: float) -> list:
-    """Start ``world`` spawned ranks of ``target(rank, *args)``, wait with a timeout (a hang fails
-    the test), kill leftovers on failure, and load the ranks' results."""
-    ctx = mp.start_processes(target, args=args, nprocs=world, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{label}: ranks did not finish within {timeout_s} s")
-    except Exception:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-        errs = [f.read_text() for f in sorted(Path(outdir).glob("*.err"))]
-        raise AssertionError("\n".join(errs) or "worker failed") from None
-    return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
-
-
 def run(
-    world: int, plan_path: Path, outdir: Path, scenario: str, timeout_s: float = 120.0, backend: str = "gloo"
+    world: int, plan_path: Path, scenario: str, timeout_s: float = 120.0, backend: str = "gloo"
 ) -> list[dict]:
     """Spawn ``world`` ranks running a named scenario and load their results."""
-    args = (world, free_port(), str(plan_path), str(outdir), scenario, backend)
-    return _spawn(_worker, args, world, outdir, scenario, timeout_s)
+    return run_on_ranks(
+        _scenario, world, str(plan_path), scenario, backend=backend, timeout_s=timeout_s, label=scenario
+    )
 
 
-os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-
-
-def _function_worker(rank: int, world: int, port: int, outdir: str, fn, args: tuple) -> None:
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        torch.set_num_threads(1)
-        torch.save(fn(rank, world, *args), Path(outdir) / f"rank{rank}.pt")
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException:
-        (Path(outdir) / f"rank{rank}.err").write_text(traceback.format_exc())
-        raise
-
-
-def run_function(fn, world: int, outdir: Path, *args, timeout_s: float = 120.0) -> list:
+def run_function(fn, world: int, *args, timeout_s: float = 120.0) -> list:
     """Spawn ``world`` gloo ranks running ``fn(rank, world, *args)`` (a module-level function) and
     return their results in rank order; a hang past ``timeout_s`` or an error fails the caller."""
-    spawn_args = (world, free_port(), str(outdir), fn, args)
-    return _spawn(_function_worker, spawn_args, world, outdir, fn.__name__, timeout_s)
+    return run_on_ranks(fn, world, *args, timeout_s=timeout_s)

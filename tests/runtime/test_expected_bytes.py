@@ -16,7 +16,7 @@ from runtime_workers import run_function
 
 from flexshard.plan_file import read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding
-from flexshard.workloads import zipf_table
+from flexshard.workloads import sample_ids, zipf_table
 from solvers.cost_model import evaluate
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import LINK_CLASSES, Workload
@@ -35,14 +35,6 @@ def workload() -> Workload:
     return Workload("expected-bytes", tables, batch_size_per_gpu=BATCH)
 
 
-def draw(hist, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` ids drawn independently from a hotness histogram (row id = hotness rank)."""
-    mass = hist.rows * hist.prob
-    bucket = rng.choice(hist.rows.size, size=n, p=mass / mass.sum())
-    starts = np.concatenate([[0], np.cumsum(hist.rows)[:-1]])
-    return starts[bucket] + (rng.random(n) * hist.rows[bucket]).astype(np.int64)
-
-
 def measure(rank: int, world: int, plan_path: str) -> np.ndarray:
     wl = workload()
     plan_file = read_plan(plan_path)
@@ -53,7 +45,7 @@ def measure(rank: int, world: int, plan_path: str) -> np.ndarray:
     for _ in range(ITERATIONS):
         feats = {}
         for t in wl.tables:
-            values = torch.as_tensor(draw(t.hist, BATCH * LENGTH, rng))
+            values = torch.as_tensor(sample_ids(t.hist, BATCH * LENGTH, rng))
             feats[t.name] = (values, torch.full((BATCH,), LENGTH, dtype=torch.int64))
         out = model(feats)
         sum(o.sum() for o in out.values()).backward()
@@ -73,7 +65,7 @@ def test_expected_bytes_match_the_cost_model(tmp_path, dedup):
     assert all(c for _, _, c in tiers), tiers  # and something cold
     plan_path = tmp_path / "plan.json"
     write_plan(plan_path, to_dict(planned.plan, wl, view, planned.report, "test"))
-    measured = run_function(measure, GROUPS * GROUP_SIZE, tmp_path, str(plan_path))
+    measured = run_function(measure, GROUPS * GROUP_SIZE, str(plan_path))
     predicted = evaluate(wl, view, planned.plan)
     for li, link in enumerate(LINK_CLASSES):
         got = np.mean([m[li].sum(axis=0).max() for m in measured])  # max(send, recv), all components

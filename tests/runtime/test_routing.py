@@ -86,7 +86,7 @@ def test_nccl_on_the_local_gpus(tmp_path):
     world = torch.cuda.device_count()
     plan = write_test_plan(tmp_path / "plan.json", 1, world)
     (tmp_path / "out").mkdir()
-    results = run(world, plan, tmp_path / "out", "small", backend="nccl", timeout_s=300.0)
+    results = run(world, plan, "small", backend="nccl", timeout_s=300.0)
     init = seeded_initializer(SEED)
     w = {name: init(name, rows, dim) for name, rows, dim in TABLES}
     for r, res in enumerate(results):

@@ -39,7 +39,7 @@ def four(tmp_path_factory):
     d = tmp_path_factory.mktemp("four")
     plan = write_test_plan(d / "plan.json", 2, 2, COLD_SHARE_4, WARM_SHARE_4)
     (d / "out").mkdir()
-    return read_plan(plan), run(4, plan, d / "out", "main")
+    return read_plan(plan), run(4, plan, "main")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def eight(tmp_path_factory):
     d = tmp_path_factory.mktemp("eight")
     plan = write_test_plan(d / "plan.json", 4, 2, COLD_SHARE_8, WARM_SHARE_8)
     (d / "out").mkdir()
-    return read_plan(plan), run(8, plan, d / "out", "small", timeout_s=180.0)
+    return read_plan(plan), run(8, plan, "small", timeout_s=180.0)
 
 
 def expected_traffic(plan_file, batches: list[dict], dedup: bool, sync: str = "sparse") -> np.ndarray:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from runtime_workers import free_port
+
+from flexshard.runtime.local import free_port
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 

@@ -238,3 +238,17 @@ def test_synthetic_workload_benchmark_size() -> None:
 def test_defaults_are_the_documented_constants() -> None:
     assert (DEFAULT_ALPHA, HEAD_ROWS_PER_LOOKUP, DEFAULT_TAIL_MASS) == (0.87, 0.08, 0.045)
     assert (REFERENCE_GPUS, SYNTHETIC_REFERENCE_GPUS) == (64, 128)
+
+
+def test_sample_ids_follow_the_histogram():
+    """Buckets: 2 rows of 0.3, 1 row of 0.2, 4 rows of 0.05 (sum 1): each row's frequency over 200k
+    draws is within 5 standard errors of its probability, and ids stay inside the table."""
+    from flexshard.workloads import sample_ids
+
+    hist = RowHistogram(np.array([2, 1, 4]), np.array([0.3, 0.2, 0.05]))
+    n = 200_000
+    ids = sample_ids(hist, n, np.random.default_rng(3))
+    assert ids.dtype == np.int64 and ids.min() >= 0 and ids.max() <= 6
+    freq = np.bincount(ids, minlength=7) / n
+    want = np.array([0.3, 0.3, 0.2, 0.05, 0.05, 0.05, 0.05])
+    assert np.all(np.abs(freq - want) < 5 * np.sqrt(want * (1 - want) / n))

@@ -1,0 +1,71 @@
+"""Run a function on several local ranks (spawned processes on this host, one process group).
+
+For tests, experiments and examples that need a real multi-process torch.distributed job without a
+launcher. Each rank joins a process group over the loopback interface, runs the function, and saves
+what it returns. A rank that fails writes its traceback. :func:`run_on_ranks` waits until a
+deadline, kills the remaining ranks when one fails or hangs, and raises with the ranks' tracebacks,
+so no rank is left running.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from topology.probe.collective import free_port
+
+__all__ = ["free_port", "run_on_ranks"]
+
+
+def _rank_main(
+    rank: int, world: int, port: int, backend: str, outdir: str, fn: Callable[..., Any], args: tuple
+) -> None:
+    try:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        torch.set_num_threads(1)
+        torch.save(fn(rank, world, *args), Path(outdir) / f"rank{rank}.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(outdir) / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def run_on_ranks(
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+    label: str | None = None,
+) -> list[Any]:
+    """Spawn ``world`` ranks that each run ``fn(rank, world, *args)`` (a module-level function) inside
+    an initialised process group (``backend``, one thread per rank), and return what they returned, in
+    rank order. Raises ``RuntimeError`` with every failed rank's traceback when a rank fails, or after
+    ``timeout_s`` seconds when one hangs; the remaining ranks are killed either way."""
+    label = label or getattr(fn, "__name__", "ranks")
+    with tempfile.TemporaryDirectory(prefix="flexshard-ranks-") as outdir:
+        spawn_args = (world, free_port(), backend, outdir, fn, args)
+        ctx = mp.start_processes(_rank_main, args=spawn_args, nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{label}: ranks did not finish within {timeout_s:g} s")
+        except Exception as exc:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            errs = [f.read_text() for f in sorted(Path(outdir).glob("*.err"))]
+            raise RuntimeError("\n".join(errs) or f"{label}: {exc}") from None
+        return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
