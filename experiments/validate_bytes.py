@@ -1,0 +1,674 @@
+"""Cost model vs measured bytes: the runtime's traffic counters on gloo against ``solvers.cost_model``.
+
+Method. For each scenario (workload x cluster shape x strategy x dedup x id source) the parent plans
+the workload with ``solvers.planner.make_plan`` on ``topology.views.uniform_view(G, g, 100 GB/s,
+10 GB/s)`` and writes a plan file; then ``G x g`` gloo processes (``torch.multiprocessing`` spawn,
+``MASTER_ADDR=127.0.0.1``, a free port, CPU, one thread each) build a
+``flexshard.runtime.ShardedSequenceEmbedding`` from it and run forward, backward (loss = sum of the
+outputs) and an SGD ``step()`` for a number of iterations. Each iteration every rank reads the
+module's ``traffic`` array (bytes ``[link class, component, send/recv]`` of that iteration). Measured
+values are means over the iterations; the prediction is ``solvers.cost_model.evaluate`` of the same
+workload, view and plan. Compared per link class (intra / inter group) and component (ids, forward,
+backward, sync): the mean over ranks of the bytes each rank sends (equal to the mean received) and the
+bottleneck rank's ``max(send, recv)``. Sampling noise: two standard errors of the measured mean over
+the iterations (every iteration draws fresh ids). One process group per cluster shape runs all its
+scenarios, so the ranks start once per shape.
+
+Id sources:
+
+* ``iid``: every rank draws ``batch x ids_per_sample`` ids per table independently from the table's
+  row distribution (the ``RowHistogram``; row id = hotness rank), i.e. exactly the model's assumption;
+  agreement is expected within sampling noise;
+* ``real``: every rank takes ``batch`` random users of a data set (under
+  ``flexshard.workloads.data_root()``) and looks up their real item histories (raw ids, routed with
+  the data set's hotness order); workload and plan are the same as its ``iid`` scenario. Ids within a
+  history are not independent draws, so this shows where the model's independence assumption breaks.
+  A data set whose file is absent is skipped with a note on stderr.
+
+Workloads: ``zipf0.9`` / ``zipf1.2``: two tables (``items`` 20,000 rows, dim 16, 20 ids per sample,
+Zipf alpha 0.9 + 5% uniform tail / alpha 1.2 + 2% tail; ``tags`` 500 rows, dim 8, 4 ids per sample,
+same alpha, no tail), batch 16 per rank; ``beauty``: the ``item_id`` table of Beauty.txt as
+``flexshard.workloads.load_workload_with_orders`` builds it (12,102 rows, dim 16, 8.88 ids per user;
+histories without repeats), batch 128 users per rank; ``lastfm``: the ``item_id`` table of
+repeat-consumption ``lastfm/test.csv`` (``user,item,count``; 15,668 rows, dim 16, 785 plays per user,
+a user's history is each item repeated ``count`` times), batch 4 users per rank. Cluster shapes:
+4 ranks = 2 groups of 2, 8 ranks = 4 groups of 2.
+Strategies: every strategy of ``solvers.planner.STRATEGIES`` at a 2x row-wise memory budget (the
+smallest of 2x, 4x, 8x where a baseline cannot plan at 2x); a plan identical to one already in the
+grid (e.g. ``2d`` and ``data_parallel`` that replicate nothing here and equal ``row_wise``) is run
+once and its aliases are listed.
+
+Run:
+
+    .venv/bin/python experiments/validate_bytes.py [--quick] [--no-write]
+
+``--quick``: 4 ranks only, no ``zipf1.2``, strategies row_wise, flexshard and hybrid, 15 iterations
+(30 otherwise). Writes docs/results/
+validate_bytes.md and validate_bytes.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from flexshard import workloads
+from flexshard.plan_file import read_plan, to_dict, write_plan
+from flexshard.runtime import ShardedSequenceEmbedding
+from flexshard.runtime.local import run_on_ranks
+from flexshard.workloads import sample_ids, zipf_table
+from flexshard.workloads._text import tokenize
+from solvers.cost_model import evaluate
+from solvers.planner import STRATEGIES, budget_bytes, make_plan
+from solvers.types import COMPONENTS, LINK_CLASSES, Plan, PlannerError, RowHistogram, Workload
+from topology.views import ClusterView, uniform_view
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
+COMMAND = ".venv/bin/python experiments/validate_bytes.py"
+INTRA_BW, INTER_BW = 100e9, 10e9
+BUDGETS_X = (2.0, 4.0, 8.0)  # a strategy runs at the first budget it can plan under
+FIRST = ("row_wise", "flexshard", "hybrid")  # then the other strategies, in STRATEGIES order
+STRATEGY_ORDER = FIRST + tuple(s for s in STRATEGIES if s not in FIRST)
+SHAPES = {4: (2, 2), 8: (4, 2)}  # world -> (groups, group size)
+SEED = 1
+DPI = 120
+TIMEOUT_S = 900.0
+NOISE_FLOOR = 0.001
+LINK_SHORT = {"intra_group": "intra", "inter_group": "inter"}
+MARKERS = {"ids": "o", "forward": "^", "backward": "v", "sync": "s"}
+COLORS = {
+    "row_wise": "tab:gray",
+    "flexshard": "tab:red",
+    "hybrid": "tab:blue",
+    "table_wise": "tab:green",
+    "2d": "tab:purple",
+    "data_parallel": "tab:orange",
+}
+
+
+# --- workloads and id sources ----------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """A workload and where its ids come from."""
+
+    name: str
+    workload: Workload
+    sequences: tuple[np.ndarray, np.ndarray] | None = None  # (offsets int64[U+1], raw item ids)
+    orders: dict[str, np.ndarray] | None = None  # hotness orders for raw ids (real batches)
+
+
+def synthetic(alpha: float, tail: float) -> Workload:
+    tables = (
+        zipf_table("items", 20_000, 16, 20.0, alpha, tail),
+        zipf_table("tags", 500, 8, 4.0, alpha, 0.0),
+    )
+    return Workload(f"zipf{alpha:g}", tables, batch_size_per_gpu=16)
+
+
+def read_sequences(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, items) of a ``user item item ...`` file: user u's items are ``items[off[u]:off[u+1]]``."""
+    tok = tokenize(path.read_bytes())
+    first = tok.line_starts()
+    per_line = np.bincount(np.cumsum(first) - 1)  # tokens per line, the user id included
+    items = tok.values[~first]
+    return np.concatenate([[0], np.cumsum(per_line - 1)]).astype(np.int64), items.astype(np.int64)
+
+
+def real_source(name: str, path: Path, batch: int, sequences) -> Source | None:
+    """The ``item_id`` table of a data file as ``flexshard.workloads`` builds it, and its histories."""
+    if not path.is_file():
+        print(f"note: {path} is absent; skipping the {name} scenarios", file=sys.stderr)
+        return None
+    wl, orders = workloads.load_workload_with_orders(path, dim=16, batch_size_per_gpu=batch)
+    items = next(t for t in wl.tables if t.name == "item_id")
+    wl = dataclasses.replace(wl, name=name, tables=(items,))
+    return Source(name, wl, sequences(path), {"item_id": orders["item_id"]})
+
+
+def read_plays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, items) of a ``user,item,count`` csv: each user's items, each repeated ``count`` times."""
+    user, item, count = np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2).T
+    order = np.argsort(user, kind="stable")
+    items = np.repeat(item[order], count[order])
+    per_user = np.bincount(user, weights=count).astype(np.int64)
+    per_user = per_user[per_user > 0]
+    return np.concatenate([[0], np.cumsum(per_user)]).astype(np.int64), items
+
+
+def sources(quick: bool) -> list[Source]:
+    out = [Source("zipf0.9", synthetic(0.9, 0.05))]
+    if not quick:
+        out.append(Source("zipf1.2", synthetic(1.2, 0.02)))
+    root = workloads.data_root()
+    real = [
+        real_source("beauty", root / "amazon-yelp-sequences" / "Beauty.txt", 128, read_sequences),
+        real_source("lastfm", root / "repeat-consumption-uci" / "lastfm" / "test.csv", 4, read_plays),
+    ]
+    return out + [r for r in real if r is not None]
+
+
+# --- scenarios ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One scenario as the ranks run it (picklable)."""
+
+    key: str
+    plan_path: str
+    tables: list[tuple[str, int, int]]
+    dedup: bool
+    batch: int  # samples per rank
+    iterations: int
+    ids_per_sample: list[float]
+    hists: list[RowHistogram]  # per table, for iid draws
+    sequences: tuple[np.ndarray, np.ndarray] | None  # real batches when set
+    orders: dict[str, np.ndarray] | None
+
+
+@dataclass
+class Scenario:
+    key: str
+    source: str
+    ids: str  # "iid" or "real"
+    world: int
+    strategy: str
+    aliases: list[str]
+    budget_x: float
+    dedup: bool
+    plan: Plan
+    predicted: np.ndarray  # [N, 2, 4, 2] bytes per iteration
+    job: Job
+    measured: np.ndarray | None = None  # [N, iterations, 2, 4, 2]
+    wall_s: float = 0.0
+
+
+def tiers_key(plan: Plan) -> tuple:
+    return tuple(
+        (
+            tp.hot_rows,
+            tp.warm_rows,
+            tp.cold_rows,
+            tuple(np.round(tp.warm_share, 9)),
+            tuple(np.round(tp.cold_share, 9)),
+        )
+        for tp in plan.tables
+    )
+
+
+def plan_once(strategy: str, wl: Workload, view: ClusterView, dedup: bool) -> tuple[Plan, float] | None:
+    for bx in BUDGETS_X if strategy != "flexshard" else BUDGETS_X[:1]:
+        try:
+            return make_plan(strategy, wl, view, budget_bytes(wl, view, bx), dedup=dedup).plan, bx
+        except PlannerError:
+            continue
+    print(f"note: {strategy} cannot plan {wl.name} under {BUDGETS_X[-1]:g}x; skipped", file=sys.stderr)
+    return None
+
+
+def scenarios(
+    srcs: list[Source], world: int, iterations: int, strategies: tuple[str, ...], tmp: Path
+) -> list[Scenario]:
+    groups, gsize = SHAPES[world]
+    view = uniform_view(groups, gsize, INTRA_BW, INTER_BW)
+    out: list[Scenario] = []
+    for src in srcs:
+        wl = src.workload
+        for dedup in (True, False):
+            seen: dict[tuple, Scenario] = {}
+            for strategy in strategies:
+                planned = plan_once(strategy, wl, view, dedup)
+                if planned is None:
+                    continue
+                plan, bx = planned
+                if tiers_key(plan) in seen:
+                    seen[tiers_key(plan)].aliases.append(strategy)
+                    continue
+                report = evaluate(wl, view, plan)
+                stem = f"{src.name}-w{world}-{strategy}-{'dedup' if dedup else 'nodedup'}"
+                path = tmp / f"{stem}.json"
+                write_plan(path, to_dict(plan, wl, view, report, "validate_bytes"))
+                for ids in ("iid", "real") if src.sequences is not None else ("iid",):
+                    job = Job(
+                        key=f"{stem}-{ids}",
+                        plan_path=str(path),
+                        tables=[(t.name, t.num_rows, t.dim) for t in wl.tables],
+                        dedup=dedup,
+                        batch=wl.batch_size_per_gpu,
+                        iterations=iterations,
+                        ids_per_sample=[t.ids_per_sample for t in wl.tables],
+                        hists=[t.hist for t in wl.tables],
+                        sequences=src.sequences if ids == "real" else None,
+                        orders=src.orders if ids == "real" else None,
+                    )
+                    sc = Scenario(
+                        job.key, src.name, ids, world, strategy, [], bx, dedup, plan, report.bytes, job
+                    )
+                    out.append(sc)
+                    if ids == "iid":
+                        seen[tiers_key(plan)] = sc
+    return out
+
+
+# --- the ranks ------------------------------------------------------------------------------------
+
+
+def even_lengths(total: int, batch: int) -> np.ndarray:
+    """``batch`` lengths differing by at most one, summing to ``total``."""
+    edges = (np.arange(batch + 1) * total) // batch
+    return np.diff(edges)
+
+
+def batch_of(job: Job, rng: np.random.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    if job.sequences is not None:  # real histories of random users (single-table workloads)
+        off, items = job.sequences
+        users = rng.choice(off.size - 1, size=job.batch, replace=False)
+        lens = off[users + 1] - off[users]
+        idx = np.repeat(off[users] - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        return {job.tables[0][0]: (torch.as_tensor(items[idx]), torch.as_tensor(lens))}
+    out = {}
+    for (name, _rows, _dim), hist, per in zip(job.tables, job.hists, job.ids_per_sample, strict=True):
+        n = int(round(job.batch * per))
+        out[name] = (torch.as_tensor(sample_ids(hist, n, rng)), torch.as_tensor(even_lengths(n, job.batch)))
+    return out
+
+
+def run_job(job: Job, rank: int) -> tuple[np.ndarray, float]:
+    """Per-iteration traffic ``[iterations, 2, 4, 2]`` of this rank and the scenario's wall time."""
+    dist.barrier()
+    start = time.perf_counter()
+    model = ShardedSequenceEmbedding(
+        read_plan(job.plan_path), job.tables, job.orders, init=SEED, optimizer="sgd", lr=0.01, dedup=job.dedup
+    )
+    rng = np.random.default_rng([SEED, rank, zlib.crc32(job.key.encode())])
+    traffic = np.zeros((job.iterations, 2, 4, 2))
+    for it in range(job.iterations):
+        out = model(batch_of(job, rng))
+        sum(o.sum() for o in out.values()).backward()
+        model.step()
+        traffic[it] = model.traffic
+    dist.barrier()
+    return traffic, time.perf_counter() - start
+
+
+def run_jobs(rank: int, world: int, jobs: list[Job]) -> dict[str, tuple[np.ndarray, float]]:
+    """On every rank (inside the process group): run ``jobs`` in order; per job this rank's traffic and
+    the job's wall time."""
+    results = {}
+    for i, job in enumerate(jobs):
+        results[job.key] = run_job(job, rank)
+        if rank == 0:
+            print(f"  [{i + 1}/{len(jobs)}] {job.key}: {results[job.key][1]:.1f} s", file=sys.stderr)
+    return results
+
+
+# --- comparison -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Point:
+    """One scenario x link class x component."""
+
+    sc: Scenario
+    link: str
+    comp: str
+    pred_mean: float  # bytes per rank per iteration, mean over ranks (sent = received)
+    meas_mean: float
+    noise: float  # two standard errors of meas_mean, relative
+    pred_max: float  # bottleneck rank's max(send, recv)
+    meas_max: float
+
+    @property
+    def err(self) -> float:
+        return rel_err(self.meas_mean, self.pred_mean)
+
+    @property
+    def err_max(self) -> float:
+        return rel_err(self.meas_max, self.pred_max)
+
+
+def rel_err(meas: float, pred: float) -> float:
+    if pred == 0:
+        return 0.0 if meas == 0 else float("inf")
+    return meas / pred - 1.0
+
+
+def points(sc: Scenario) -> list[Point]:
+    m = sc.measured  # [N, it, 2, 4, 2]
+    assert m is not None
+    iters = m.shape[1]
+    per_iter = m[:, :, :, :, 0].mean(axis=0)  # [it, 2, 4]: sent, mean over ranks
+    mean = per_iter.mean(axis=0)
+    se = per_iter.std(axis=0, ddof=1) / np.sqrt(iters)
+    meas_max = m.mean(axis=1).max(axis=3).max(axis=0)  # [2, 4]
+    pred_mean = sc.predicted[:, :, :, 0].mean(axis=0)
+    pred_max = sc.predicted.max(axis=3).max(axis=0)
+    out = []
+    for li, link in enumerate(LINK_CLASSES):
+        for ci, comp in enumerate(COMPONENTS):
+            if pred_mean[li, ci] == 0 and mean[li, ci] == 0:
+                continue
+            noise = 2 * se[li, ci] / mean[li, ci] if mean[li, ci] > 0 else 0.0
+            out.append(
+                Point(
+                    sc, link, comp, pred_mean[li, ci], mean[li, ci], noise, pred_max[li, ci], meas_max[li, ci]
+                )
+            )
+    return out
+
+
+def link_totals(sc: Scenario) -> dict[str, tuple[float, float, float, float]]:
+    """Per link class: (predicted mean, measured mean, predicted bottleneck, measured bottleneck), all
+    components, bottleneck = max over ranks of max(send, recv) of the component sum."""
+    assert sc.measured is not None
+    meas = sc.measured.mean(axis=1)  # [N, 2, 4, 2]
+    out = {}
+    for li, link in enumerate(LINK_CLASSES):
+        out[link] = (
+            float(sc.predicted[:, li, :, 0].sum(axis=1).mean()),
+            float(meas[:, li, :, 0].sum(axis=1).mean()),
+            float(sc.predicted[:, li].sum(axis=1).max()),
+            float(meas[:, li].sum(axis=1).max()),
+        )
+    return out
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return "n/a" if not np.isfinite(x) else f"{100 * x:+.1f}%"
+
+
+def _kb(x: float) -> str:
+    return f"{x / 1e3:,.1f}"
+
+
+def tier_text(plan: Plan) -> str:
+    return " + ".join(f"{tp.hot_rows}/{tp.warm_rows}/{tp.cold_rows}" for tp in plan.tables)
+
+
+def scenario_table(scs: list[Scenario]) -> str:
+    lines = [
+        "| workload | ids | ranks (GxG) | strategy | budget | dedup | tiers h/w/c | "
+        "inter pred / meas KB | err | intra pred / meas KB | err | bottleneck err inter / intra | "
+        "worst component (err, 2SE) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for sc in scs:
+        tot = link_totals(sc)
+        pi, mi, pbi, mbi = tot["inter_group"]
+        pa, ma, pba, mba = tot["intra_group"]
+        worst = max(points(sc), key=lambda p: abs(p.err))
+        g, s = SHAPES[sc.world]
+        strat = sc.strategy + (f" (= {', '.join(sc.aliases)})" if sc.aliases else "")
+        lines.append(
+            f"| {sc.source} | {sc.ids} | {sc.world} ({g}x{s}) | {strat} | {sc.budget_x:g}x | "
+            f"{'on' if sc.dedup else 'off'} | {tier_text(sc.plan)} | {_kb(pi)} / {_kb(mi)} | "
+            f"{_pct(rel_err(mi, pi))} | {_kb(pa)} / {_kb(ma)} | {_pct(rel_err(ma, pa))} | "
+            f"{_pct(rel_err(mbi, pbi))} / {_pct(rel_err(mba, pba))} | "
+            f"{LINK_SHORT[worst.link]} {worst.comp} ({_pct(worst.err)}, ±{100 * worst.noise:.1f}%) | "
+            f"{sc.wall_s:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def within_noise(p: Point) -> bool:
+    """|error| within two standard errors of the measured mean (plus 0.1% for nearly deterministic
+    bytes such as split sizes and saturated sync, whose standard error is ~0)."""
+    return abs(p.err) <= p.noise + NOISE_FLOOR
+
+
+def _med_max(errs: list[float]) -> str:
+    if not errs:
+        return "-"
+    e = 100 * np.abs(errs)
+    return f"{np.median(e):.2f}% / {e.max():.2f}%"
+
+
+def summary_table(pts: list[Point]) -> str:
+    """Per id source, workload and dedup: median / max |error| per component (both link classes)."""
+    lines = [
+        "| ids | workload | dedup | points | ids | forward | backward | sync | all (mean over ranks) | "
+        "within noise | all (bottleneck rank) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    names = list(dict.fromkeys(p.sc.source for p in pts))
+    for ids in ("iid", "real"):
+        for name in names:
+            for dedup in (True, False):
+                sel = [p for p in pts if p.sc.ids == ids and p.sc.source == name and p.sc.dedup == dedup]
+                if not sel:
+                    continue
+                comps = " | ".join(_med_max([p.err for p in sel if p.comp == c]) for c in COMPONENTS)
+                share = 100 * np.mean([within_noise(p) for p in sel])
+                lines.append(
+                    f"| {ids} | {name} | {'on' if dedup else 'off'} | {len(sel)} | {comps} | "
+                    f"{_med_max([p.err for p in sel])} | {share:.0f}% | "
+                    f"{_med_max([p.err_max for p in sel])} |"
+                )
+    return "\n".join(lines)
+
+
+def _where(p: Point) -> str:
+    sc = p.sc
+    return (
+        f"{sc.source} {sc.ids}, {sc.world} ranks, {sc.strategy}, dedup {'on' if sc.dedup else 'off'}, "
+        f"{LINK_SHORT[p.link]} {p.comp}"
+    )
+
+
+def headline(pts: list[Point]) -> list[str]:
+    out = []
+    iid = [p for p in pts if p.sc.ids == "iid"]
+    if iid:
+        per = ", ".join(
+            f"{c} {100 * max(abs(p.err) for p in iid if p.comp == c):.1f}%"
+            for c in COMPONENTS
+            if any(p.comp == c for p in iid)
+        )
+        worst = max(iid, key=lambda p: abs(p.err))
+        worst_b = max(iid, key=lambda p: abs(p.err_max))
+        med_b = 100 * np.median(np.abs([p.err_max for p in iid]))
+        out += [
+            f"* **i.i.d. ids** ({len(iid)} points, {len({p.sc.key for p in iid})} scenarios): mean over "
+            f"ranks |error| median {100 * np.median(np.abs([p.err for p in iid])):.2f}%, max "
+            f"{100 * abs(worst.err):.2f}% ({_where(worst)}); max per component: {per}; "
+            f"{100 * np.mean([within_noise(p) for p in iid]):.0f}% of points within noise.",
+            f"* **i.i.d. ids, bottleneck rank**: median {med_b:.2f}%, "
+            f"max {_pct(worst_b.err_max)} ({_where(worst_b)}).",
+        ]
+    for name in dict.fromkeys(p.sc.source for p in pts if p.sc.ids == "real"):
+        parts = []
+        for dedup in (True, False):
+            sel = [p for p in pts if p.sc.ids == "real" and p.sc.source == name and p.sc.dedup == dedup]
+            if not sel:
+                continue
+            lookups = [p.err for p in sel if p.comp != "sync"]
+            sync = [p.err for p in sel if p.comp == "sync"]
+            txt = f"dedup {'on' if dedup else 'off'}: lookup bytes {_range(lookups)}"
+            parts.append(txt + (f", sync {_range(sync)}" if sync else ""))
+        out.append(f"* **real {name} histories** (error range over scenarios): " + "; ".join(parts) + ".")
+    return out
+
+
+def _range(errs: list[float]) -> str:
+    return f"{_pct(min(errs))} to {_pct(max(errs))}"
+
+
+def figure(path: Path, pts: list[Point]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    panels = [ids for ids in ("iid", "real") if any(p.sc.ids == ids for p in pts)]
+    fig, axes = plt.subplots(2, len(panels), figsize=(6.5 * len(panels), 10), squeeze=False)
+    titles = {
+        "iid": "ids drawn i.i.d. from the row distribution (model's assumption)",
+        "real": "real user histories (Beauty: no repeats; lastfm: repeated plays)",
+    }
+    lo = min(min(p.pred_mean, p.meas_mean) for p in pts if p.pred_mean > 0) / 2
+    hi = max(max(p.pred_mean, p.meas_mean) for p in pts) * 2
+    for col, ids in enumerate(panels):
+        sel = [p for p in pts if p.sc.ids == ids and p.pred_mean > 0 and p.meas_mean > 0]
+        ax, ax_err = axes[0, col], axes[1, col]
+        xs = np.geomspace(lo, hi, 50)
+        for a in (ax, ax_err):
+            a.set_xscale("log")
+            a.grid(alpha=0.3, which="both", lw=0.5)
+        ax.set_yscale("log")
+        ax.fill_between(xs, xs * 0.95, xs * 1.05, color="0.85", label="±5%")
+        ax.plot(xs, xs, color="black", lw=0.8, label="y = x")
+        ax_err.axhspan(-5, 5, color="0.85")
+        ax_err.axhline(0, color="black", lw=0.8)
+        for p in sel:
+            filled = p.link == "inter_group"
+            color = COLORS.get(p.sc.strategy, "black")
+            kw = {
+                "marker": MARKERS[p.comp],
+                "s": 30,
+                "facecolors": color if filled else "none",
+                "edgecolors": color,
+                "linewidths": 1.0,
+                "alpha": 0.8,
+            }
+            ax.scatter([p.pred_mean], [p.meas_mean], **kw)
+            ax_err.scatter([p.pred_mean], [100 * p.err], **kw)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax_err.set_xlim(lo, hi)
+        ax.set_title(titles[ids], fontsize=10)
+        ax.set_xlabel("predicted bytes / rank / iteration (cost model, mean over ranks)")
+        ax.set_ylabel("measured bytes / rank / iteration (runtime counters)")
+        ax_err.set_xlabel("predicted bytes / rank / iteration")
+        ax_err.set_ylabel("measured / predicted - 1 (%)")
+        span = max(6.0, 1.15 * max((100 * abs(p.err) for p in sel), default=5.0))
+        ax_err.set_ylim(-span, span)
+    strategies = sorted({p.sc.strategy for p in pts}, key=STRATEGY_ORDER.index)
+    handles = [Line2D([], [], ls="", marker="o", color=COLORS.get(s, "black"), label=s) for s in strategies]
+    handles += [
+        Line2D([], [], ls="", marker=m, color="black", mfc="none", label=c) for c, m in MARKERS.items()
+    ]
+    handles += [
+        Line2D([], [], ls="", marker="o", color="black", label="inter-group (filled)"),
+        Line2D([], [], ls="", marker="o", color="black", mfc="none", label="intra-group (hollow)"),
+    ]
+    axes[0, 0].legend(handles=handles, fontsize=8, loc="upper left", ncol=2)
+    worlds = " and ".join(str(w) for w in sorted({p.sc.world for p in pts}))
+    fig.suptitle(
+        f"Cost model vs runtime byte counters (gloo, {worlds} CPU ranks); grey band = ±5%; "
+        "forward and backward points coincide (same bytes)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="4 ranks, fewer workloads, strategies, iterations")
+    p.add_argument("--no-write", action="store_true", help="print only; do not write docs/results")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    iterations = 15 if args.quick else 30
+    worlds = (4,) if args.quick else (4, 8)
+    strategies = STRATEGY_ORDER[:3] if args.quick else STRATEGY_ORDER
+    srcs = sources(args.quick)
+    done: list[Scenario] = []
+    with tempfile.TemporaryDirectory(prefix="validate_bytes-") as tmp_s:
+        tmp = Path(tmp_s)
+        for world in worlds:
+            scs = scenarios(srcs, world, iterations, strategies, tmp)
+            print(f"world {world}: {len(scs)} scenarios x {iterations} iterations", file=sys.stderr)
+            results = run_on_ranks(
+                run_jobs, world, [sc.job for sc in scs], timeout_s=TIMEOUT_S, label=f"world {world}"
+            )
+            for sc in scs:
+                sc.measured = np.stack([r[sc.key][0] for r in results])
+                sc.wall_s = float(results[0][sc.key][1])
+            done.extend(scs)
+            print(f"world {world} done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
+    pts = [pt for sc in done for pt in points(sc)]
+    elapsed = time.perf_counter() - start
+    body = "\n".join(
+        [
+            "## Summary",
+            "",
+            *headline(pts),
+            "",
+            "Median / max |measured / predicted - 1| per component over both link classes and all",
+            "scenarios of a row (mean over ranks unless stated); within noise: share of points whose",
+            "error is within two standard errors of the measured mean (+0.1%).",
+            "",
+            summary_table(pts),
+            "",
+            "Reading. With i.i.d. ids the mean-over-ranks bytes agree within sampling noise for every",
+            "component (the model's volumes are exact expectations for independent draws). The bottleneck",
+            "rank can be off by much more where one row carries more than ~1/N of a tier's accesses and the",
+            "tier is dealt over owners by row count (row-wise without dedup on the steep Zipf 1.2 table):",
+            "the model assumes a rank's share of rows is its share of accesses. Real Beauty histories (no",
+            "repeated items) behave like i.i.d. draws. Real lastfm histories (each play is a lookup, users",
+            "replay the same items) break the independence assumption: with per-rank dedup the model",
+            "over-predicts lookup bytes several-fold, and the sparse sync's touched rows are",
+            "over-predicted with dedup on or off (a batch touches fewer distinct rows than independent",
+            "draws would); see the rows below for lookup bytes without dedup.",
+            "",
+            "## Scenarios",
+            "",
+            "Bytes per rank per iteration, mean over ranks, all components; bottleneck = the busiest",
+            "rank's max(send, recv). Tiers: hot/warm/cold rows per table.",
+            "",
+            scenario_table(done),
+        ]
+    )
+    print(body)
+    print(f"\n{elapsed:.0f} s")
+    if not args.no_write:
+        OUT.mkdir(parents=True, exist_ok=True)
+        figure(OUT / "validate_bytes.png", pts)
+        mode = " --quick" if args.quick else ""
+        doc = (__doc__ or "").split("Method. ", 1)[1].split("\n\nRun:", 1)[0]
+        head = [
+            "# Cost model vs measured bytes (gloo runs of the runtime)",
+            "",
+            f"Generated by `{COMMAND}{mode}` ({elapsed:.0f} s on the 2-core dev machine, "
+            f"{iterations} iterations per scenario).",
+            "",
+            "What is measured: bytes are counted by the runtime's own counters "
+            "(`ShardedSequenceEmbedding.traffic`) on the send side of each all-to-all (ids incl. split "
+            "sizes, embeddings, gradients), from the realised split sizes of every iteration, on gloo over "
+            "loopback on CPU. Replica sync (`sync`) bytes are not wire measurements: the runtime performs "
+            "the all-reduces (touched mask with MAX, then the touched rows' gradients) and books the "
+            "cost model's hierarchical (hot) / ring (warm) all-reduce formula applied to the realised "
+            "payload (rows touched anywhere in the cluster x vector bytes + one mask byte per replicated "
+            "row), so the sync comparison checks the model's touched-row estimate, not the collective's "
+            "algorithm. No GPU, no timing model: wall times are 2 loaded CPU cores and only show the cost "
+            "of the run.",
+            "",
+            "Method. " + doc.strip(),
+            "",
+            "![predicted vs measured bytes](validate_bytes.png)",
+            "",
+        ]
+        (OUT / "validate_bytes.md").write_text("\n".join(head) + "\n" + body + "\n")
+        print(f"wrote {OUT / 'validate_bytes.md'} and validate_bytes.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
