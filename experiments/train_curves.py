@@ -1,0 +1,447 @@
+"""Training curves: FlexShard vs row-wise sharding with torchrun on a real data set.
+
+Trains the sequence model of :mod:`flexshard.model` on Amazon Beauty (``amazon-yelp-sequences/
+Beauty.txt`` under :func:`flexshard.workloads.data_root`) with ``torchrun --standalone
+--nproc-per-node 4 -m flexshard.train`` (gloo on CPU, ranks as 2 emulated groups of 2), once per
+strategy with the same seed, batches, optimizer and learning rate:
+
+* ``flexshard`` at 2x row-wise memory (the default budget);
+* ``row_wise``: every row cold, split evenly over the 4 ranks (TorchRec's sequence sharding);
+* both again with ``--no-dedup`` (no per-rank id dedup before the exchange: repeated hot ids cost
+  bytes, so replicating them saves more; left out by ``--quick``). Dedup changes only the traffic,
+  not the math. (A 4x budget gives the same FlexShard plan as 2x on this data: more replication
+  would cost more sync than it saves.)
+
+Every run passes ``--metrics-out`` (per-step loss and bytes per link class and component, see
+:mod:`flexshard.train`); with ``--verify`` also ``--verify`` (each rank trains an unsharded reference
+and compares logits each step and every row at the end, to ``1e-5 x (1 + |reference|)``). Bytes are
+per rank and step: lookups (ids, forward, backward) are counted from the realised split sizes, sync
+bytes are the cost model's all-reduce bytes of the realised payload (not measured); "max" is the
+busiest rank, "mean" the average over ranks. The plan's ``predicted`` metrics (the cost model,
+expected batches) are shown next to the measured means.
+
+Writes docs/results/train_curves.md (command, setup, loss at selected steps and the largest loss
+difference over all steps, bytes per link class and component, the inter-group reduction vs
+row-wise) and docs/results/train_curves.png (loss curves and their difference; bytes per step).
+Progress goes to stderr. Run from the repository root:
+
+    .venv/bin/python experiments/train_curves.py [--quick] [--steps N] [--verify] [--no-write]
+
+``--quick``: 30 steps, FlexShard and row-wise with dedup only (about a minute on 2 idle cores; several on
+loaded ones). ``--verify``: every job also passes ``flexshard train --verify`` (about twice the time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flexshard import workloads
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
+DATA = Path("amazon-yelp-sequences") / "Beauty.txt"
+NPROC, GROUPS, BATCH, LR, SEED = 4, 2, 256, 0.1, 0
+STEPS, QUICK_STEPS = 150, 30
+DPI = 110
+LINKS = ("intra_group", "inter_group")
+COMPONENTS = ("ids", "forward", "backward", "sync")
+
+
+@dataclass
+class RunSpec:
+    label: str  # shown in tables and the figure
+    strategy: str
+    budget: float  # per-GPU memory, multiple of row-wise
+    dedup: bool = True  # per-rank id dedup before the exchange
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    header: dict
+    steps: list[dict]
+    seconds: float  # wall time of the torchrun command
+    command: list[str]
+
+    def loss(self) -> np.ndarray:
+        """float64[steps]: the global mean loss of each step."""
+        return np.array([r["loss"] for r in self.steps])
+
+    def bytes_mean(self, link: str, stat: str) -> float:
+        """Mean over steps of this step's bytes on ``link`` (``stat``: "max" or "mean" over ranks)."""
+        return float(np.mean([r["bytes"][link][stat] for r in self.steps]))
+
+    def component_mean(self, link: str, component: str, stat: str) -> float:
+        """Mean over steps of one component's bytes on ``link`` (``stat`` over ranks)."""
+        return float(np.mean([r["bytes_by_component"][link][component][stat] for r in self.steps]))
+
+    def tiers(self) -> str:
+        return ", ".join(
+            f"{t['name']} {t['hot_rows']:,}/{t['warm_rows']:,}/{t['cold_rows']:,}"
+            for t in self.header["plan"]["tables"]
+        )
+
+
+def train_command(data: Path, spec: RunSpec, steps: int, metrics: Path | str, verify: bool) -> list[str]:
+    """The torchrun command line of one run (``metrics``: the --metrics-out path)."""
+    return [
+        "torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        str(NPROC),
+        "-m",
+        "flexshard.train",
+        "--data",
+        str(data),
+        "--groups",
+        str(GROUPS),
+        "--strategy",
+        spec.strategy,
+        "--budget",
+        f"{spec.budget:g}",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(BATCH),
+        "--lr",
+        f"{LR:g}",
+        "--optimizer",
+        "adagrad",
+        "--dedup" if spec.dedup else "--no-dedup",
+        "--seed",
+        str(SEED),
+        *(["--verify"] if verify else []),
+        "--metrics-out",
+        str(metrics),
+    ]
+
+
+def run_one(
+    data: Path, spec: RunSpec, steps: int, verify: bool, tmp: Path, index: int, total: int
+) -> RunResult:
+    """Run one training job under torchrun (``python -m torch.distributed.run``, the same program),
+    echoing its progress to stderr; its metrics records."""
+    stem = f"{spec.strategy}-{spec.budget:g}-{'dedup' if spec.dedup else 'nodedup'}"
+    metrics = tmp / f"{stem}.jsonl"
+    command = train_command(data, spec, steps, metrics, verify)
+    argv = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    tag = f"[run {index}/{total} {spec.label}]"
+    print(f"{tag} starting: {' '.join(command)}", file=sys.stderr, flush=True)
+    every = max(1, steps // 10)
+    err_path = tmp / f"{stem}.stderr"
+    start = time.perf_counter()
+    lines: list[str] = []
+    with (
+        open(err_path, "w") as err,
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.rstrip())
+            if line.startswith("step "):
+                k = int(line.split()[1].split("/")[0])
+                if k == 1 or k % every == 0 or k == steps:
+                    print(f"{tag} {line.rstrip()}", file=sys.stderr, flush=True)
+            elif line.startswith(("plan", "verify")):
+                print(f"{tag} {line.rstrip()}", file=sys.stderr, flush=True)
+        rc = proc.wait()
+    seconds = time.perf_counter() - start
+    if rc != 0:
+        tail = "\n".join(err_path.read_text().splitlines()[-15:])
+        raise SystemExit(f"train_curves: {spec.label} failed (exit {rc}):\n{tail}")
+    if verify and not any(ln.startswith("verify: OK") for ln in lines):
+        raise SystemExit(f"train_curves: {spec.label}: no 'verify: OK' line in the output")
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    header = records[0]
+    step_records = [r for r in records if r["kind"] == "step"]
+    print(f"{tag} done in {seconds:.0f} s", file=sys.stderr, flush=True)
+    shown = train_command(Path("<data_root>") / DATA, spec, steps, "<tmp>/metrics.jsonl", verify)
+    return RunResult(spec, header, step_records, seconds, shown)
+
+
+# --- report ------------------------------------------------------------------------------------------
+
+
+def selected_steps(steps: int) -> list[int]:
+    """1-based steps shown in the loss table: the first, about every tenth, the last."""
+    picks = {1, steps, *np.linspace(0, steps, 11)[1:].round().astype(int).tolist()}
+    return sorted(s for s in picks if 1 <= s <= steps)
+
+
+def smooth(x: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average over ``window`` steps (shorter at the start)."""
+    c = np.cumsum(np.concatenate([[0.0], x]))
+    idx = np.arange(1, x.size + 1)
+    lo = np.maximum(idx - window, 0)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def row_wise_of(results: list[RunResult], r: RunResult) -> RunResult | None:
+    """The row-wise job with ``r``'s dedup setting, if any."""
+    return next((x for x in results if x.spec.strategy == "row_wise" and x.spec.dedup == r.spec.dedup), None)
+
+
+def markdown(results: list[RunResult], base: RunResult, steps: int, argv_line: str, total_s: float) -> str:
+    cfg = base.header["config"]
+    data_desc = base.header["data"].replace(str(workloads.data_root()), "<data_root>")
+    lines = [
+        "# Training: FlexShard vs row-wise sharding (torchrun, Amazon Beauty)",
+        "",
+        f"Generated by `{argv_line}` ({total_s:.0f} s on the shared 2-core dev machine, wall times vary "
+        "several-fold with its load; "
+        f"{len(results)} torchrun jobs run one after another). Each job is:",
+        "",
+        "```",
+        " ".join(results[0].command),
+        "```",
+        "",
+        "with `--strategy` / `--budget` / `--dedup` as in the table below (`<data_root>`: "
+        "`flexshard.workloads.data_root()`, `FLEXSHARD_DATA`).",
+        "",
+        "## Setup",
+        "",
+        f"- Data: {data_desc}; per sample a user's history (up to {cfg['max_len']} items before a "
+        f"random cut), the next item and {cfg['negatives']} random negatives, objective "
+        f"`{cfg['objective']}`; batches are deterministic in (seed {cfg['seed']}, step, rank), so every "
+        "job sees the same samples.",
+        f"- {base.header['world']} ranks (gloo, CPU) as {len(base.header['groups'])} emulated groups "
+        f"{base.header['groups']}; {cfg['batch_size']} samples per rank per step; dim {cfg['dim']}; "
+        f"{cfg['optimizer']} (row-wise for embeddings, element-wise for the dense model), lr {cfg['lr']:g}; "
+        f"{steps} steps.",
+        (
+            "- Every job ran with `--verify`: each rank also trained an unsharded reference and matched it "
+            "(logits every step, every row and optimizer state at the end) to 1e-5 x (1 + |reference|): "
+            "all jobs printed `verify: OK`."
+            if cfg["verify"]
+            else "- Run without `--verify` (pass it to the script to add the unsharded reference check; "
+            "`tests/runtime/test_train.py` verifies every strategy)."
+        ),
+        "",
+        "| job | strategy | budget (x row-wise) | id dedup | tiers hot/warm/cold rows | wall time (s) |",
+        "|---|---|---:|---|---|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.spec.label} | `{r.header['plan']['strategy']}` | {r.spec.budget:g} | "
+            f"{'on' if r.spec.dedup else 'off'} | {r.tiers()} | "
+            f"{r.seconds:.0f} |"
+        )
+    # loss
+    others = [r for r in results if r is not base]
+    lines += [
+        "",
+        "## Loss",
+        "",
+        f"Global mean loss per step (sum over ranks of batch mean / {base.header['world']}); "
+        f"|diff| is against {base.spec.label}. "
+        f"Start: ln(1 + negatives) = {np.log(1 + cfg['negatives']):.4f}.",
+        "",
+        "| step | " + " | ".join(r.spec.label for r in results) + " | "
+        + " | ".join(f"\\|{r.spec.label} - {base.spec.label}\\|" for r in others) + " |",
+        "|---:|" + "---:|" * (len(results) + len(others)),
+    ]  # fmt: skip
+    losses = {id(r): r.loss() for r in results}
+    for s in selected_steps(steps):
+        row = [f"{losses[id(r)][s - 1]:.6f}" for r in results]
+        row += [f"{abs(losses[id(r)][s - 1] - losses[id(base)][s - 1]):.2e}" for r in others]
+        lines.append(f"| {s} | " + " | ".join(row) + " |")
+    k = max(1, steps // 10)
+    lines += ["", "Over all steps:", ""]
+    for r in others:
+        d = np.abs(losses[id(r)] - losses[id(base)])
+        lines.append(
+            f"- {r.spec.label} vs {base.spec.label}: max |loss difference| {d.max():.3g} (at step "
+            f"{int(d.argmax()) + 1}), mean {d.mean():.3g}; relative max {np.max(d / losses[id(base)]):.3g}."
+        )
+    b = losses[id(base)]
+    lines.append(
+        f"- Mean loss over the first {k} steps {b[:k].mean():.4f}, over the last {k} steps "
+        f"{b[-k:].mean():.4f} ({base.spec.label}; the other jobs agree to the digits above)."
+    )
+    # bytes
+    lines += [
+        "",
+        "## Bytes per step per link class",
+        "",
+        "Bytes per rank and step, mean over steps; max = busiest rank, mean = average over ranks. "
+        "Predicted: the plan's cost-model metrics (busiest rank, expected batch). Lookup bytes are "
+        "counted from the realised exchanges; sync bytes are the cost model's all-reduce bytes of the "
+        "realised payload (not measured on the wire).",
+        "",
+        "The last two columns compare with the row-wise job of the same dedup setting.",
+        "",
+        "| job | intra max | intra mean | intra predicted | inter max | inter mean | inter predicted "
+        "| inter max vs row-wise | inter predicted vs row-wise |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        pred = r.header["plan"]["predicted"]
+        inter = r.bytes_mean("inter_group", "max")
+        rw = row_wise_of(results, r)
+        change = predicted_change = ""
+        if rw is not None and rw is not r:
+            change = f"{inter / rw.bytes_mean('inter_group', 'max') - 1:+.1%}"
+            rw_pred = rw.header["plan"]["predicted"]["inter_group_bytes"]
+            predicted_change = f"{pred['inter_group_bytes'] / rw_pred - 1:+.1%}"
+        lines.append(
+            f"| {r.spec.label} | {r.bytes_mean('intra_group', 'max'):,.0f} | "
+            f"{r.bytes_mean('intra_group', 'mean'):,.0f} | {pred['intra_group_bytes']:,.0f} | "
+            f"{inter:,.0f} | {r.bytes_mean('inter_group', 'mean'):,.0f} | {pred['inter_group_bytes']:,.0f} | "
+            f"{change} | {predicted_change} |"
+        )
+    lines += [
+        "",
+        "Per component (bytes per step, mean over steps of the busiest rank's `max(send, recv)` of that "
+        "component alone, so the parts can add up to more than the link total above):",
+        "",
+        "| job | link | " + " | ".join(COMPONENTS) + " |",
+        "|---|---|" + "---:|" * len(COMPONENTS),
+    ]
+    for r in results:
+        for link in LINKS:
+            vals = " | ".join(f"{r.component_mean(link, c, 'max'):,.0f}" for c in COMPONENTS)
+            lines.append(f"| {r.spec.label} | {link} | {vals} |")
+    lines += [
+        "",
+        "## Caveats",
+        "",
+        "- Groups are emulated on one host: the link classes are the ranks' group membership, not real "
+        "NVLink / network links, so only byte counts are reported, not times.",
+        "- Bytes are per rank per step and depend on the realised batches; the cost model's prediction "
+        "uses the data set's access histogram (expected values).",
+        "- The loss is a noisy per-step estimate (one global batch per step, no held-out evaluation); "
+        "it is the same for every job because the sharded runtime computes the same math as the "
+        "unsharded reference (differences are float32 summation order: 1.19e-07 is one float32 ulp "
+        "near 1).",
+        "",
+        "![loss and bytes per step](train_curves.png)",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def figure(path: Path, results: list[RunResult], base: RunResult, steps: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.25, 1]})
+    x = np.arange(1, steps + 1)
+    window = max(1, steps // 20)
+    styles = ("-", "--", "-.", ":")
+    colors = ("tab:blue", "tab:red", "tab:green", "tab:orange")
+    for r, ls, color in zip(results, styles, colors, strict=False):
+        loss = r.loss()
+        ax.plot(x, loss, color=color, lw=0.6, alpha=0.35)
+        label = f"{r.spec.label} ({window}-step mean)"
+        ax.plot(x, smooth(loss, window), color=color, ls=ls, lw=2, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("global mean loss (thin: per step)")
+    ax.set_title("Loss: the curves lie on top of each other")
+    ax.grid(alpha=0.3)
+    tx = ax.twinx()
+    floor = 1e-12
+    for r, color in zip(results, colors, strict=False):
+        if r is base:
+            continue
+        d = np.abs(r.loss() - base.loss())
+        tx.semilogy(x, np.maximum(d, floor), color=color, lw=0.8, marker=".", ms=2, ls="none",
+                    label=f"|{r.spec.label} - {base.spec.label}| (0 drawn at {floor:g})")  # fmt: skip
+    tx.set_ylim(floor / 2, 1e-2)
+    tx.set_ylabel("|loss difference| vs row-wise (log)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = tx.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper right")
+
+    comp_colors = {"ids": "tab:gray", "forward": "tab:blue", "backward": "tab:orange", "sync": "tab:purple"}
+    width = 0.8 / len(results)
+    for j, r in enumerate(results):
+        for i, link in enumerate(LINKS):
+            pos = i + (j - (len(results) - 1) / 2) * width
+            bottom = 0.0
+            for c in COMPONENTS:
+                v = r.component_mean(link, c, "mean") / 1e3
+                bx.bar(pos, v, width * 0.92, bottom=bottom, color=comp_colors[c],
+                       label=c if (i, j) == (0, 0) else None, edgecolor="white", lw=0.5)  # fmt: skip
+                bottom += v
+            busiest = r.bytes_mean(link, "max") / 1e3
+            bx.plot(pos, busiest, marker="_", color="black", ms=14, mew=2,
+                    label="busiest rank (link total)" if (i, j) == (0, 0) else None)  # fmt: skip
+            label_y = max(bottom, busiest) * 1.02
+            bx.text(pos, label_y, r.spec.label, rotation=90, ha="center", va="bottom", fontsize=7)
+    bx.set_xticks(range(len(LINKS)), ["intra-group links", "inter-group links"])
+    bx.set_ylabel("kB per rank per step (mean over ranks and steps)")
+    bx.set_title("Bytes per step by link class and component")
+    bx.grid(axis="y", alpha=0.3)
+    top = max(max(r.bytes_mean(link, "max") for link in LINKS) for r in results) / 1e3
+    bx.set_ylim(0, top * 1.5)
+    bx.legend(fontsize=8, loc="upper left")
+    cfg = base.header["config"]
+    fig.suptitle(
+        f"Amazon Beauty, {base.header['world']} ranks in {len(base.header['groups'])} emulated groups, "
+        f"batch {cfg['batch_size']}/rank, {cfg['optimizer']} lr {cfg['lr']:g}, {steps} steps (gloo, CPU)"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps; dedup-on jobs only")
+    p.add_argument("--verify", action="store_true", help="every job also runs flexshard train --verify")
+    p.add_argument("--steps", type=int, default=None, help=f"training steps (default {STEPS})")
+    p.add_argument("--no-write", action="store_true", help="print only; do not write docs/results")
+    args = p.parse_args(argv)
+    steps = args.steps or (QUICK_STEPS if args.quick else STEPS)
+    if steps < 2:
+        p.error("--steps: at least 2")
+    data = workloads.data_root() / DATA
+    if not data.is_file():
+        print(
+            f"train_curves: {data} not found (set FLEXSHARD_DATA to the folder holding {DATA.parent}/)",
+            file=sys.stderr,
+        )
+        return 2
+    specs = [RunSpec("FlexShard", "flexshard", 2.0), RunSpec("row-wise", "row_wise", 2.0)]
+    if not args.quick:
+        specs += [
+            RunSpec("FlexShard, no dedup", "flexshard", 2.0, False),
+            RunSpec("row-wise, no dedup", "row_wise", 2.0, False),
+        ]
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="train_curves-") as tmp:
+        results = [
+            run_one(data, s, steps, args.verify, Path(tmp), i + 1, len(specs)) for i, s in enumerate(specs)
+        ]
+    total_s = time.perf_counter() - start
+    base = results[1]
+    flags = (
+        (["--quick"] if args.quick else [])
+        + (["--steps", str(args.steps)] if args.steps else [])
+        + (["--verify"] if args.verify else [])
+    )
+    argv_line = " ".join([".venv/bin/python experiments/train_curves.py", *flags])
+    text = markdown(results, base, steps, argv_line, total_s)
+    print(text)
+    if not args.no_write:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "train_curves.md").write_text(text)
+        figure(OUT / "train_curves.png", results, base, steps)
+        print(f"wrote {OUT / 'train_curves.md'} and {OUT / 'train_curves.png'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
