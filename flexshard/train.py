@@ -517,7 +517,7 @@ def run(args) -> int:
             ref_w, ref_s = full.weights, full.state
         else:
             init = seeded_initializer(args.seed)
-            ref_w = {n: init(n, r, d) for n, r, d in source.tables}
+            ref_w = {n: init(n, np.arange(r), d) for n, r, d in source.tables}
             ref_s = {n: torch.zeros(r) for n, r, _d in source.tables}
         reference = Reference(
             ref_w, ref_s, dense, copy.deepcopy(dense_opt.state_dict()), args.optimizer, args.lr,

@@ -9,7 +9,8 @@ when ``r < hot_rows``, warm when ``r < hot_rows + warm_rows``, cold otherwise. W
     slot  = (j // P) * count(pattern == owner) + #{i < j % P : pattern[i] == owner}
 
 so the rows an owner holds are numbered 0, 1, 2, ... in hotness order. Everything here is numpy and
-vectorised over rows (no Python loop per row); the per-row arrays are int8/int64.
+vectorised over rows (no Python loop per row). The per-row arrays kept after the build are tier
+(int8), owner (int32) and slot (int32, or int64 for tables of 2^31 rows or more): 9 bytes per row.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class TableRouting:
 
     ``tier[id]`` in {HOT, WARM, COLD}; ``owner[id]``: -1 (hot), the group position (warm) or the
     rank (cold); ``slot[id]``: the row's index in the owner's shard (the hotness rank for hot rows).
+    ``hot_ids``: the hot rows' ids, hottest first (slot order).
     """
 
     name: str
@@ -79,19 +81,20 @@ class TableRouting:
     hot_rows: int
     warm_rows: int
     cold_rows: int
-    order: np.ndarray  # int64[num_rows], ids hottest first
+    hot_ids: np.ndarray  # int64[hot_rows]
     tier: np.ndarray  # int8[num_rows]
-    owner: np.ndarray  # int64[num_rows]
-    slot: np.ndarray  # int64[num_rows]
+    owner: np.ndarray  # int32[num_rows]
+    slot: np.ndarray  # int32[num_rows] (int64 from 2^31 rows)
     warm_rows_per_position: np.ndarray  # int64[g]
     cold_rows_per_rank: np.ndarray  # int64[N]
 
     def ids_of(self, tier: int, owner: int = -1) -> np.ndarray:
-        """Ids of ``tier`` held by ``owner`` (a position for warm, a rank for cold), in slot order."""
+        """Ids (int64) of ``tier`` held by ``owner`` (a position for warm, a rank for cold), in slot
+        order."""
         if tier == HOT:
-            return self.order[: self.hot_rows].copy()
+            return self.hot_ids.copy()
         sel = np.flatnonzero((self.tier == tier) & (self.owner == owner))
-        return sel[np.argsort(self.slot[sel], kind="stable")]
+        return sel[np.argsort(self.slot[sel], kind="stable")].astype(np.int64)
 
 
 def build_routing(
@@ -105,8 +108,8 @@ def build_routing(
     w_owner, w_slot, w_sizes = deal(w, warm_by_position, period)
     c_owner, c_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period)
     tier = np.empty(num_rows, dtype=np.int8)
-    owner = np.empty(num_rows, dtype=np.int64)
-    slot = np.empty(num_rows, dtype=np.int64)
+    owner = np.empty(num_rows, dtype=np.int32)
+    slot = np.empty(num_rows, dtype=np.int32 if num_rows < 2**31 else np.int64)
     tier[order[:h]] = HOT
     owner[order[:h]] = -1
     slot[order[:h]] = np.arange(h)
@@ -116,4 +119,7 @@ def build_routing(
     tier[order[h + w :]] = COLD
     owner[order[h + w :]] = c_owner
     slot[order[h + w :]] = c_slot
-    return TableRouting(plan.name, num_rows, h, w, plan.cold_rows, order, tier, owner, slot, w_sizes, c_sizes)
+    hot_ids = order[:h].copy()
+    return TableRouting(
+        plan.name, num_rows, h, w, plan.cold_rows, hot_ids, tier, owner, slot, w_sizes, c_sizes
+    )

@@ -36,6 +36,7 @@ every row for dense sync).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 
@@ -57,17 +58,41 @@ OPTIMIZERS = ("sgd", "adagrad")
 # error codes agreed before any data collective
 _E_TABLES, _E_TYPE, _E_EMPTY, _E_NEG_LEN, _E_LEN_SUM, _E_RANGE = range(1, 7)
 
-Initializer = Callable[[str, int, int], torch.Tensor]
+Initializer = Callable[[str, np.ndarray, int], torch.Tensor]  # (table, row ids int64[n], dim) -> [n, dim]
+_INIT_CHUNK_VALUES = 1 << 22  # values per chunk of the seeded initializer: 32 MiB of uint64 scratch
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on a uint64 array, in place (wrapping arithmetic)."""
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
 
 
 def seeded_initializer(seed: int, scale: float = 0.1) -> Initializer:
-    """Full-table initializer: ``U(-scale, scale)`` from a generator seeded by ``seed`` and the table
-    name, so any process (a test's reference included) can rebuild the same weights."""
+    """Row initializer: element ``(id, j)`` of table ``name`` is ``U(-scale, scale)`` from a counter-based
+    hash of ``(seed, name, id * dim + j)``. Any process asking for any rows gets the same values, so
+    each rank builds only the rows it holds (and a test's reference the whole table) with no full
+    table anywhere. Vectorised in chunks of ``_INIT_CHUNK_VALUES`` values."""
 
-    def init(name: str, num_rows: int, dim: int) -> torch.Tensor:
-        salt = int.from_bytes(name.encode()[:8].ljust(8, b"\0"), "little") % (2**31)
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + salt) % (2**63))
-        return (torch.rand(num_rows, dim, generator=gen, dtype=torch.float32) * 2 - 1) * scale
+    def init(name: str, ids: np.ndarray, dim: int) -> torch.Tensor:
+        key = np.uint64(
+            int.from_bytes(hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest(), "little")
+        )
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.empty((ids.size, dim), dtype=np.float32)
+        cols = np.arange(dim, dtype=np.uint64)
+        step = max(1, _INIT_CHUNK_VALUES // dim)
+        for start in range(0, ids.size, step):  # one pass per chunk of rows
+            x = ids[start : start + step].astype(np.uint64)[:, None] * np.uint64(dim) + cols
+            x *= np.uint64(0x9E3779B97F4A7C15)
+            x ^= key
+            u = (_mix64(x) >> np.uint64(40)).astype(np.float32) * np.float32(2.0**-24)  # [0, 1)
+            out[start : start + step] = (u * 2 - 1) * scale
+        return torch.from_numpy(out)
 
     return init
 
@@ -121,8 +146,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     ``tables``: ``(name, num_rows, dim)`` in the plan's table order. ``orders``: per table a hotness
     order (touched ids hottest first, completed by :func:`complete_order`); missing tables use the
-    identity. ``init``: a full-table initializer ``(name, num_rows, dim) -> float32[num_rows, dim]``
-    or a seed for :func:`seeded_initializer`; every rank must build the same weights.
+    identity. ``init``: a row initializer ``(name, ids int64[n], dim) -> float32[n, dim]`` that gives
+    the same row for the same id on every rank, or a seed for :func:`seeded_initializer`. Each rank
+    initialises only the rows it holds.
     """
 
     def __init__(
@@ -175,15 +201,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.opt_state: dict[tuple[int, int], torch.Tensor] = {}
         pos, rank = self.pg.position, self.rank
         for t, (name, r) in enumerate(zip(self.table_names, self.routing, strict=True)):
-            full = init_fn(name, r.num_rows, self.dims[t])
-            if tuple(full.shape) != (r.num_rows, self.dims[t]):
-                raise ValueError(
-                    f"table {name!r}: initializer returned shape {tuple(full.shape)}, "
-                    f"expected {(r.num_rows, self.dims[t])}"
-                )
             self._map.append(
                 (
-                    torch.as_tensor(r.tier.astype(np.int64), device=dev),
+                    torch.as_tensor(r.tier, device=dev),
                     torch.as_tensor(r.owner, device=dev),
                     torch.as_tensor(r.slot, device=dev),
                 )
@@ -191,7 +211,13 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             for tier, owner in ((HOT, -1), (WARM, pos), (COLD, rank)):
                 ids = r.ids_of(tier, owner)
                 self._ids[(t, tier)] = ids
-                w = full[torch.as_tensor(ids)].to(device=dev, dtype=torch.float32).contiguous()
+                w = init_fn(name, ids, self.dims[t])
+                if tuple(w.shape) != (ids.size, self.dims[t]):
+                    raise ValueError(
+                        f"table {name!r}: initializer returned shape {tuple(w.shape)} for {ids.size} rows, "
+                        f"expected {(ids.size, self.dims[t])}"
+                    )
+                w = w.to(device=dev, dtype=torch.float32).contiguous()
                 self.weights[(t, tier)] = w
                 self.opt_state[(t, tier)] = torch.zeros(w.shape[0], device=dev)
         # warm owner (a group position) -> its global rank; tier exchanges, and which ranks each reaches
@@ -358,7 +384,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             else:
                 uniq, inv = values, None
             tier_map, owner_map, slot_map = self._map[t]
-            tier, owner, slot = (m.index_select(0, uniq) for m in (tier_map, owner_map, slot_map))
+            tier = tier_map.index_select(0, uniq)
+            owner, slot = (m.index_select(0, uniq).long() for m in (owner_map, slot_map))
             emb = torch.empty(uniq.numel(), self.dims[t], device=self.device)
             hot_idx = torch.nonzero(tier == HOT).flatten()
             hot_slot = slot.index_select(0, hot_idx)

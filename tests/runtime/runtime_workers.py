@@ -120,7 +120,7 @@ def balanced_ids(routes, rank: int, world: int, warm_counts, cold_counts, hot: i
 
 def full_weights() -> dict[str, torch.Tensor]:
     init = seeded_initializer(SEED)
-    return {name: init(name, rows, dim) for name, rows, dim in TABLES}
+    return {name: init(name, np.arange(rows), dim) for name, rows, dim in TABLES}
 
 
 def reference_training(world: int, steps: int, optimizer: str, lr: float = 0.05, eps: float = 1e-8):

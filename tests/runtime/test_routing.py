@@ -59,6 +59,23 @@ def test_build_routing_tiers_and_slots():
     for rank in range(4):  # ids_of lists each shard in slot order
         ids = r.ids_of(COLD, rank)
         assert r.slot[ids].tolist() == list(range(ids.size)) and (r.owner[ids] == rank).all()
+    assert r.ids_of(HOT).tolist() == order[:3].tolist() and r.ids_of(WARM, 1).dtype == np.int64
+    # what stays per row after the build: tier int8 + owner int32 + slot int32
+    assert (r.tier.dtype, r.owner.dtype, r.slot.dtype) == (np.int8, np.int32, np.int32)
+    assert r.tier.nbytes + r.owner.nbytes + r.slot.nbytes == 9 * 33
+
+
+def test_seeded_initializer_gives_each_row_the_same_values_wherever_it_is_built():
+    init = seeded_initializer(3)
+    full = init("item", np.arange(1000), 16).numpy()
+    assert full.shape == (1000, 16) and full.dtype == np.float32
+    assert -0.1 <= full.min() and full.max() < 0.1 and abs(full.mean()) < 0.005
+    assert abs(full.std() - 0.1 / np.sqrt(3)) < 0.002  # U(-0.1, 0.1)
+    ids = np.array([999, 5, 17, 5])
+    assert np.array_equal(init("item", ids, 16).numpy(), full[ids])  # any subset, any order
+    assert init("item", np.zeros(0, np.int64), 16).shape == (0, 16)
+    assert not np.allclose(init("other", np.arange(4), 16).numpy(), full[:4])  # per table
+    assert not np.allclose(seeded_initializer(4)("item", np.arange(4), 16).numpy(), full[:4])  # per seed
 
 
 def test_to_padded_and_its_gradient():
@@ -88,7 +105,7 @@ def test_nccl_on_the_local_gpus(tmp_path):
     (tmp_path / "out").mkdir()
     results = run(world, plan, "small", backend="nccl", timeout_s=300.0)
     init = seeded_initializer(SEED)
-    w = {name: init(name, rows, dim) for name, rows, dim in TABLES}
+    w = {name: init(name, np.arange(rows), dim) for name, rows, dim in TABLES}
     for r, res in enumerate(results):
         feats = random_batch(SEED, 99, r)
         for name, _rows, _dim in TABLES:
