@@ -54,6 +54,13 @@ Run (TorchRec installed as in ``scripts/setup_torchrec.sh``)::
 
     .venv/bin/python experiments/bench_vs_torchrec.py [--world 4|8] [--batch 128] [--steps 10]
         [--warmup 3] [--rounds 2] [--json out.json]
+
+``--study`` runs the three documented configurations one after another (world 4 batch 128, world 4
+batch 256, world 8 batch 128; a fresh spawn of the ranks each; the other options apply to all three)
+and writes ``docs/results/torchrec_runtime.md`` and ``torchrec_runtime.png`` (``--no-write``: print
+only)::
+
+    .venv/bin/python experiments/bench_vs_torchrec.py --study [--no-write]
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +87,18 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 REFERENCE_RANKS = 8  # the head size is fixed from an 8-rank iteration, so --world does not change the data
 INTRA, INTER = 0, 1
 DEFAULT_TABLES = "item:100000:64,creator:50000:64,category:10000:64"  # EmbeddingCollection: one dim
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
+STUDY_COMMAND = ".venv/bin/python experiments/bench_vs_torchrec.py --study"
+STUDY: tuple[tuple[str, dict[str, int]], ...] = (  # (name, Config overrides), in the order they run
+    ("world 4 (2 groups of 2), batch 128 per rank", {"world": 4, "batch": 128}),
+    ("world 4 (2 groups of 2), batch 256 per rank", {"world": 4, "batch": 256}),
+    ("world 8 (2 groups of 4), batch 128 per rank", {"world": 8, "batch": 128}),
+)
+STUDY_SYSTEMS = (
+    ("flexshard", "FlexShard"),
+    ("flexshard_rw", "ablation (row-wise + dedup)"),
+    ("torchrec", "TorchRec"),
+)
 
 
 @dataclass
@@ -677,6 +696,7 @@ def report(cfg: Config, plan_info: dict, results: list[dict]) -> tuple[str, dict
         f"which system runs first); zipf alpha {cfg.alpha}, tail {cfg.tail_mass}; "
         f"order: {'oracle' if cfg.oracle_order else f'counted on {cfg.profile_steps} profiling steps'}"
     )
+    lines.append("")
     lines.append(
         "FlexShard tiers (hot, warm, cold rows): "
         + "; ".join(f"{n}: {h:,}/{w:,}/{c:,}" for n, h, w, c in plan_info["tiers"])
@@ -766,7 +786,178 @@ def parse_tables(text: str) -> list[tuple[str, int, int]]:
     return out
 
 
-def main(argv=None) -> int:
+def run_config(cfg: Config) -> tuple[str, dict]:
+    """Plan, count the hotness order, spawn the ranks: the report text and the ``--json`` payload."""
+    with tempfile.TemporaryDirectory(prefix="bench_vs_torchrec.") as tmp:
+        tmp = Path(tmp)
+        plan_info = write_bench_plan(cfg, tmp / "plan.json")
+        dists = [TableDistribution(cfg, i, rows) for i, (_n, rows, _d) in enumerate(cfg.tables)]
+        np.savez(tmp / "orders.npz", **counted_orders(cfg, dists))
+        results = launch(cfg, tmp / "plan.json", tmp / "orders.npz", tmp)
+    text, summary = report(cfg, plan_info, results)
+    payload = {
+        "config": asdict(cfg),
+        "plan": plan_info,
+        "summary": summary,
+        "errors": {k: v for r in results for k, v in r.items() if k.endswith("_error")},
+    }
+    return text, payload
+
+
+def write_json(path: str, payload: object) -> None:
+    Path(path).write_text(json.dumps(payload, indent=1, default=str))
+
+
+# --- study: the three documented configurations --------------------------------------------------
+
+
+def run_study(base: Config) -> list[tuple[str, str, dict]]:
+    """Each configuration of ``STUDY`` on ``base`` (fresh ranks each): ``(name, report text, payload)``."""
+    runs = []
+    for i, (name, overrides) in enumerate(STUDY, 1):
+        print(f"[{i}/{len(STUDY)}] {name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        text, payload = run_config(replace(base, **overrides))
+        print(f"[{i}/{len(STUDY)}] done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+        runs.append((name, text, payload))
+    return runs
+
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = [f"Python {sys.version.split()[0]}", f"torch {torch.__version__}"]
+    for name in ("torchrec", "fbgemm_gpu_cpu"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return ", ".join(found)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}" if b else "n/a"
+
+
+def study_table(runs: list[tuple[str, str, dict]]) -> list[str]:
+    """One row per configuration: bytes of the three systems and FlexShard's ratios to the other two."""
+    lines = [
+        "| configuration | inter-group MB (FlexShard / ablation / TorchRec) | intra-group MB (same) | "
+        "FlexShard / TorchRec: inter, total bytes, step time mean (median) | "
+        "FlexShard / ablation: inter, total bytes, step time mean (median) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, _text, payload in runs:
+        s = payload["summary"]
+        f = s["flexshard"]
+        cells = [name]
+        for link in ("inter", "intra"):
+            cells.append(" / ".join(mb(s[k][link]) if k in s else "n/a" for k, _l in STUDY_SYSTEMS))
+        for key in ("torchrec", "flexshard_rw"):
+            t = s.get(key)
+            if t is None:
+                cells.append("n/a")
+                continue
+            total = _ratio(f["intra"] + f["inter"], t["intra"] + t["inter"])
+            step = f"{_ratio(f['mean_ms'], t['mean_ms'])} ({_ratio(f['median_ms'], t['median_ms'])})"
+            cells.append(f"{_ratio(f['inter'], t['inter'])}, {total}, {step}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, runtime_s: float) -> str:
+    """``docs/results/torchrec_runtime.md``: command, versions, set-up, summary, per-configuration tables."""
+    tables = ", ".join(f"{n} {r:,}x{d}" for n, r, d in cfg.tables)
+    lines = [
+        "# FlexShard runtime vs TorchRec row-wise, measured on CPU (gloo)",
+        "",
+        "**CPU timings with gloo over loopback, all ranks on this host's cores: they are not GPU / NCCL "
+        "timings.** Loopback has no slower inter-group link, so saving inter-group bytes cannot shorten a "
+        "step here. The byte counts do not depend on the hardware. Method and reading: "
+        "[docs/torchrec_comparison.md](../torchrec_comparison.md).",
+        "",
+        f"Command: `{command}` ({runtime_s:.0f} s on this {os.cpu_count()}-core machine; {versions()}).",
+        "",
+        "## Set-up",
+        "",
+        f"- Tables {tables}; every sample is one history of {cfg.len_min}-{cfg.len_max} ids looked up in "
+        f"every table; ids from Zipf({cfg.alpha}) head + {cfg.tail_mass} uniform tail, randomly permuted.",
+        f'- FlexShard: `make_plan("flexshard")` at {cfg.budget:g}x row-wise memory, hotness order counted on '
+        f'{cfg.profile_steps} profiling batches; ablation: FlexShard\'s runtime on `make_plan("row_wise", '
+        "dedup=True)`; TorchRec: `EmbeddingCollection`, `ROW_WISE`, FUSED kernel, fused "
+        "`EXACT_ROWWISE_ADAGRAD`, no index dedup (no CPU kernel).",
+        f"- Per system {cfg.rounds} rounds of {cfg.steps} timed steps on the same batches (first after "
+        f"{cfg.warmup} warm-up steps), rounds alternating which system runs first; {cfg.threads} torch "
+        "thread(s) per rank; a step's time is its slowest rank's.",
+        "- Bytes: measured by hooking `torch.distributed` collectives during the timed steps, per rank per "
+        "iteration, send side, MB = 1e6 B (all-reduce per-peer bytes computed from the payload).",
+        "",
+        "## Summary",
+        "",
+        *study_table(runs),
+        "",
+        "Ratios are FlexShard's value over the other system's (bytes: per rank per iteration; step time: "
+        "of the mean and, in brackets, of the median). Step time ratios are CPU/gloo only, on a machine "
+        "shared with other jobs.",
+        "",
+        "![FlexShard vs TorchRec runtime](torchrec_runtime.png)",
+    ]
+    for name, text, _payload in runs:
+        lines += ["", f"## {name[0].upper()}{name[1:]}", "", text]
+    return "\n".join(lines) + "\n"
+
+
+def study_figure(runs: list[tuple[str, str, dict]], path: Path) -> None:
+    """Inter- and intra-group MB per iteration and step time (± std) per configuration and system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+    x = np.arange(len(runs))
+    width = 0.27
+    panels = (
+        ("inter", "inter-group MB per rank per iteration"),
+        ("intra", "intra-group MB per rank per iteration"),
+        ("mean_ms", "step time, ms (mean ± std, CPU gloo)"),
+    )
+    for ax, (field_, title) in zip(axes, panels, strict=True):
+        for j, (key, label) in enumerate(STUDY_SYSTEMS):
+            vals, errs = [], []
+            for _n, _t, payload in runs:
+                s = payload["summary"].get(key)
+                scale = 1.0 if field_ == "mean_ms" else 1e-6
+                vals.append(s[field_] * scale if s else np.nan)
+                errs.append(s["std_ms"] if s and field_ == "mean_ms" else 0.0)
+            bars = ax.bar(
+                x + (j - 1) * width,
+                vals,
+                width,
+                yerr=errs if field_ == "mean_ms" else None,
+                capsize=3,
+                label=label,
+                color=f"C{j}",
+            )
+            ax.bar_label(bars, fmt="%.0f" if field_ == "mean_ms" else "%.2f", fontsize=7, padding=2)
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(x, [n.replace(", ", "\n") for n, _t, _p in runs], fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(
+        "FlexShard vs TorchRec row-wise (and FlexShard's runtime on the row-wise plan), measured on CPU "
+        "with gloo over loopback\nbytes are hardware-independent; CPU gloo step times are NOT GPU timings",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--world", type=int, default=4, help="ranks (4 or 8; 2 emulated groups)")
     p.add_argument("--groups", type=int, default=2)
@@ -802,8 +993,16 @@ def main(argv=None) -> int:
         "fbgemm::jagged_unique_indices has no CPU kernel in fbgemm-gpu-cpu 1.8: fails on CPU)",
     )
     p.add_argument("--timeout", type=float, default=1200.0)
-    p.add_argument("--json", help="also write the summary here")
+    p.add_argument("--json", help="also write the summary here (with --study: a list, one per configuration)")
+    p.add_argument(
+        "--study",
+        action="store_true",
+        help="run the three documented configurations (--world / --batch are set by each) and write "
+        "docs/results/torchrec_runtime.md and .png",
+    )
+    p.add_argument("--no-write", action="store_true", help="with --study: print only, write no docs/results")
     args = p.parse_args(argv)
+    t0 = time.perf_counter()
     cfg = Config(
         world=args.world,
         groups=args.groups,
@@ -831,35 +1030,37 @@ def main(argv=None) -> int:
     )
     if not cfg.skip_torchrec and len({d for _n, _r, d in cfg.tables}) > 1:
         p.error("TorchRec's EmbeddingCollection needs one embedding dim for all tables (or --skip-torchrec)")
-    if cfg.world % cfg.groups:
-        p.error(f"--world {cfg.world} is not a multiple of --groups {cfg.groups}")
+    worlds = [o["world"] for _n, o in STUDY] if args.study else [cfg.world]
+    if any(w % cfg.groups for w in worlds):
+        p.error(f"--world {worlds} is not a multiple of --groups {cfg.groups}")
     if not cfg.skip_torchrec:
         try:
             import torchrec  # noqa: F401
         except Exception as e:  # still run the FlexShard half
             print(f"TorchRec unavailable ({type(e).__name__}: {e}); running FlexShard only", file=sys.stderr)
             cfg.skip_torchrec = True
-    with tempfile.TemporaryDirectory(prefix="bench_vs_torchrec.") as tmp:
-        tmp = Path(tmp)
-        plan_info = write_bench_plan(cfg, tmp / "plan.json")
-        dists = [TableDistribution(cfg, i, rows) for i, (_n, rows, _d) in enumerate(cfg.tables)]
-        np.savez(tmp / "orders.npz", **counted_orders(cfg, dists))
-        results = launch(cfg, tmp / "plan.json", tmp / "orders.npz", tmp)
-    text, summary = report(cfg, plan_info, results)
-    print(text)
+    if not args.study:
+        text, payload = run_config(cfg)
+        print(text)
+        if args.json:
+            write_json(args.json, payload)
+        return 0
+    runs = run_study(cfg)
+    runtime = time.perf_counter() - t0
+    for name, text, _payload in runs:
+        print(f"\n## {name}\n\n{text}")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "config": asdict(cfg),
-                    "plan": plan_info,
-                    "summary": summary,
-                    "errors": {k: v for r in results for k, v in r.items() if k.endswith("_error")},
-                },
-                indent=1,
-                default=str,
-            )
-        )
+        write_json(args.json, [{"name": name, **payload} for name, _t, payload in runs])
+    if not args.no_write:
+        shown = [
+            a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--study", "--no-write")
+        ]
+        command = " ".join([STUDY_COMMAND, *shown])
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "torchrec_runtime.md").write_text(render_study(cfg, runs, command, runtime))
+        study_figure(runs, OUT / "torchrec_runtime.png")
+        print(f"wrote {OUT / 'torchrec_runtime.md'} and torchrec_runtime.png", file=sys.stderr)
+    print(f"runtime {runtime:.0f} s", file=sys.stderr)
     return 0
 
 
