@@ -177,6 +177,15 @@ def test_two_ranks_real_data_and_world_size_mismatch(four, tmp_path):
     if BEAUTY.is_file():
         real = ["--data", str(BEAUTY), "--groups", "2", "--steps", "3", "--verify", "--batch-size", "256"]
         calls.append((real, None))
+        # the user guide's path: flexshard stats -> flexshard plan -> train --plan (the stats file also
+        # has an item_attribute table, which the model does not use)
+        from flexshard.cli import main as cli
+
+        npz, plan = tmp_path / "beauty.npz", tmp_path / "plan.json"
+        assert cli(["stats", str(BEAUTY), "--dim", "16", "--out", str(npz)]) == 0
+        assert cli(["plan", "--workload", str(npz), "--topology", "h100:2x1", "--out", str(plan)]) == 0
+        guide = ["--data", str(BEAUTY), "--plan", str(plan), "--steps", "2", "--verify", "--batch-size", "64"]
+        calls.append((guide, None))
     results = run_main(2, calls, tmp_path / "run")
     mismatch = _call(results, 0)
     assert [c["rc"] for c in mismatch] == [2, 2]
@@ -191,6 +200,11 @@ def test_two_ranks_real_data_and_world_size_mismatch(four, tmp_path):
     assert "world 2 (2 groups of 1)" in real[0]["out"]
     assert "item_id hot/warm/cold 0/" not in real[0]["out"]  # the plan replicates the hottest items
     assert real[0]["out"].rstrip().endswith("verify: OK (3 steps, all rows of all copies match)")
+    guide = _call(results, 2)
+    assert [c["rc"] for c in guide] == [0, 0], [c["err"] for c in guide]
+    assert "plan (flexshard): item_id hot/warm/cold" in guide[0]["out"]
+    assert "item_attribute" not in guide[0]["out"]
+    assert guide[0]["out"].rstrip().endswith("verify: OK (2 steps, all rows of all copies match)")
 
 
 def test_single_process_without_launcher(monkeypatch, capsys):
