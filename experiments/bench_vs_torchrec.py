@@ -69,7 +69,6 @@ import argparse
 import inspect
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -81,6 +80,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from flexshard.runtime.local import free_port, wait_for_ranks
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
@@ -607,12 +608,6 @@ def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str,
         raise
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(cfg: Config, plan_path: Path, orders_path: Path, outdir: Path) -> list[dict]:
     ctx = mp.start_processes(
         _worker,
@@ -621,17 +616,10 @@ def launch(cfg: Config, plan_path: Path, orders_path: Path, outdir: Path) -> lis
         join=False,
         start_method="spawn",
     )
-    deadline = time.monotonic() + cfg.timeout_s
     try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks did not finish within {cfg.timeout_s} s")
-    except Exception as e:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-        errs = [f"{f.name}:\n{f.read_text()}" for f in sorted(outdir.glob("*.err"))]
-        raise SystemExit("\n".join(errs) or f"worker failed: {e}") from None
+        wait_for_ranks(ctx, cfg.timeout_s, outdir, f"world {cfg.world}")
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
     return [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(cfg.world)]
 
 

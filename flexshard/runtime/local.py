@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 
 from topology.probe.collective import free_port
 
-__all__ = ["free_port", "run_on_ranks"]
+__all__ = ["free_port", "run_on_ranks", "wait_for_ranks"]
 
 
 def _rank_main(
@@ -57,15 +57,22 @@ def run_on_ranks(
     with tempfile.TemporaryDirectory(prefix="flexshard-ranks-") as outdir:
         spawn_args = (world, free_port(), backend, outdir, fn, args)
         ctx = mp.start_processes(_rank_main, args=spawn_args, nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{label}: ranks did not finish within {timeout_s:g} s")
-        except Exception as exc:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            errs = [f.read_text() for f in sorted(Path(outdir).glob("*.err"))]
-            raise RuntimeError("\n".join(errs) or f"{label}: {exc}") from None
+        wait_for_ranks(ctx, timeout_s, outdir, label)
         return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def wait_for_ranks(ctx: Any, timeout_s: float, outdir: str | Path, label: str) -> None:
+    """Join the processes of ``ctx`` (from ``torch.multiprocessing.start_processes(join=False)``)
+    until ``timeout_s`` seconds have passed. When one fails or the time is up, kill the rest and raise
+    ``RuntimeError`` with the text of every ``*.err`` file in ``outdir`` (the ranks' tracebacks)."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks did not finish within {timeout_s:g} s")
+    except Exception as exc:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+        errs = [f"{f.name}:\n{f.read_text()}" for f in sorted(Path(outdir).glob("*.err"))]
+        raise RuntimeError("\n".join(errs) or f"{label}: {exc}") from None

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from flexshard.runtime.local import free_port
+from flexshard.runtime.local import free_port, wait_for_ranks
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
@@ -91,15 +91,5 @@ def run_main(world: int, calls: list[tuple[list[str], str | None]], outdir: Path
     ctx = mp.start_processes(
         _worker, args=(world, calls, ports, str(outdir)), nprocs=world, join=False, start_method="forkserver"
     )
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=max(0.1, deadline - time.monotonic())):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks did not finish within {timeout_s} s")
-    except Exception as e:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-        errs = [f.read_text() for f in sorted(outdir.glob("*.err"))]
-        raise AssertionError("\n".join(errs) or f"worker failed: {e}") from None
+    wait_for_ranks(ctx, timeout_s, outdir, "train")
     return [json.loads((outdir / f"rank{r}.json").read_text()) for r in range(world)]

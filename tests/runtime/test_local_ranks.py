@@ -1,0 +1,48 @@
+"""run_on_ranks: results come back in rank order; a failing or hanging rank ends every rank with its
+traceback, within the deadline."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from flexshard.runtime.local import run_on_ranks
+
+
+def _sum_of_ranks(rank: int, world: int, offset: int) -> tuple[int, int]:
+    t = torch.tensor([rank + offset])
+    dist.all_reduce(t)
+    return rank, int(t)
+
+
+def _rank1_fails(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError("rank 1 cannot go on")
+    dist.barrier()  # rank 0 would wait here forever
+
+
+def _rank1_hangs(rank: int, world: int) -> None:
+    if rank == 1:
+        time.sleep(600)
+    dist.barrier()
+
+
+def test_results_in_rank_order():
+    assert run_on_ranks(_sum_of_ranks, 3, 10) == [(0, 33), (1, 33), (2, 33)]
+
+
+def test_a_failing_rank_ends_every_rank_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 cannot go on") as info:
+        run_on_ranks(_rank1_fails, 2, timeout_s=60.0)
+    assert "rank1.err" in str(info.value) and time.monotonic() - start < 50
+
+
+def test_a_hanging_rank_is_killed_at_the_deadline():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="^hang: ranks did not finish within 3 s$"):
+        run_on_ranks(_rank1_hangs, 2, timeout_s=3.0, label="hang")
+    assert time.monotonic() - start < 30
