@@ -42,6 +42,17 @@ def _plain(v: Any) -> Any:
     return repr(v)
 
 
+def _fabric_info(handle: Any) -> Any:
+    """The GPU's fabric registration (multi-node NVLink, NVL72-class): the filled struct."""
+    import ctypes
+
+    import pynvml
+
+    info = pynvml.c_nvmlGpuFabricInfoV_t()
+    pynvml.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+    return info
+
+
 def snapshot() -> dict[str, Any]:
     import pynvml
 
@@ -70,6 +81,7 @@ def snapshot() -> dict[str, Any]:
                 "pcie_max_link_width": _call(pynvml.nvmlDeviceGetMaxPcieLinkWidth, h),
                 "nvlink": [],
                 "common_ancestor": {},
+                "fabric": _call(_fabric_info, h),
             }
             for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
                 state = _call(pynvml.nvmlDeviceGetNvLinkState, h, link)

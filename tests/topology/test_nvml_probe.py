@@ -123,6 +123,46 @@ def test_merged_graph_round_trips_through_json(tmp_path):
     assert cluster_view(H).groups == cluster_view(G).groups == ((0,), (1, 2))
 
 
+# --- multi-node NVLink (NVL72-class) -----------------------------------------------------------------
+
+
+def test_fabric_domain_is_read_from_nvml():
+    (gpu, *_) = probe_host(fk.fake_nvl72_tray(clique=7, cluster=0xAB), host="t").gpus
+    assert gpu.fabric == "ab" * 16 + "/7"
+    assert [link.bandwidth_GBps for link in gpu.nvlinks] == [50.0] * 18  # NVLink 5
+    hgx = probe_host(fake_nvswitch_node(), host="h")  # single-node NVLink: not supported, no domain
+    assert hgx.gpus[0].fabric is None and "nvmlDeviceGetGpuFabricInfoV: Not Supported" in hgx.unsupported
+    pending = probe_host(fk.fake_nvl72_tray(state=fk.NVML_GPU_FABRIC_STATE_IN_PROGRESS), host="t")
+    assert pending.gpus[0].fabric is None  # not registered yet: no domain to rely on
+
+
+def test_trays_of_one_clique_form_one_group_across_hosts(tmp_path):
+    """Three 4-GPU trays in clique 1 and one in clique 2: a 12-GPU group at 18 x 50 GB/s per GPU, whose
+    ranks span three hosts, and the fourth tray on its own; NICs still carry the inter-group traffic."""
+    trays = [
+        probe_host(fk.fake_nvl72_tray(clique=1 if k < 3 else 2, tag=str(k)), host=f"tray{k}")
+        for k in range(4)
+    ]
+    G = merge_hosts(trays)
+    view = cluster_view(G)
+    assert view.groups == (tuple(range(12)), tuple(range(12, 16)))
+    assert view.host_of_rank[:12] == ("tray0",) * 4 + ("tray1",) * 4 + ("tray2",) * 4
+    assert np.allclose(view.intra_bw_Bps, 900 * GB) and np.allclose(view.inter_bw_Bps, 50 * GB)
+    switches = sorted(n for n, kind in G.nodes(data="kind") if kind == "nvswitch")
+    assert switches == ["nvswitch/nvl-1-72727272", "nvswitch/tray3"]  # the per-tray switches of clique 1 went
+    assert G.nodes["tray1/gpu2"]["group"] == "nvl-1-72727272"
+    write_json(G, tmp_path / "nvl.json")
+    assert cluster_view(read_json(tmp_path / "nvl.json")).groups == view.groups
+
+
+def test_fabric_domains_need_a_completed_registration_on_every_tray():
+    states = (fk.NVML_GPU_FABRIC_STATE_COMPLETED, fk.NVML_GPU_FABRIC_STATE_NOT_STARTED)
+    trays = [
+        probe_host(fk.fake_nvl72_tray(tag=str(k), state=st), host=f"t{k}") for k, st in enumerate(states)
+    ]
+    assert cluster_view(merge_hosts(trays)).groups == ((0, 1, 2, 3), (4, 5, 6, 7))  # one group per host
+
+
 # --- PCIe box and direct NVLink ---------------------------------------------------------------------
 
 

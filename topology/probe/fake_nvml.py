@@ -18,6 +18,7 @@ the same function names and arguments, error classes (``NVMLError(code)`` gives 
 from __future__ import annotations
 
 import ast
+import ctypes
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -56,6 +57,12 @@ NVML_NVLINK_VERSION_3_1 = 5
 NVML_NVLINK_VERSION_4_0 = 6
 NVML_NVLINK_VERSION_5_0 = 7
 NVML_NVLINK_VERSION_6_0 = 8
+
+NVML_GPU_FABRIC_UUID_LEN = 16
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
 
 NVML_TOPOLOGY_INTERNAL = 0
 NVML_TOPOLOGY_SINGLE = 10
@@ -165,6 +172,17 @@ class _Handle:
         return f"<fake nvmlDevice {self.index}>"
 
 
+class c_nvmlGpuFabricInfoV_t(ctypes.Structure):  # noqa: N801  (pynvml's name and layout, v2)
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("clusterUuid", ctypes.c_uint8 * NVML_GPU_FABRIC_UUID_LEN),
+        ("status", ctypes.c_int),
+        ("cliqueId", ctypes.c_uint32),
+        ("state", ctypes.c_uint),
+        ("healthMask", ctypes.c_uint32),
+    ]
+
+
 class FakeNVML:
     """A module-like stand-in for ``pynvml`` answering from ``snapshot`` (see the module docstring).
 
@@ -174,6 +192,7 @@ class FakeNVML:
     """
 
     NVMLError = NVMLError  # the error classes and NVML_* constants are set below the class
+    c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfoV_t
 
     def __init__(
         self, snapshot: dict, *, init_error: int | None = None, unsupported: Iterable[str] = ()
@@ -296,6 +315,15 @@ class FakeNVML:
     def nvmlDeviceGetNvLinkVersion(self, handle: Any, link: int) -> int:
         return self._reply("nvmlDeviceGetNvLinkVersion", self._link(handle, link).get("version"))
 
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: Any, gpuFabricInfo: Any) -> int:
+        """Fills the ``c_nvmlGpuFabricInfoV_t`` passed by ``ctypes.byref``, as pynvml does; the snapshot's
+        ``fabric`` entry holds its fields (``clusterUuid`` as 16 ints)."""
+        value = self._reply("nvmlDeviceGetGpuFabricInfoV", self._device(handle).get("fabric"))
+        info = getattr(gpuFabricInfo, "_obj", gpuFabricInfo)
+        info.clusterUuid[:] = list(value["clusterUuid"])
+        info.status, info.cliqueId, info.state = value["status"], value["cliqueId"], value["state"]
+        return NVML_SUCCESS
+
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
         self._device(device2)
         entry = self._device(device1).get("common_ancestor", {}).get(str(device2.index))
@@ -411,6 +439,40 @@ def fake_nvswitch_node(num_gpus: int = 8, *, tag: str = "0") -> FakeNVML:
                 same = min(j // half, 1) == numa
                 level = NVML_TOPOLOGY_NODE if same else NVML_TOPOLOGY_SYSTEM
                 dev["common_ancestor"][str(j)] = {"value": level}
+        devices.append(dev)
+    return FakeNVML(_snapshot(devices))
+
+
+def fake_nvl72_tray(
+    num_gpus: int = 4,
+    *,
+    clique: int = 1,
+    cluster: int = 0x72,
+    state: int = NVML_GPU_FABRIC_STATE_COMPLETED,
+    tag: str = "0",
+) -> FakeNVML:
+    """A GB200 NVL72-class compute tray: ``num_gpus`` GPUs (186 GB), each with 18 NVLink 5 links to the
+    rack's NVSwitch trays, registered by the fabric manager in clique ``clique`` of cluster ``cluster``
+    (the cluster UUID's bytes are ``cluster`` repeated). ``state``: the fabric registration state."""
+    devices = []
+    for i in range(num_gpus):
+        numa = i // 2  # two Grace CPUs per tray, 72 cores each
+        cpus = range(72 * numa, 72 * numa + 72)
+        dev = _device(
+            i, "NVIDIA GB200", f"GPU-fake{tag}-nvl72-{i:04d}", 186 * 2**30, 0x08 + i, numa, cpus, 5, 16
+        )
+        for link in range(18):
+            dev["nvlink"][link] = {
+                "link": link,
+                "state": {"value": NVML_FEATURE_ENABLED},
+                "remote_pci": {"value": _pci(0xC0 + link % 2)},
+                "remote_type": {"value": NVML_NVLINK_DEVICE_TYPE_SWITCH},
+                "version": {"value": NVML_NVLINK_VERSION_5_0},
+            }
+        uuid = [cluster & 0xFF] * NVML_GPU_FABRIC_UUID_LEN
+        dev["fabric"] = {
+            "value": {"clusterUuid": uuid, "status": NVML_SUCCESS, "cliqueId": clique, "state": state}
+        }
         devices.append(dev)
     return FakeNVML(_snapshot(devices))
 

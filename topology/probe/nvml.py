@@ -19,6 +19,7 @@ and the network). The collective half of the probe replaces them with measured v
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import os
 import re
@@ -124,6 +125,7 @@ class GpuRecord:
     pcie_max_gen: int | None  # the best this device and system support
     pcie_max_width: int | None
     common_ancestor: dict[int, str | None] = field(default_factory=dict)  # other NVML index -> level
+    fabric: str | None = None  # multi-node NVLink domain "<cluster uuid hex>/<clique id>" (NVL72-class)
 
     @property
     def pcie_GBps(self) -> float | None:
@@ -236,6 +238,25 @@ def _affinity_cpus(words: Any) -> tuple[int, ...] | None:
     return cpus or None
 
 
+def _fabric_domain(ask: _Asker, nvml: Any, handle: Any, what: str) -> str | None:
+    """The multi-node NVLink domain of a GPU (GB200 NVL72-class systems, where NVSwitch trays join the
+    GPUs of several hosts): ``"<cluster uuid hex>/<clique id>"`` once the fabric manager has registered
+    the GPU (state COMPLETED, status SUCCESS). None elsewhere: single-node NVLink answers "Not
+    Supported", and a binding without ``nvmlDeviceGetGpuFabricInfoV`` is noted by the asker."""
+    struct = getattr(nvml, "c_nvmlGpuFabricInfoV_t", None)
+    if struct is None:
+        ask.notes["nvmlDeviceGetGpuFabricInfoV: not in this NVML binding"] = None
+        return None
+    info = struct()
+    if ask("nvmlDeviceGetGpuFabricInfoV", handle, ctypes.byref(info), what=what) is None:
+        return None
+    completed = getattr(nvml, "NVML_GPU_FABRIC_STATE_COMPLETED", 3)
+    uuid = bytes(info.clusterUuid)
+    if info.state != completed or info.status != 0 or not any(uuid):
+        return None
+    return f"{uuid.hex()}/{int(info.cliqueId)}"
+
+
 def _probe_gpu(ask: _Asker, nvml: Any, index: int, handle: Any, handles: Sequence[Any]) -> GpuRecord:
     what = f"gpu {index}"
     name = _text(ask("nvmlDeviceGetName", handle, what=what))
@@ -281,6 +302,7 @@ def _probe_gpu(ask: _Asker, nvml: Any, index: int, handle: Any, handles: Sequenc
         pcie_max_gen=ask("nvmlDeviceGetMaxPcieLinkGeneration", handle, what=what),
         pcie_max_width=ask("nvmlDeviceGetMaxPcieLinkWidth", handle, what=what),
         common_ancestor=ancestors,
+        fabric=_fabric_domain(ask, nvml, handle, what),
     )
 
 
@@ -423,6 +445,7 @@ def _add_host(G: nx.Graph, probe: HostProbe, nics: bool) -> list[str]:
             bus_id=gpu.bus_id,
             uuid=gpu.uuid,
             numa_node=gpu.numa_node,
+            fabric=gpu.fabric,
         )
         nodes.append(node)
     for members in components:
@@ -505,6 +528,32 @@ def host_graph(probe: HostProbe, *, nics: bool = True) -> nx.Graph:
     return validate(G)
 
 
+def _join_fabric_domains(G: nx.Graph) -> None:
+    """Make each multi-node NVLink domain (GPUs of several hosts with one ``fabric`` key) one group with
+    one ``nvswitch`` node: the GPUs' NVSwitch edges (their NVLink bandwidth) move to it, their ``group``
+    becomes ``nvl-<clique id>-<cluster uuid prefix>``, and the per-host switch nodes left empty go."""
+    domains: dict[str, list[str]] = {}
+    for node, attrs in G.nodes(data=True):
+        if attrs.get("kind") == "gpu" and attrs.get("fabric"):
+            domains.setdefault(attrs["fabric"], []).append(node)
+    for key, gpus in sorted(domains.items()):
+        if len({G.nodes[g]["host"] for g in gpus}) < 2:
+            continue  # one host's GPUs: already one group by their NVSwitch
+        uuid, clique = key.split("/")
+        group = f"nvl-{clique}-{uuid[:8]}"
+        switch = nvswitch_id(group)
+        G.add_node(switch, kind="nvswitch", group=group)
+        old_switches = set()
+        for gpu in gpus:
+            for other in [n for n in G.neighbors(gpu) if G.nodes[n].get("kind") == "nvswitch"]:
+                attrs = dict(G.edges[gpu, other])
+                G.remove_edge(gpu, other)
+                G.add_edge(gpu, switch, **attrs)
+                old_switches.add(other)
+            G.nodes[gpu]["group"] = group
+        G.remove_nodes_from([s for s in old_switches if G.degree(s) == 0])
+
+
 def merge_hosts(
     probes: Sequence[HostProbe],
     *,
@@ -513,6 +562,8 @@ def merge_hosts(
     nic_latency_us: float = NIC_LATENCY_US,
 ) -> nx.Graph:
     """A cluster of probed hosts: ranks in (host order, NVML index) order, NICs as in :func:`host_graph`,
+    GPUs that NVML puts in one multi-node NVLink domain (``GpuRecord.fabric``, NVL72-class) joined into one
+    group across their hosts,
     and all NICs on one placeholder leaf switch (``measured=False``): a NIC whose rate sysfs gave links at
     that rate (``basis="sysfs"``), any other at ``nic_GBps`` (``basis="default"``). Neither NVML nor sysfs
     sees the fabric; the collective half of the probe measures it. A NIC shared by several GPUs is one
@@ -523,6 +574,7 @@ def merge_hosts(
     G = new_topology(name)
     for probe in probes:
         _add_host(G, probe, nics=True)
+    _join_fabric_domains(G)
     G.add_node("leaf0", kind="switch", level="leaf", measured=False, basis="default")
     for nic in [node for node, kind in G.nodes(data="kind") if kind == "nic"]:
         rate = G.nodes[nic].get("rate_GBps")
