@@ -5,7 +5,8 @@ synthetic table (``zipf_table``, ``--dim`` wide, the calibrated head plus tail) 
 ``--budget`` x row-wise memory, run one forward / backward / step on a small batch, and report:
 
 * the rank's shard: weights and row-wise Adagrad state of the hot, warm and cold rows it holds (bytes);
-* its routing arrays (tier, owner, slot per row of the table: 9 bytes per row);
+* its routing arrays: per row of the table in the ``exact`` layout (tier, owner, slot: 9 bytes), per
+  replicated row in the ``compact`` one (id, hotness rank, hole: 20 bytes);
 * the peak resident memory of the rank's process (``ru_maxrss``), which also counts torch itself
   (about 0.3-0.4 GB) and the transient full hotness order and owner deal of the build;
 * the build time (plan read, routing, initialisation of the rank's rows) in seconds.
@@ -13,7 +14,8 @@ synthetic table (``zipf_table``, ``--dim`` wide, the calibrated head plus tail) 
 A full copy of the table on every rank, as a full-table initializer would need, is printed beside
 them for scale. Each size runs in fresh processes, one size after another. Run:
 
-    .venv/bin/python experiments/bench_runtime_memory.py [--rows 1e6,1e7,3e7] [--world 4] [--groups 2]
+    .venv/bin/python experiments/bench_runtime_memory.py [--rows 1e6,1e7,3e7] [--layouts exact,compact]
+        [--world 4] [--groups 2]
 """
 
 from __future__ import annotations
@@ -45,11 +47,11 @@ def table_workload(rows: int, dim: int) -> Workload:
     return Workload(f"memory-{rows}", (zipf_table("items", rows, dim, float(LENGTH)),), BATCH)
 
 
-def measure(rank: int, world: int, plan_path: str, rows: int, dim: int) -> dict:
+def measure(rank: int, world: int, plan_path: str, rows: int, dim: int, layout: str) -> dict:
     """On one rank: build the module, run one step, and report its memory (bytes) and build time (s)."""
     t0 = time.perf_counter()
     module = ShardedSequenceEmbedding(
-        read_plan(plan_path), [("items", rows, dim)], None, init=0, optimizer="adagrad"
+        read_plan(plan_path), [("items", rows, dim)], None, init=0, optimizer="adagrad", layout=layout
     )
     build_s = time.perf_counter() - t0
     hist = table_workload(rows, dim).tables[0].hist
@@ -58,7 +60,7 @@ def measure(rank: int, world: int, plan_path: str, rows: int, dim: int) -> dict:
     out["items"].sum().backward()
     module.step()
     shard = sum(w.nbytes for w in module.weights.values()) + sum(s.nbytes for s in module.opt_state.values())
-    routing = sum(a.nbytes for r in module.routing for a in (r.tier, r.owner, r.slot))
+    routing = sum(a.nbytes for r in module.routing for a in r.arrays())
     return {
         "shard": shard,
         "routing": routing,
@@ -67,13 +69,17 @@ def measure(rank: int, world: int, plan_path: str, rows: int, dim: int) -> dict:
     }
 
 
-def run_size(rows: int, dim: int, world: int, groups: int, budget_x: float, tmp: Path) -> list[dict]:
+def run_size(
+    rows: int, dim: int, world: int, groups: int, budget_x: float, layout: str, tmp: Path
+) -> list[dict]:
     wl = table_workload(rows, dim)
     view = uniform_view(groups, world // groups, INTRA_BW_BPS, INTER_BW_BPS)
     planned = make_plan("flexshard", wl, view, budget_bytes(wl, view, budget_x))
     plan_path = tmp / f"plan-{rows}.json"
     write_plan(plan_path, to_dict(planned.plan, wl, view, planned.report, "bench-runtime-memory"))
-    return run_on_ranks(measure, world, str(plan_path), rows, dim, timeout_s=1800.0, label=f"{rows:,} rows")
+    return run_on_ranks(
+        measure, world, str(plan_path), rows, dim, layout, timeout_s=1800.0, label=f"{rows:,} rows, {layout}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,35 +91,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--budget", type=float, default=2.0, help="per-GPU budget, multiple of row-wise (default 2)"
     )
+    p.add_argument("--layouts", default="exact,compact", help="routing layouts to measure (default both)")
     args = p.parse_args(argv)
     sizes = [int(float(x)) for x in args.rows.split(",") if x.strip()]
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     records = []
     with tempfile.TemporaryDirectory(prefix="bench-runtime-memory-") as tmp:
         for rows in sizes:
-            print(f"{rows:,} rows: {args.world} ranks ...", file=sys.stderr, flush=True)
-            ranks = run_size(rows, args.dim, args.world, args.groups, args.budget, Path(tmp))
-            worst = max(ranks, key=lambda r: r["peak_rss"])
-            records.append((rows, worst))
+            for layout in layouts:
+                print(f"{rows:,} rows, {layout}: {args.world} ranks ...", file=sys.stderr, flush=True)
+                ranks = run_size(rows, args.dim, args.world, args.groups, args.budget, layout, Path(tmp))
+                records.append((rows, layout, max(ranks, key=lambda r: r["peak_rss"])))
     header = [
         "rows",
+        "layout",
         "full table",
         "shard (max rank)",
         "routing",
         "routing B/row",
-        "peak RSS (max)",
+        "peak RSS",
         "build s",
     ]
     table = [
         [
             f"{rows:,}",
+            layout,
             human_bytes(rows * args.dim * 4),
             human_bytes(r["shard"]),
             human_bytes(r["routing"]),
-            f"{r['routing'] / rows:.1f}",
+            f"{r['routing'] / rows:.2f}",
             human_bytes(r["peak_rss"]),
             f"{r['build_s']:.2f}",
         ]
-        for rows, r in records
+        for rows, layout, r in records
     ]
     print(
         f"ShardedSequenceEmbedding, one table of dim {args.dim}, FlexShard plan at {args.budget:g}x, "

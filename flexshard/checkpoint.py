@@ -60,8 +60,10 @@ def layout_fingerprint(module: ShardedSequenceEmbedding) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([module.world_size, module.pg.groups]).encode())
     for r, dim in zip(module.routing, module.dims, strict=True):
-        h.update(json.dumps([r.name, r.num_rows, dim, r.hot_rows, r.warm_rows, r.cold_rows]).encode())
-        for arr in (r.tier, r.owner, r.slot):
+        h.update(
+            json.dumps([r.layout, r.name, r.num_rows, dim, r.hot_rows, r.warm_rows, r.cold_rows]).encode()
+        )
+        for arr in r.arrays():
             h.update(np.ascontiguousarray(arr).tobytes())
     return h.hexdigest()
 

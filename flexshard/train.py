@@ -73,6 +73,7 @@ from flexshard.cli_common import first_line
 from flexshard.model import OBJECTIVES, Batch, DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding, emulated_groups, seeded_initializer
+from flexshard.runtime.routing import LAYOUTS
 from flexshard.runtime.sharded import OPTIMIZERS
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
 from solvers.types import COMPONENTS, LINK_CLASSES, PlannerError, RowHistogram, TableSpec, Workload
@@ -428,6 +429,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume", action="store_true", help="resume from the latest checkpoint in --checkpoint-dir"
     )
+    p.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="exact",
+        help="routing layout: exact (per-row arrays) or compact (for very large tables; default exact)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-step lines")
     p.add_argument(
         "--metrics-out",
@@ -482,6 +489,7 @@ def run(args) -> int:
         lr=args.lr,
         dedup=args.dedup,
         device=device,
+        layout=args.layout,
     )
     start = 0
     resumed_from = None
@@ -503,7 +511,7 @@ def run(args) -> int:
             f"{t.name} hot/warm/cold {t.hot_rows}/{t.warm_rows}/{t.cold_rows}" for t in plan_file.plan.tables
         )
         + f"; optimizer {args.optimizer}, lr {args.lr}, dedup {'on' if args.dedup else 'off'}, "
-        f"batch {args.batch_size} per rank, objective {args.objective}"
+        f"batch {args.batch_size} per rank, objective {args.objective}, layout {args.layout}"
     )
 
     records: list[dict] = []

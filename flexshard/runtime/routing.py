@@ -8,9 +8,18 @@ when ``r < hot_rows``, warm when ``r < hot_rows + warm_rows``, cold otherwise. W
     owner = pattern[j % P]
     slot  = (j // P) * count(pattern == owner) + #{i < j % P : pattern[i] == owner}
 
-so the rows an owner holds are numbered 0, 1, 2, ... in hotness order. Everything here is numpy and
-vectorised over rows (no Python loop per row). The per-row arrays kept after the build are tier
-(int8), owner (int32) and slot (int32, or int64 for tables of 2^31 rows or more): 9 bytes per row.
+so the rows an owner holds are numbered 0, 1, 2, ... in hotness order. Two layouts implement it:
+
+* ``exact`` (:class:`TableRouting`): cold rows dealt in hotness order, as the cost model prices them,
+  so a rank's share of the cold rows is exactly its share of their accesses. It keeps per-row arrays:
+  tier (int8), owner (int32) and slot (int32, int64 from 2^31 rows), 9 bytes per row.
+* ``compact`` (:class:`CompactTableRouting`): only the replicated (hot and warm) rows are listed, as
+  sorted ids with their hotness ranks; cold rows are dealt by *id* (``owner = pattern[id % P]``), so
+  their owner and slot are arithmetic. 20 bytes per replicated row and nothing per cold row, for
+  tables of 10^9 rows. A rank's cold access share equals its row share only in expectation (ids
+  that are hashed or unrelated to hotness).
+
+Everything is vectorised over rows (no Python loop per row); lookups are torch ops on the device.
 """
 
 from __future__ import annotations
@@ -18,12 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from solvers.placement import interleave_pattern
 from solvers.types import TablePlan
 
 HOT, WARM, COLD = 0, 1, 2
 TIER_NAMES = ("hot", "warm", "cold")
+LAYOUTS = ("exact", "compact")
+_OWNER_SHIFT = 40  # hole keys of the compact layout: owner << 40 | raw slot (slots < 2^40)
 
 
 def complete_order(order: np.ndarray | list[int] | None, num_rows: int, table: str = "?") -> np.ndarray:
@@ -46,25 +58,55 @@ def complete_order(order: np.ndarray | list[int] | None, num_rows: int, table: s
     return np.concatenate([order, np.flatnonzero(~seen)]).astype(np.int64)
 
 
+@dataclass(frozen=True)
+class Dealer:
+    """The weighted interleave of :func:`deal` as arithmetic: item ``j`` goes to ``pattern[j % P]`` at
+    slot ``(j // P) * per_period[owner] + prefix[j % P]``. Arrays of ``period`` and owners, not items."""
+
+    pattern: np.ndarray  # int64[P]: owner of each pattern position
+    per_period: np.ndarray  # int64[K]: positions of each owner in one period
+    prefix: np.ndarray  # int64[P]: earlier positions of the same owner in the period
+
+    @classmethod
+    def of(cls, shares: np.ndarray, period: int) -> Dealer:
+        shares = np.asarray(shares, dtype=np.float64)
+        pattern = interleave_pattern(shares, period)
+        per_period = np.bincount(pattern, minlength=shares.size).astype(np.int64)
+        by_owner = np.argsort(pattern, kind="stable")
+        first = np.concatenate([[0], np.cumsum(per_period)[:-1]])
+        prefix = np.empty(period, dtype=np.int64)
+        prefix[by_owner] = np.arange(period) - first[pattern[by_owner]]
+        return cls(pattern, per_period, prefix)
+
+    def owner_slot(self, j: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        period = self.pattern.size
+        phase = j % period
+        owner = self.pattern[phase]
+        return owner, (j // period) * self.per_period[owner] + self.prefix[phase]
+
+    def count(self, num_items: int) -> np.ndarray:
+        """Items of ``0..num_items-1`` each owner gets (int64[K])."""
+        full, rest = divmod(int(num_items), self.pattern.size)
+        return full * self.per_period + np.bincount(self.pattern[:rest], minlength=self.per_period.size)
+
+    def items_of(self, owner: int, num_items: int) -> np.ndarray:
+        """The items of ``0..num_items-1`` that ``owner`` gets, ascending (= slot order)."""
+        period = self.pattern.size
+        mine = np.flatnonzero(self.pattern == owner)
+        starts = np.arange(0, int(num_items), period, dtype=np.int64)
+        items = (starts[:, None] + mine[None, :]).reshape(-1)
+        return items[items < num_items]
+
+
 def deal(num_items: int, shares: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(owner int64[n], slot int64[n], rows per owner int64[K]) of items 0..n-1 dealt by the weighted
     interleave of ``shares`` (K owners) repeating every ``period`` items."""
     shares = np.asarray(shares, dtype=np.float64)
-    k = shares.size
     if num_items == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(k, np.int64)
-    pattern = interleave_pattern(shares, period)
-    per_period = np.bincount(pattern, minlength=k)
-    # rank of each pattern entry among the earlier entries with the same owner
-    by_owner = np.argsort(pattern, kind="stable")
-    first = np.concatenate([[0], np.cumsum(per_period)[:-1]])
-    prefix = np.empty(period, dtype=np.int64)
-    prefix[by_owner] = np.arange(period) - first[pattern[by_owner]]
-    j = np.arange(num_items, dtype=np.int64)
-    phase = j % period
-    owner = pattern[phase]
-    slot = (j // period) * per_period[owner] + prefix[phase]
-    return owner, slot, np.bincount(owner, minlength=k).astype(np.int64)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(shares.size, np.int64)
+    dealer = Dealer.of(shares, period)
+    owner, slot = dealer.owner_slot(np.arange(num_items, dtype=np.int64))
+    return owner, slot, dealer.count(num_items)
 
 
 @dataclass
@@ -88,6 +130,8 @@ class TableRouting:
     warm_rows_per_position: np.ndarray  # int64[g]
     cold_rows_per_rank: np.ndarray  # int64[N]
 
+    layout = "exact"
+
     def ids_of(self, tier: int, owner: int = -1) -> np.ndarray:
         """Ids (int64) of ``tier`` held by ``owner`` (a position for warm, a rank for cold), in slot
         order."""
@@ -95,6 +139,122 @@ class TableRouting:
             return self.hot_ids.copy()
         sel = np.flatnonzero((self.tier == tier) & (self.owner == owner))
         return sel[np.argsort(self.slot[sel], kind="stable")].astype(np.int64)
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The arrays this routing keeps (its memory, and what a checkpoint's layout hash covers)."""
+        return self.hot_ids, self.tier, self.owner, self.slot
+
+    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tier, owner, slot) of ``ids`` (int64 on any device) as int64 tensors on that device."""
+        maps = _on_device(self, ids.device, lambda: (self.tier, self.owner, self.slot))
+        return tuple(m.index_select(0, ids).long() for m in maps)  # type: ignore[return-value]
+
+
+def _on_device(routing, device: torch.device, arrays) -> tuple[torch.Tensor, ...]:
+    """``arrays()`` as tensors on ``device``, made once per device (shared with numpy on the CPU)."""
+    cache = routing.__dict__.setdefault("_device_maps", {})
+    if device not in cache:
+        cache[device] = tuple(torch.as_tensor(a, device=device) for a in arrays())
+    return cache[device]
+
+
+@dataclass
+class CompactTableRouting:
+    """The ``compact`` layout (module docstring): replicated rows listed, cold rows by arithmetic.
+
+    ``rep_ids``: the hot and warm ids sorted (int64); ``rep_rank``: each one's hotness rank (int32);
+    ``holes``: sorted ``cold owner << 40 | raw cold slot`` of the replicated ids, the places the id
+    deal would have given them (int64); cold slots skip them. ``warm`` / ``cold``: the two deals.
+    """
+
+    name: str
+    num_rows: int
+    hot_rows: int
+    warm_rows: int
+    cold_rows: int
+    rep_ids: np.ndarray
+    rep_rank: np.ndarray
+    holes: np.ndarray
+    hole_start: np.ndarray  # int64[N]: first hole of each cold owner in ``holes``
+    warm: Dealer | None
+    cold: Dealer | None
+    warm_rows_per_position: np.ndarray
+    cold_rows_per_rank: np.ndarray
+
+    layout = "compact"
+
+    def ids_of(self, tier: int, owner: int = -1) -> np.ndarray:
+        """Ids (int64) of ``tier`` held by ``owner`` (a position for warm, a rank for cold), in slot
+        order; the cold ones are enumerated from the deal (memory of the shard, not of the table)."""
+        h = self.hot_rows
+        if tier == HOT:
+            sel = np.flatnonzero(self.rep_rank < h)
+            return self.rep_ids[sel[np.argsort(self.rep_rank[sel])]]
+        if tier == WARM:
+            sel = np.flatnonzero(self.rep_rank >= h)
+            if self.warm is None or not sel.size:
+                return np.zeros(0, np.int64)
+            j = self.rep_rank[sel].astype(np.int64) - h
+            mine = self.warm.owner_slot(j)[0] == owner
+            return self.rep_ids[sel[mine][np.argsort(j[mine])]]
+        if self.cold is None or not self.cold_rows:
+            return np.zeros(0, np.int64)
+        ids = self.cold.items_of(owner, self.num_rows)
+        if self.rep_ids.size:
+            pos = np.minimum(np.searchsorted(self.rep_ids, ids), self.rep_ids.size - 1)
+            ids = ids[self.rep_ids[pos] != ids]
+        return ids
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The arrays this routing keeps (its memory, and what a checkpoint's layout hash covers)."""
+        deals = [a for d in (self.warm, self.cold) if d is not None for a in (d.pattern, d.prefix)]
+        return (self.rep_ids, self.rep_rank, self.holes, self.hole_start, *deals)
+
+    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tier, owner, slot) of ``ids`` (int64 on any device) as int64 tensors on that device."""
+        dev = ids.device
+        rep_ids, rep_rank, holes, hole_start = _on_device(
+            self, dev, lambda: (self.rep_ids, self.rep_rank, self.holes, self.hole_start)
+        )
+        tier = torch.full_like(ids, COLD)
+        owner = torch.zeros_like(ids)
+        slot = torch.zeros_like(ids)
+        if rep_ids.numel():
+            pos = torch.searchsorted(rep_ids, ids).clamp_(max=rep_ids.numel() - 1)
+            rep = rep_ids.index_select(0, pos) == ids
+            rank = rep_rank.index_select(0, pos).long()
+            hot = rep & (rank < self.hot_rows)
+            tier = torch.where(hot, HOT, torch.where(rep, WARM, tier))
+            owner = torch.where(hot, -1, owner)
+            slot = torch.where(hot, rank, slot)
+            if self.warm is not None:
+                w_owner, w_slot = _deal_torch(self, "warm", (rank - self.hot_rows).clamp_(min=0))
+                warm = rep & ~hot
+                owner = torch.where(warm, w_owner, owner)
+                slot = torch.where(warm, w_slot, slot)
+        if self.cold is not None:
+            c_owner, raw = _deal_torch(self, "cold", ids)
+            before = torch.searchsorted(holes, (c_owner << _OWNER_SHIFT) | raw) - hole_start.index_select(
+                0, c_owner
+            )
+            cold = tier == COLD
+            owner = torch.where(cold, c_owner, owner)
+            slot = torch.where(cold, raw - before, slot)
+        return tier, owner, slot
+
+
+def _deal_torch(routing, which: str, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`Dealer.owner_slot` in torch, with the dealer's arrays cached on ``j``'s device."""
+    dealer: Dealer = getattr(routing, which)
+    pattern, per_period, prefix = _on_device(
+        dealer, j.device, lambda: (dealer.pattern, dealer.per_period, dealer.prefix)
+    )
+    period = pattern.numel()
+    phase = torch.remainder(j, period)
+    owner = pattern.index_select(0, phase)
+    return owner, torch.div(j, period, rounding_mode="floor") * per_period.index_select(
+        0, owner
+    ) + prefix.index_select(0, phase)
 
 
 def build_routing(
@@ -122,4 +282,51 @@ def build_routing(
     hot_ids = order[:h].copy()
     return TableRouting(
         plan.name, num_rows, h, w, plan.cold_rows, hot_ids, tier, owner, slot, w_sizes, c_sizes
+    )
+
+
+def build_compact_routing(
+    plan: TablePlan, groups: list[list[int]], order: np.ndarray | None, period: int
+) -> CompactTableRouting:
+    """The ``compact`` routing of one table (same arguments as :func:`build_routing`). Memory: the
+    replicated rows and the deals' patterns; the hotness order is read only up to the replicated rows
+    (completed, as :func:`complete_order` does, only when it lists fewer)."""
+    num_rows = plan.hot_rows + plan.warm_rows + plan.cold_rows
+    h, w = plan.hot_rows, plan.warm_rows
+    given = np.zeros(0, np.int64) if order is None else np.asarray(order, dtype=np.int64).reshape(-1)
+    if given.size >= h + w:
+        rep = given[: h + w]
+        if rep.size and (rep.min() < 0 or rep.max() >= num_rows or np.unique(rep).size != rep.size):
+            complete_order(given, num_rows, plan.name)  # raises the same error as the exact layout
+    else:
+        rep = complete_order(order, num_rows, plan.name)[: h + w]
+    by_id = np.argsort(rep, kind="stable")
+    rep_ids = rep[by_id]
+    rep_rank = by_id.astype(np.int32 if h + w < 2**31 else np.int64)
+    warm_by_position = np.asarray(plan.warm_share, dtype=np.float64)[list(groups[0])]
+    warm = Dealer.of(warm_by_position, period) if w else None
+    n = len(plan.cold_share)
+    cold = Dealer.of(plan.cold_share, period) if plan.cold_rows else None
+    if cold is not None:
+        c_owner, raw = cold.owner_slot(rep_ids)
+        holes = np.sort((c_owner << _OWNER_SHIFT) | raw)
+        hole_start = np.searchsorted(holes, np.arange(n, dtype=np.int64) << _OWNER_SHIFT)
+        cold_sizes = cold.count(num_rows) - np.bincount(c_owner, minlength=n)
+    else:
+        holes, hole_start, cold_sizes = np.zeros(0, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    w_sizes = warm.count(w) if warm is not None else np.zeros(len(groups[0]), np.int64)
+    return CompactTableRouting(
+        plan.name,
+        num_rows,
+        h,
+        w,
+        plan.cold_rows,
+        rep_ids,
+        rep_rank,
+        holes,
+        hole_start,
+        warm,
+        cold,
+        w_sizes,
+        cold_sizes,
     )

@@ -46,7 +46,16 @@ import torch.distributed as dist
 
 from flexshard.plan_file import PlanFile
 from flexshard.runtime.groups import ProcessGroups, make_process_groups
-from flexshard.runtime.routing import COLD, HOT, WARM, TableRouting, build_routing
+from flexshard.runtime.routing import (
+    COLD,
+    HOT,
+    LAYOUTS,
+    WARM,
+    CompactTableRouting,
+    TableRouting,
+    build_compact_routing,
+    build_routing,
+)
 from solvers.types import COMPONENTS, INDEX_BYTES, LINK_CLASSES, MASK_BYTES_PER_ROW
 
 INTRA, INTER = 0, 1
@@ -148,7 +157,10 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     order (touched ids hottest first, completed by :func:`complete_order`); missing tables use the
     identity. ``init``: a row initializer ``(name, ids int64[n], dim) -> float32[n, dim]`` that gives
     the same row for the same id on every rank, or a seed for :func:`seeded_initializer`. Each rank
-    initialises only the rows it holds.
+    initialises only the rows it holds. ``layout``: ``"exact"`` (per-row routing arrays, cold rows
+    dealt in hotness order as the cost model prices them) or ``"compact"`` (only replicated rows
+    listed, cold rows dealt by id; for tables too large for 9 bytes per row on every rank), see
+    :mod:`flexshard.runtime.routing`.
     """
 
     def __init__(
@@ -164,6 +176,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         sync: str | None = None,
         period: int | None = None,
         device: torch.device | str | None = None,
+        layout: str = "exact",
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
@@ -182,32 +195,24 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.sync = plan_file.plan.sync if sync is None else sync
         self.table_names = [str(t[0]) for t in tables]
         self.dims = [int(t[2]) for t in tables]
+        self.layout = layout
         self._agree(self._check_setup(plan_file, tables, orders), "setup")
 
         self.pg: ProcessGroups = make_process_groups(plan_file.groups)
-        self.routing: list[TableRouting] = [
-            build_routing(
-                tp, plan_file.groups, (orders or {}).get(name), period or plan_file.owner_pattern_period
-            )
+        build = build_compact_routing if layout == "compact" else build_routing
+        self.routing: list[TableRouting | CompactTableRouting] = [
+            build(tp, plan_file.groups, (orders or {}).get(name), period or plan_file.owner_pattern_period)
             for tp, name in zip(plan_file.plan.tables, self.table_names, strict=True)
         ]
         init_fn = seeded_initializer(init) if isinstance(init, int) else init
         self.uses_warm = any(r.warm_rows > 0 for r in self.routing)
         self.uses_cold = any(r.cold_rows > 0 for r in self.routing)
         dev = self.device
-        self._map = []  # per table: (tier, owner, slot) as device tensors
         self._ids: dict[tuple[int, int], np.ndarray] = {}
         self.weights: dict[tuple[int, int], torch.Tensor] = {}
         self.opt_state: dict[tuple[int, int], torch.Tensor] = {}
         pos, rank = self.pg.position, self.rank
         for t, (name, r) in enumerate(zip(self.table_names, self.routing, strict=True)):
-            self._map.append(
-                (
-                    torch.as_tensor(r.tier, device=dev),
-                    torch.as_tensor(r.owner, device=dev),
-                    torch.as_tensor(r.slot, device=dev),
-                )
-            )
             for tier, owner in ((HOT, -1), (WARM, pos), (COLD, rank)):
                 ids = r.ids_of(tier, owner)
                 self._ids[(t, tier)] = ids
@@ -261,6 +266,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
                 return f"table {name!r}: warm rows need groups of equal size, got {plan_file.groups}"
         if self.optimizer not in OPTIMIZERS:
             return f"optimizer: must be one of {OPTIMIZERS}, got {self.optimizer!r}"
+        if self.layout not in LAYOUTS:
+            return f"layout: must be one of {LAYOUTS}, got {self.layout!r}"
         if self.sync not in ("sparse", "dense"):
             return f"sync: must be 'sparse' or 'dense', got {self.sync!r}"
         unknown = [name for name in (orders or {}) if name not in self.table_names]
@@ -383,9 +390,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
                 uniq, inv = torch.unique(values, return_inverse=True)
             else:
                 uniq, inv = values, None
-            tier_map, owner_map, slot_map = self._map[t]
-            tier = tier_map.index_select(0, uniq)
-            owner, slot = (m.index_select(0, uniq).long() for m in (owner_map, slot_map))
+            tier, owner, slot = self.routing[t].lookup(uniq)
             emb = torch.empty(uniq.numel(), self.dims[t], device=self.device)
             hot_idx = torch.nonzero(tier == HOT).flatten()
             hot_slot = slot.index_select(0, hot_idx)

@@ -13,6 +13,7 @@ from flexshard.runtime import (
     COLD,
     HOT,
     WARM,
+    build_compact_routing,
     build_routing,
     complete_order,
     deal,
@@ -63,6 +64,39 @@ def test_build_routing_tiers_and_slots():
     # what stays per row after the build: tier int8 + owner int32 + slot int32
     assert (r.tier.dtype, r.owner.dtype, r.slot.dtype) == (np.int8, np.int32, np.int32)
     assert r.tier.nbytes + r.owner.nbytes + r.slot.nbytes == 9 * 33
+
+
+@pytest.mark.parametrize(
+    ("hot", "warm", "listed"), [(5, 12, 97), (0, 0, 40), (7, 0, 10), (0, 20, 97), (5, 12, 10)]
+)
+def test_compact_layout_against_brute_force(hot, warm, listed):
+    """Hot and warm rows route exactly as in the exact layout (hotness order); cold id ``i`` goes to
+    ``pattern[i % P]`` and each owner numbers its cold ids 0, 1, ... in id order, skipping replicated
+    ids. ``listed``: how many ids the hotness order lists (the rest are completed)."""
+    groups = [[0, 1], [2, 3]]
+    n = 97
+    tp = TablePlan(
+        "t", hot, warm, n - hot - warm, np.array([0.7, 0.3, 0.7, 0.3]), np.array([0.1, 0.2, 0.3, 0.4])
+    )
+    order = np.random.default_rng(1).permutation(n)[:listed]
+    exact = build_routing(tp, groups, order, period=7)
+    compact = build_compact_routing(tp, groups, order, period=7)
+    tier, owner, slot = (t.numpy() for t in compact.lookup(torch.arange(n)))
+    rep = exact.tier != COLD
+    assert np.array_equal(tier, exact.tier)
+    assert np.array_equal(owner[rep], exact.owner[rep]) and np.array_equal(slot[rep], exact.slot[rep])
+    pattern = interleave_pattern(tp.cold_share, 7)
+    for rank in range(4):
+        mine = [i for i in range(n) if tier[i] == COLD and pattern[i % 7] == rank]  # brute force
+        assert owner[mine].tolist() == [rank] * len(mine) and slot[mine].tolist() == list(range(len(mine)))
+        assert compact.ids_of(COLD, rank).tolist() == mine
+        assert compact.cold_rows_per_rank[rank] == len(mine)
+    for tr, who in [(HOT, -1), (WARM, 0), (WARM, 1)]:
+        assert compact.ids_of(tr, who).tolist() == exact.ids_of(tr, who).tolist()
+    assert np.array_equal(compact.warm_rows_per_position, exact.warm_rows_per_position)
+    # memory: 20 bytes per replicated row (id, rank, hole) and the deals' period-sized patterns
+    per_row = compact.rep_ids.nbytes + compact.rep_rank.nbytes + compact.holes.nbytes
+    assert per_row == 20 * (hot + warm)
 
 
 def test_seeded_initializer_gives_each_row_the_same_values_wherever_it_is_built():

@@ -285,6 +285,9 @@ def strategies(tmp_path_factory):
         ([*base, "--metrics-out", str(root / "fs.jsonl")], None),
         ([*base, "--verify", "--metrics-out", str(root / "bad.jsonl")], "corrupt_reference"),
     ]
+    calls.append(
+        ([*base, "--layout", "compact", "--verify", "--checkpoint-dir", str(root / "compact")], None)
+    )
     others = [s for s in STRATEGIES if s not in ("row_wise", "flexshard")]
     for s in others:  # table-wise puts a whole table on one rank: it needs the larger budget
         calls.append(([*base, "--strategy", s, "--verify", "--budget", "5"], None))
@@ -350,12 +353,25 @@ def test_failed_run_writes_no_metrics(strategies):
 
 
 def test_every_runtime_strategy_verifies(strategies):
-    for i, name in enumerate(strategies["others"], start=3):
+    for i, name in enumerate(strategies["others"], start=4):
         calls = _call(strategies["results"], i)
         assert [c["rc"] for c in calls] == [0, 0, 0, 0], (name, [c["err"] for c in calls])
         out = calls[0]["out"]
         assert f"plan ({name}):" in out
         assert out.rstrip().endswith("verify: OK (3 steps, all rows of all copies match)")
+
+
+def test_compact_layout_trains_like_the_reference_and_checkpoints(strategies):
+    """The compact routing layout (replicated rows listed, cold rows dealt by id) gives the same training
+    as the unsharded reference, and its sharded checkpoint holds every row once."""
+    calls = _call(strategies["results"], 3)
+    assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
+    out = calls[0]["out"]
+    assert "layout compact" in out
+    assert "verify: OK (3 steps, all rows of all copies match)" in out.splitlines()
+    full = checkpoint.load_full(checkpoint.latest(strategies["root"] / "compact"))
+    assert sorted(full.weights) == ["creator", "item"]
+    assert full.weights["item"].shape == (50_000, 16)
 
 
 def test_plan_restricted_to_the_model_tables():
