@@ -271,3 +271,39 @@ def test_a_rank_that_stops_answering_is_named_within_the_timeout():
     assert "rank 1 never reached it" in message and "within 2 s" in message, message
     assert "\n" not in message
     assert elapsed < 2 + 60  # the timeout plus room for a loaded machine, never a hang
+
+
+def _sampled_probe(rank: int, world: int):
+    """Every rank: a real probe of 6 gloo ranks in 3 groups, forced to sample pairs (all pairs only up
+    to 2 ranks), with small messages."""
+    from topology.probe.collective import measure as run_measure
+
+    config = ProbeConfig(
+        sizes=(4096, 65536), repeats=2, warmup=1, timeout_s=60.0, all_pairs_max_ranks=2, seed=5
+    )
+    return run_measure([[0, 1], [2, 3], [4, 5]], config)
+
+
+def test_sampled_pairs_probe_on_six_real_ranks():
+    """The sampled-pairs mode of large clusters, run for real: only the sampled pairs are timed, every
+    rank gets an intra- and an inter-group measurement, and the graph made from them has a measured
+    bandwidth on every rank's path."""
+    from flexshard.runtime.local import run_on_ranks
+
+    results = run_on_ranks(_sampled_probe, 6, timeout_s=240.0)
+    m = results[0]
+    groups = [[0, 1], [2, 3], [4, 5]]
+    expected = sample_pairs(groups, 6, all_pairs_max_ranks=2, seed=5)
+    assert sorted(m.pairs) == expected and len(expected) < 15  # a sample, not all 15 pairs
+    assert all(sorted(r.pairs) == expected for r in results)  # the same measurements on every rank
+    group_of = {r: k for k, g in enumerate(groups) for r in g}
+    for r in range(6):
+        mine = [(a, b) for a, b in expected if r in (a, b)]
+        assert any(group_of[a] == group_of[b] for a, b in mine)
+        assert any(group_of[a] != group_of[b] for a, b in mine)
+    assert all(f.bandwidth_GBps > 0 for f in m.pairs.values())
+    G = measured_graph(m, name="sampled")
+    assert all(a["measured"] is True for *_, a in G.edges(data=True))  # no default left on any path
+    view = cluster_view(G)
+    assert view.groups == ((0, 1), (2, 3), (4, 5))
+    assert (view.intra_bw_Bps > 0).all() and (view.inter_bw_Bps > 0).all()
