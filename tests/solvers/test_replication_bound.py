@@ -3,25 +3,18 @@ checked on a hand-computed case, and FlexShard's plan against it on the embedded
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from experiment_module import load_experiment
 
 from flexshard import workloads
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import RowHistogram, TableSpec, Workload
 from topology import cluster_view, h100_cluster
 
-EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "replication_bound.py"
-
 
 @pytest.fixture(scope="module")
 def bound():
-    spec = importlib.util.spec_from_file_location("replication_bound_experiment", EXPERIMENT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.lookup_bytes
+    return load_experiment("replication_bound").lookup_bytes
 
 
 def test_hand_computed_two_rows(bound):

@@ -3,19 +3,13 @@ inter-group traffic off the slow host and beats the skew-blind plan on the skewe
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "skewed_fabric.py"
+from experiment_module import load_experiment
 
 
 @pytest.fixture(scope="module")
 def result():
-    spec = importlib.util.spec_from_file_location("skewed_fabric_experiment", EXPERIMENT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_experiment("skewed_fabric")
     return module, module.compare(8, 2.0)
 
 

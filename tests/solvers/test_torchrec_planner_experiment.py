@@ -5,17 +5,15 @@ Skipped when torchrec is not importable (CI installs no torchrec; scripts/setup_
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 pytest.importorskip("torchrec", reason="torchrec is not installed: run scripts/setup_torchrec.sh")
 pytest.importorskip("matplotlib", reason="the experiment plots with matplotlib (the plots extra)")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
-import torchrec_planner as tp  # noqa: E402
+from experiment_module import load_experiment  # noqa: E402
+
+tp = load_experiment("torchrec_planner")
 
 from flexshard import workloads  # noqa: E402
 from solvers.cost_model import evaluate  # noqa: E402
