@@ -7,13 +7,14 @@ output file is written unless the command succeeded.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from flexshard import probe, workloads
-from flexshard.cli_common import first_line, positive_float
+from flexshard.cli_common import first_line, positive_float, positive_int
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report
@@ -42,6 +43,12 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sync", choices=("sparse", "dense"), default="sparse", help="replica gradient sync (default sparse)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="samples per GPU per iteration, replacing the workload's own (row statistics unchanged)",
     )
 
 
@@ -127,8 +134,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def _workload(args: argparse.Namespace) -> workloads.Workload:
+    """``--workload``, with ``--batch-size`` replacing its per-GPU batch when given."""
     workload = workloads.load_workload(args.workload)
+    if args.batch_size is not None:
+        workload = dataclasses.replace(workload, batch_size_per_gpu=args.batch_size)
+    return workload
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    workload = _workload(args)
     view = cluster_view(load_topology(args.topology))
     budget = budget_bytes(workload, view, args.budget)
     with Progress(1, "plan") as bar:
@@ -201,7 +216,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for s in strategies:
         if s not in STRATEGIES:
             raise PlannerError(f"--strategies: unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
-    workload = workloads.load_workload(args.workload)
+    workload = _workload(args)
     view = cluster_view(load_topology(args.topology))
     dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
     records = simulate_records(workload, view, args.budgets, dedups, strategies, args.sync)

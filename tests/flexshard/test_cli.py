@@ -174,3 +174,31 @@ def test_train_subcommand_runs_the_training_entry_point(capsys):
     rc, text, _ = run(capsys, "train", "--steps", "2", "--verify", "--quiet")
     assert rc == 0
     assert "verify: OK" in text
+
+
+def test_batch_size_replaces_the_workloads_batch(capsys):
+    """--batch-size keeps the row statistics and changes the per-GPU batch: the records equal those of
+    the same workload built with that batch."""
+    from flexshard import workloads
+    from flexshard.cli import simulate_records
+    from topology import cluster_view, load_topology
+
+    rc, text, _ = run(capsys, "simulate", *SMALL, "--budgets", "2", "--batch-size", "4096", "--json")
+    assert rc == 0
+    got = {r["strategy"]: r for r in json.loads(text)}
+    wl = workloads.synthetic_workload(6, 2_000_000, 1.0)
+    wl = type(wl)(wl.name, wl.tables, 4096)
+    want = {
+        r["strategy"]: r
+        for r in simulate_records(
+            wl, cluster_view(load_topology("h100:2x4")), [2.0], [True], ["flexshard", "row_wise"]
+        )
+    }
+    for s in ("flexshard", "row_wise"):
+        assert got[s]["inter_group_bytes"] == pytest.approx(want[s]["inter_group_bytes"], rel=1e-9)
+    rc, base, _ = run(capsys, "simulate", *SMALL, "--budgets", "2", "--json")
+    assert json.loads(base)[1]["inter_group_bytes"] != got["row_wise"]["inter_group_bytes"]
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", *SMALL, "--batch-size", "0"])
+    assert e.value.code == 2
+    assert "--batch-size: must be positive, got '0'" in capsys.readouterr().err
