@@ -32,7 +32,7 @@ from typing import Any
 
 import networkx as nx
 
-from topology.views import TopologyError
+from core.errors import TopologyError
 
 SCHEMA = "flexshard-topology/1"
 NODE_KINDS = ("gpu", "host", "nvswitch", "nic", "switch")

@@ -2,40 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import networkx as nx
 
+from core.errors import TopologyError
+from core.osutil import atomic_open
 from topology.graph import validate
 from topology.presets import from_preset, is_preset_name, preset_help
-from topology.views import TopologyError
 
 # networkx >= 3.4 names the edge list key with ``edges=``; older releases with ``link=``.
 _EDGES_KW = "edges" if "edges" in inspect.signature(nx.node_link_data).parameters else "link"
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
-    """Open a temporary file beside ``path`` for writing and move it onto ``path`` when the block ends
-    without an exception (``os.replace``); on an exception the temporary file is removed and ``path``
-    is left as it was. ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_json(G: nx.Graph, path: str | os.PathLike) -> None:

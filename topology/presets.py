@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from core.errors import TopologyError
 from topology.graph import HostSpec, build_cluster
-from topology.views import TopologyError
 
 NIC_400G_GBps = 50.0  # 400 Gb/s
 H100_NVLINK_GBps = 450.0

@@ -13,22 +13,22 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from core.errors import TopologyError
+from core.ranks import RankLayout
+from topology.graph import edges_of_kind, gpu_nodes, validate
 
-class TopologyError(ValueError):
-    """A topology that cannot be used. The message names the field, the value and what to try."""
+__all__ = ["ClusterView", "TopologyError", "cluster_view", "groups", "slow_links", "summary", "uniform_view"]
 
 
 @dataclass(frozen=True)
 class ClusterView:
     """The cluster as the cost model sees it: one entry per rank (GPU), ranks 0..N-1.
 
-    A *group* is an NVLink domain (by default one host). Bandwidths are per direction, in bytes
-    per second (``_Bps``); latencies in seconds.
+    ``layout`` holds the groups (NVLink domains, by default one host each). Bandwidths are per
+    direction, in bytes per second (``_Bps``); latencies in seconds.
     """
 
-    group_of_rank: np.ndarray  # int64[N], group index 0..G-1
-    local_index: np.ndarray  # int64[N], index of the rank inside its group
-    groups: tuple[tuple[int, ...], ...]  # ranks of each group, ascending
+    layout: RankLayout
     host_of_rank: tuple[str, ...]
     intra_bw_Bps: np.ndarray  # float64[N], to peers in the same group (NVLink)
     inter_bw_Bps: np.ndarray  # float64[N], fair share of the path out of the group (NIC, fabric)
@@ -37,26 +37,40 @@ class ClusterView:
     memory_bytes: np.ndarray  # int64[N], device memory
 
     @property
+    def group_of_rank(self) -> np.ndarray:
+        """int64[N]: group index 0..G-1 of each rank."""
+        return self.layout.group_of_rank
+
+    @property
+    def local_index(self) -> np.ndarray:
+        """int64[N]: index of each rank inside its group."""
+        return self.layout.position_of_rank
+
+    @property
+    def groups(self) -> tuple[tuple[int, ...], ...]:
+        """Ranks of each group, ascending."""
+        return self.layout.groups
+
+    @property
     def num_ranks(self) -> int:
-        return int(self.group_of_rank.size)
+        return self.layout.num_ranks
 
     @property
     def num_groups(self) -> int:
-        return len(self.groups)
+        return self.layout.num_groups
 
     @property
     def group_sizes(self) -> np.ndarray:
-        return np.array([len(g) for g in self.groups], dtype=np.int64)
+        return self.layout.group_sizes
 
     @property
     def uniform_group_size(self) -> int | None:
         """The common group size, or None when groups differ in size."""
-        sizes = {len(g) for g in self.groups}
-        return sizes.pop() if len(sizes) == 1 else None
+        return self.layout.uniform_group_size
 
     def group_size_of_rank(self) -> np.ndarray:
         """int64[N]: size of each rank's group."""
-        return self.group_sizes[self.group_of_rank]
+        return self.layout.group_size_of_rank()
 
 
 def uniform_view(
@@ -74,11 +88,8 @@ def uniform_view(
             f"uniform_view: num_groups and group_size must be positive, got {num_groups}, {group_size}"
         )
     n = num_groups * group_size
-    ranks = np.arange(n, dtype=np.int64)
     return ClusterView(
-        group_of_rank=ranks // group_size,
-        local_index=ranks % group_size,
-        groups=tuple(tuple(range(g * group_size, (g + 1) * group_size)) for g in range(num_groups)),
+        layout=RankLayout.consecutive(n, num_groups),
         host_of_rank=tuple(f"node{r // group_size}" for r in range(n)),
         intra_bw_Bps=np.full(n, float(intra_bw_Bps)),
         inter_bw_Bps=np.full(n, float(inter_bw_Bps)),
@@ -89,15 +100,12 @@ def uniform_view(
 
 
 # --- views of a topology graph ----------------------------------------------------------------------
-# Graph helpers live in topology.graph, which imports TopologyError from here; import them lazily.
 
 _LEVEL_ORDER = {"leaf": 0, "spine": 1}
 
 
 def _rank_groups(G: nx.Graph) -> tuple[list[tuple[Any, dict]], list[str]]:
     """Validated GPUs in rank order and each rank's group key (its host when it has no NVLink edge)."""
-    from topology.graph import edges_of_kind, gpu_nodes, validate
-
     validate(G)
     gpus = gpu_nodes(G)
     keys = [attrs["group"] if edges_of_kind(G, node, "nvlink") else attrs["host"] for node, attrs in gpus]
@@ -120,8 +128,6 @@ def groups(G: nx.Graph) -> list[list[int]]:
 def _network_hops(G: nx.Graph, gpu: Any) -> list[list[tuple[Any, Any]]]:
     """Edges of each hop of ``gpu``'s path to the top of the fabric: GPU -pcie-> NIC -network-> leaf
     -network-> spine. A hop with several parallel edges (several NICs, several spines) lists them all."""
-    from topology.graph import edges_of_kind
-
     hops = []
     frontier = {gpu}
     up = [("pcie", ("nic",)), ("network", ("switch",))]
@@ -163,16 +169,9 @@ def cluster_view(G: nx.Graph) -> ClusterView:
     A GPU with no path to the network gets ``inter_bw_Bps = 0`` and ``inter_latency_s = 0`` when the cluster
     is a single group (no traffic leaves it); with several groups that is a :class:`TopologyError`.
     """
-    from topology.graph import edges_of_kind
-
     gpus, keys = _rank_groups(G)
     group_lists = _group_lists(keys)
     n = len(gpus)
-    group_of_rank = np.empty(n, dtype=np.int64)
-    local_index = np.empty(n, dtype=np.int64)
-    for g, ranks in enumerate(group_lists):
-        group_of_rank[ranks] = g
-        local_index[ranks] = np.arange(len(ranks))
 
     intra_bw = np.empty(n)
     intra_lat = np.empty(n)
@@ -208,9 +207,7 @@ def cluster_view(G: nx.Graph) -> ClusterView:
         inter_lat[rank] = 2 * sum(max(G.edges[u, v]["latency_us"] for u, v in hop) for hop in hops) * 1e-6
 
     return ClusterView(
-        group_of_rank=group_of_rank,
-        local_index=local_index,
-        groups=tuple(tuple(ranks) for ranks in group_lists),
+        layout=RankLayout.of(group_lists, n),
         host_of_rank=tuple(attrs["host"] for _, attrs in gpus),
         intra_bw_Bps=intra_bw,
         inter_bw_Bps=inter_bw,
@@ -234,8 +231,6 @@ def slow_links(G: nx.Graph, factor: float = 0.5) -> list[dict]:
     compared separately). Each entry: ``u``, ``v``, ``kind``, ``bandwidth_GBps``, ``median_GBps``, ``ratio``
     (bandwidth / median), ``latency_us``.
     """
-    from topology.graph import validate
-
     validate(G)
     classes: dict[tuple, list[tuple[Any, Any, dict]]] = {}
     for u, v, attrs in G.edges(data=True):

@@ -38,8 +38,8 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from core.errors import TopologyError
 from topology.graph import add_link, gpu_id, new_topology, nic_id, nvswitch_id, validate
-from topology.views import TopologyError
 
 KiB, MiB = 2**10, 2**20
 MEASURED_BY = "collective"

@@ -30,9 +30,9 @@ from typing import Any
 
 import networkx as nx
 
+from core.errors import TopologyError
 from topology.graph import add_link, gpu_id, new_topology, nic_id, nvswitch_id, validate
 from topology.probe.nics import SYSFS_ROOT, NicRecord, discover_nics, nearest_nics
-from topology.views import TopologyError
 
 # NVLink bandwidth per link, per direction, GB/s (1e9 B/s), keyed by the NVML version *enum* that
 # nvmlDeviceGetNvLinkVersion returns (NVML_NVLINK_VERSION_*: 1 = 1.0, 2 = 2.0, 3 = 2.2, 4 = 3.0, 5 = 3.1,

@@ -1,0 +1,107 @@
+"""The nouns every layer shares: replication tiers, link classes, traffic components, directions,
+gradient-sync and fetch modes, and the byte sizes of what goes on the wire.
+
+The integer enums index arrays (``traffic[..., LinkClass.INTER_GROUP, Component.SYNC, Direction.SEND]``);
+their ``label`` is the name used in files, reports and JSON (``"inter_group"``, ``"sync"``). The string
+enums are settings whose value is the spelling on the command line and in plan files.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum
+
+from core.errors import ConfigError
+
+INDEX_BYTES = 8  # one int64 row id (or split size) on the wire
+MASK_BYTES_PER_ROW = 1  # uint8 "touched this step" flag all-reduced before a sparse replica sync
+FLOAT32_BYTES = 4  # one float32 element of an embedding or gradient
+
+
+class _Labelled(IntEnum):
+    @property
+    def label(self) -> str:
+        """The lower-case name used in files and reports."""
+        return self.name.lower()
+
+    @classmethod
+    def labels(cls) -> tuple[str, ...]:
+        return tuple(member.label for member in cls)
+
+    @classmethod
+    def parse(cls, text: str):
+        """The member whose label is ``text`` (ConfigError naming the choices otherwise)."""
+        for member in cls:
+            if member.label == text:
+                return member
+        raise ConfigError(f"{cls.__name__}: unknown {text!r}; choose one of {', '.join(cls.labels())}")
+
+
+class Tier(_Labelled):
+    """Where a row lives."""
+
+    HOT = 0  # a copy on every GPU
+    WARM = 1  # one copy per group (NVLink domain), split across the group's GPUs
+    COLD = 2  # one copy in the cluster, split across all GPUs
+
+
+class LinkClass(_Labelled):
+    """Which links a byte crosses."""
+
+    INTRA_GROUP = 0  # NVLink (or PCIe) inside a group
+    INTER_GROUP = 1  # NICs and the fabric between groups
+
+
+class Component(_Labelled):
+    """What a byte carries."""
+
+    IDS = 0  # row ids (and split sizes) sent to owners
+    FORWARD = 1  # embeddings sent back to requesters
+    BACKWARD = 2  # gradients sent to owners
+    SYNC = 3  # replica gradient synchronisation
+
+
+class Direction(_Labelled):
+    SEND = 0
+    RECV = 1
+
+
+class SyncMode(str, Enum):
+    """How the gradients of replicated rows are summed after the backward pass."""
+
+    SPARSE = "sparse"  # a touched-row mask, then only the touched rows
+    DENSE = "dense"  # every replicated row
+
+    @classmethod
+    def parse(cls, value: str | SyncMode) -> SyncMode:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(
+                f"sync: unknown {value!r}; choose one of {', '.join(m.value for m in cls)}"
+            ) from None
+
+
+class FetchMode(str, Enum):
+    """How a rank's remote lookups reach their owners.
+
+    ``FLAT``: every rank sends its own (per-rank deduplicated) ids to the owners in one all-to-all.
+    A group-level mode (ids gathered and deduplicated per NVLink group, one fetch per group) is the
+    next one to arrive; plan files already record the mode.
+    """
+
+    FLAT = "flat"
+
+    @classmethod
+    def parse(cls, value: str | FetchMode) -> FetchMode:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(
+                f"fetch: unknown {value!r}; choose one of {', '.join(m.value for m in cls)}"
+            ) from None
+
+
+TIERS = Tier.labels()  # ("hot", "warm", "cold")
+LINK_CLASSES = LinkClass.labels()  # ("intra_group", "inter_group")
+COMPONENTS = Component.labels()  # ("ids", "forward", "backward", "sync")
+DIRECTIONS = Direction.labels()  # ("send", "recv")
