@@ -19,6 +19,14 @@ from core.vocabulary import Component, Direction, LinkClass
 SHAPE = (len(LinkClass), len(Component), len(Direction))
 
 
+def _link(link: LinkClass | str) -> LinkClass:
+    return LinkClass.parse(link) if isinstance(link, str) else LinkClass(link)
+
+
+def _component(component: Component | str) -> Component:
+    return Component.parse(component) if isinstance(component, str) else Component(component)
+
+
 @dataclass
 class Traffic:
     """Bytes per iteration, ``bytes[..., link, component, direction]`` (float64)."""
@@ -60,17 +68,17 @@ class Traffic:
         return Traffic(self.bytes + other.bytes)
 
     def link_bytes(
-        self, link: LinkClass, components: Iterable[Component] = tuple(Component)
+        self, link: LinkClass | str, components: Iterable[Component] = tuple(Component)
     ) -> np.ndarray | float:
         """Bytes on one link class: ``max(send, recv)`` of the sum over ``components``, per rank (or a
         float for a single rank's record)."""
-        idx = [int(c) for c in components]
-        out = self.bytes[..., link, idx, :].sum(axis=-2).max(axis=-1)
+        idx = [int(_component(c)) for c in components]
+        out = self.bytes[..., _link(link), idx, :].sum(axis=-2).max(axis=-1)
         return float(out) if np.ndim(out) == 0 else out
 
-    def component_bytes(self, link: LinkClass, component: Component) -> np.ndarray | float:
+    def component_bytes(self, link: LinkClass | str, component: Component | str) -> np.ndarray | float:
         """``max(send, recv)`` of one component on one link class (per rank, or a float)."""
-        out = self.bytes[..., link, component, :].max(axis=-1)
+        out = self.bytes[..., _link(link), _component(component), :].max(axis=-1)
         return float(out) if np.ndim(out) == 0 else out
 
     def per_link(self) -> np.ndarray:

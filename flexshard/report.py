@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from solvers.cost_model import table_mass
-from solvers.types import COMPONENTS, LINK_CLASSES, MEMORY_PARTS, CostReport, Plan, Workload
+from core.vocabulary import Component, LinkClass
+from solvers.types import MEMORY_PARTS, CostReport, Plan, Workload
 from topology.views import ClusterView
 
 
@@ -77,17 +78,16 @@ def plan_report(
         ["table", "rows", "dim", "ids/sample", "hot", "warm", "cold", "lookups hot", "warm", "cold"], rows
     )
     traffic_rows = []
-    for li, link in enumerate(LINK_CLASSES):
-        per_comp = report.bytes[:, li, :, :].max(axis=2)  # [N, 4]
+    for link in LinkClass:
         worst = int(np.argmax(report.link_bytes(link)))
         traffic_rows.append(
             [
-                link,
-                *(human_bytes(per_comp[worst, ci]) for ci in range(len(COMPONENTS))),
+                link.label,
+                *(human_bytes(report.traffic.component_bytes(link, c)[worst]) for c in Component),
                 human_bytes(report.link_bytes(link).max()),
             ]
         )
-    traffic = format_table(["link (bottleneck rank)", *COMPONENTS, "total"], traffic_rows)
+    traffic = format_table(["link (bottleneck rank)", *Component.labels(), "total"], traffic_rows)
     mem = report.memory_bytes
     lines = [
         head,

@@ -16,27 +16,30 @@ All baselines use the same dedup and sync settings as the FlexShard plan they ar
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from core.errors import PlannerError
+from core.vocabulary import SyncMode, Tier
 from solvers.coefficients import TableCoefficients, table_coefficients
 from solvers.cost_model import evaluate, table_plan, uniform_shares
-from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, PlannerError, TablePlan, Workload
+from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, TablePlan, Workload
 from topology.views import ClusterView
 
-HOT, WARM, COLD = 0, 1, 2
 
-
-def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
     tables = tuple(table_plan(t, view, 0, 0) for t in workload.tables)
     return _checked(Plan("row_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
 
 
-def table_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+def table_wise(
+    workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode
+) -> Plan:
     """Longest-processing-time greedy: heaviest table first, onto the GPU with the least load that fits."""
     n = view.num_ranks
     coeffs = table_coefficients(workload, view, dedup, sync)
-    load = np.array([c.time_s[COLD].sum() for c in coeffs])
+    load = np.array([c.time_s[Tier.COLD].sum() for c in coeffs])
     size = np.array([t.num_rows * t.row_bytes for t in workload.tables], dtype=np.float64)
     rank_load, rank_mem = np.zeros(n), np.zeros(n)
     owner = np.empty(len(workload.tables), dtype=np.int64)
@@ -60,14 +63,16 @@ def table_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup
     return _checked(Plan("table_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
 
 
-def two_d(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+def two_d(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
     if view.num_groups < 2 or view.uniform_group_size in (None, 1):
         return _renamed(row_wise(workload, view, budget_bytes, dedup, sync), "2d")
-    return _whole_tables("2d", WARM, workload, view, budget_bytes, dedup, sync)
+    return _whole_tables("2d", Tier.WARM, workload, view, budget_bytes, dedup, sync)
 
 
-def data_parallel(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
-    return _whole_tables("data_parallel", HOT, workload, view, budget_bytes, dedup, sync)
+def data_parallel(
+    workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode
+) -> Plan:
+    return _whole_tables("data_parallel", Tier.HOT, workload, view, budget_bytes, dedup, sync)
 
 
 def _whole_tables(
@@ -77,7 +82,7 @@ def _whole_tables(
     view: ClusterView,
     budget_bytes: float,
     dedup: bool,
-    sync: str,
+    sync: SyncMode,
 ) -> Plan:
     """Tables moved whole to ``tier`` (by time saved per extra byte, while it saves time and fits),
     the rest row-wise."""
@@ -85,7 +90,7 @@ def _whole_tables(
     chosen = _greedy_whole_tables(coeffs, budget_bytes, tier)
     rows = [(t.num_rows if c else 0) for t, c in zip(workload.tables, chosen, strict=True)]
     tables = tuple(
-        table_plan(t, view, r if tier == HOT else 0, r if tier == WARM else 0)
+        table_plan(t, view, r if tier == Tier.HOT else 0, r if tier == Tier.WARM else 0)
         for t, r in zip(workload.tables, rows, strict=True)
     )
     return _checked(Plan(strategy, tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
@@ -110,7 +115,7 @@ def modeled_bandwidth_ratio(view: ClusterView) -> float:
     return 2.0 if view.num_groups > 1 else 1.0
 
 
-def hybrid(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: str) -> Plan:
+def hybrid(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
     n = view.num_ranks
     big_g = view.num_groups
     threshold = hugectr_count_threshold(big_g, modeled_bandwidth_ratio(view), 1.0) if big_g > 1 else 1.0
@@ -141,9 +146,9 @@ def hybrid(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bo
 
 def _greedy_whole_tables(coeffs: list[TableCoefficients], budget_bytes: float, tier: int) -> list[bool]:
     """Tables moved whole to ``tier`` by time saved per extra byte, while it saves time and fits."""
-    saved = np.array([c.time_s[COLD].sum() - c.time_s[tier].sum() for c in coeffs])
-    extra = np.array([c.memory_bytes[tier].sum() - c.memory_bytes[COLD].sum() for c in coeffs])
-    used = float(sum(c.memory_bytes[COLD].sum() for c in coeffs))
+    saved = np.array([c.time_s[Tier.COLD].sum() - c.time_s[tier].sum() for c in coeffs])
+    extra = np.array([c.memory_bytes[tier].sum() - c.memory_bytes[Tier.COLD].sum() for c in coeffs])
+    used = float(sum(c.memory_bytes[Tier.COLD].sum() for c in coeffs))
     chosen = [False] * len(coeffs)
     for i in np.argsort(-saved / np.maximum(extra, 1.0), kind="stable"):
         if saved[i] > 0 and used + extra[i] <= budget_bytes:
@@ -163,11 +168,10 @@ def _checked(plan: Plan, workload: Workload, view: ClusterView, budget_bytes: fl
 
 
 def _renamed(plan: Plan, strategy: str) -> Plan:
-    plan.strategy = strategy
-    return plan
+    return replace(plan, strategy=strategy)
 
 
-BASELINES: dict[str, Callable[[Workload, ClusterView, float, bool, str], Plan]] = {
+BASELINES: dict[str, Callable[[Workload, ClusterView, float, bool, SyncMode], Plan]] = {
     "table_wise": table_wise,
     "row_wise": row_wise,
     "2d": two_d,

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.vocabulary import Tier
 from solvers.coefficients import TableCoefficients
-
-HOT, WARM, COLD = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -60,36 +59,36 @@ class _PrefixPricer:
         cum = self._cum(priced)  # [3, T, K+1]
         cum_mem = self._cum(self.mem)
         rows = np.arange(self.valid.shape[0])
-        total_cold = cum[COLD, rows, self.last][:, None]
-        total_cold_mem = cum_mem[COLD, rows, self.last][:, None]
+        total_cold = cum[Tier.COLD, rows, self.last][:, None]
+        total_cold_mem = cum_mem[Tier.COLD, rows, self.last][:, None]
         inf = np.inf
         # hot boundary h <= warm/cold boundary b; f(h) = CH[h] - CW[h], running minimum over h <= b
-        if self.allowed[HOT]:
-            f = cum[HOT] - cum[WARM] if self.allowed[WARM] else cum[HOT] - cum[COLD]
+        if self.allowed[Tier.HOT]:
+            f = cum[Tier.HOT] - cum[Tier.WARM] if self.allowed[Tier.WARM] else cum[Tier.HOT] - cum[Tier.COLD]
             f = np.where(self.valid, f, inf)
             best_h = np.minimum.accumulate(f, axis=1)
             arg_h = _running_argmin(f)
         else:
-            best_h = np.zeros_like(cum[HOT])
+            best_h = np.zeros_like(cum[Tier.HOT])
             arg_h = np.zeros(best_h.shape, dtype=np.int64)
-        if self.allowed[WARM]:
-            cost_b = best_h + cum[WARM] + total_cold - cum[COLD]
+        if self.allowed[Tier.WARM]:
+            cost_b = best_h + cum[Tier.WARM] + total_cold - cum[Tier.COLD]
         else:  # no warm tier: b = h
-            cost_b = best_h + cum[COLD] + total_cold - cum[COLD]
-        if not self.allowed[COLD]:
+            cost_b = best_h + cum[Tier.COLD] + total_cold - cum[Tier.COLD]
+        if not self.allowed[Tier.COLD]:
             cost_b = np.where(np.arange(cost_b.shape[1])[None, :] == self.last[:, None], cost_b, inf)
         cost_b = np.where(self.valid, cost_b, inf)
         b = np.argmin(cost_b, axis=1)
         h = arg_h[rows, b]
         cost = cost_b[rows, b]
-        upper = WARM if self.allowed[WARM] else COLD
+        upper = Tier.WARM if self.allowed[Tier.WARM] else Tier.COLD
         mem = (
-            cum_mem[HOT, rows, h]
+            cum_mem[Tier.HOT, rows, h]
             + (cum_mem[upper, rows, b] - cum_mem[upper, rows, h])
-            + (total_cold_mem[:, 0] - cum_mem[COLD, rows, b])
+            + (total_cold_mem[:, 0] - cum_mem[Tier.COLD, rows, b])
         )
         # whole-table tiers need no routing metadata
-        for tier in (HOT, WARM):
+        for tier in (Tier.HOT, Tier.WARM):
             if self.allowed[tier]:
                 whole_mem = cum_mem[tier, rows, self.last] - self.credit
                 whole = cum[tier, rows, self.last] - lam * self.credit

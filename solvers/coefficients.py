@@ -12,39 +12,63 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solvers.cost_model import collective_latency_s, split_bytes, table_mass
-from solvers.types import INDEX_BYTES, MASK_BYTES_PER_ROW, ROUTING_BYTES_PER_REPLICATED_ROW, Workload
+from core.vocabulary import LinkClass, SyncMode
+from solvers import wire
+from solvers.cost_model import (
+    collective_latency_s,
+    hierarchical_allreduce_bytes,
+    lookup_traffic,
+    split_bytes,
+    table_mass,
+    uniform_shares,
+    warm_sync_bytes,
+)
+from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Workload
 from topology.views import ClusterView
-
-TIERS = ("hot", "warm", "cold")
 
 
 @dataclass(frozen=True)
 class LinkTimes:
-    """Seconds per byte of each tier's traffic, per rank, on the symmetric cluster."""
+    """Seconds per unit of each tier's traffic at the slowest rank, on the symmetric cluster.
 
-    warm_lookup: float  # per byte of lookup payload (id + embedding + gradient) in the warm tier
-    cold_lookup: float
-    hot_sync: float  # per byte of hot sync payload (all replicas)
+    Each entry is the cost model's own formula evaluated at one unit (one lookup, one payload byte)
+    and divided by the slowest rank's bandwidth per link class.
+    """
+
+    inv_bw_s_per_byte: np.ndarray  # float64[2]: 1 / slowest bandwidth per link class (0 if unused)
+    hot_sync: float  # per byte of hot sync payload (every replica)
     warm_sync: float  # per byte of warm sync payload of the whole tier (a rank holds 1/g of it)
     group_size: int
     num_ranks: int
+    view: ClusterView
+
+    def lookup_s(self, vector_bytes: int, within_group: bool) -> float:
+        """Seconds per lookup (one id, one embedding, one gradient) of a warm (``within_group``) or cold
+        row of ``vector_bytes``, at even shares (:func:`solvers.cost_model.lookup_traffic` at volume 1)."""
+        warm_share, cold_share = uniform_shares(self.view)
+        share = warm_share if within_group else cold_share
+        per_link = lookup_traffic(self.view, share, 1.0, vector_bytes, within_group).per_link().max(axis=0)
+        return float(per_link @ self.inv_bw_s_per_byte)
 
 
 def link_times(view: ClusterView) -> LinkTimes:
-    """Seconds per byte of each tier's traffic at the slowest rank's bandwidth per link class."""
-    n = view.num_ranks
+    """Seconds per unit of each tier's traffic at the slowest rank's bandwidth per link class."""
+    inv = np.array(
+        [
+            1.0 / float(view.intra_bw_Bps.min()),
+            1.0 / float(view.inter_bw_Bps.min()) if view.num_groups > 1 else 0.0,
+        ]
+    )
     g = int(view.group_sizes.max())
-    big_g = view.num_groups
-    inv_a = 1.0 / float(view.intra_bw_Bps.min())
-    inv_e = 1.0 / float(view.inter_bw_Bps.min()) if big_g > 1 else 0.0
+    hot = hierarchical_allreduce_bytes(view, 1.0).max(axis=0)  # [2 links] per payload byte
+    warm = float(warm_sync_bytes(view, 1.0 / g))
     return LinkTimes(
-        warm_lookup=(g - 1) / g * inv_a,
-        cold_lookup=(g - 1) / n * inv_a + (n - g) / n * inv_e,
-        hot_sync=2 * (g - 1) / g * inv_a + 2 * (big_g - 1) / (big_g * g) * inv_e,
-        warm_sync=2 * (big_g - 1) / (big_g * g) * inv_e,
+        inv_bw_s_per_byte=inv,
+        hot_sync=float(hot @ inv),
+        warm_sync=warm * inv[LinkClass.INTER_GROUP],
         group_size=g,
-        num_ranks=n,
+        num_ranks=view.num_ranks,
+        view=view,
     )
 
 
@@ -65,7 +89,7 @@ def table_coefficients(
     workload: Workload,
     view: ClusterView,
     dedup: bool,
-    sync: str,
+    sync: SyncMode,
     routing_metadata: bool = True,
 ) -> list[TableCoefficients]:
     """Coefficients of every table's histogram buckets."""
@@ -78,16 +102,12 @@ def table_coefficients(
         rows = np.diff(mass.rows)
         volume = np.diff(mass.unique if dedup else mass.lookups)
         touched = np.diff(mass.touched)
-        per_lookup = INDEX_BYTES + 2 * t.vector_bytes
-        if sync == "dense":
-            payload = rows * t.vector_bytes
-        else:
-            payload = touched * t.vector_bytes + rows * MASK_BYTES_PER_ROW
+        payload = wire.sync_payload(touched, rows, t.vector_bytes, sync)
         time_s = np.stack(
             [
                 lt.hot_sync * payload,
-                lt.warm_lookup * volume * per_lookup + lt.warm_sync * payload,
-                lt.cold_lookup * volume * per_lookup,
+                lt.lookup_s(t.vector_bytes, within_group=True) * volume + lt.warm_sync * payload,
+                lt.lookup_s(t.vector_bytes, within_group=False) * volume,
             ]
         )
         memory = np.stack(
@@ -103,17 +123,16 @@ def fixed_time_s(
     hot: bool,
     warm: bool,
     cold: bool,
-    sync: str,
+    sync: SyncMode,
     include_latency: bool = False,
 ) -> float:
     """Seconds per iteration that do not scale with rows, for a plan that uses the given tiers (on
     the symmetric cluster, slowest rank per link class): the split-size exchange, and with
     ``include_latency`` the collective latency."""
+    lt = link_times(view)
     splits = split_bytes(view, num_tables, warm, cold).max(axis=0)
-    inv_a = 1.0 / float(view.intra_bw_Bps.min())
-    inv_e = 1.0 / float(view.inter_bw_Bps.min()) if view.num_groups > 1 else 0.0
-    warm_sync = warm and view.num_groups > 1
-    bandwidth = float(splits[0] * inv_a + splits[1] * inv_e)
+    bandwidth = float(splits @ lt.inv_bw_s_per_byte)
     if not include_latency:
         return bandwidth
+    warm_sync = warm and view.num_groups > 1
     return bandwidth + collective_latency_s(view, warm, cold, hot, warm_sync, sync)

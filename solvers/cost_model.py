@@ -24,27 +24,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.errors import PlannerError
+from core.traffic import Traffic
+from core.vocabulary import Component, LinkClass, SyncMode
+from solvers import wire
 from solvers.types import (
-    COMPONENTS,
-    INDEX_BYTES,
-    LINK_CLASSES,
-    MASK_BYTES_PER_ROW,
     ROUTING_BYTES_PER_REPLICATED_ROW,
     CostReport,
     Plan,
-    PlannerError,
     TablePlan,
     TableSpec,
     Workload,
 )
 from topology.views import ClusterView
 
-INTRA, INTER = LINK_CLASSES.index("intra_group"), LINK_CLASSES.index("inter_group")
-IDS, FWD, BWD, SYNC = (COMPONENTS.index(c) for c in ("ids", "forward", "backward", "sync"))
-SEND, RECV = 0, 1
-SPLIT_BYTES_PER_TABLE = INDEX_BYTES  # one int64 length per (table, peer) before each tier's exchange
-A2A_PER_TIER = 4  # split sizes, ids, embeddings, gradients
-SYNC_MODES = ("sparse", "dense")
+A2A_PER_TIER = 4  # all-to-alls per tier exchange: split sizes, ids, embeddings, gradients
 
 
 @dataclass(frozen=True)
@@ -104,57 +98,42 @@ def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
 
 def lookup_traffic(
     view: ClusterView, share: np.ndarray, volume: float, vector_bytes: int, within_group: bool
-) -> np.ndarray:
-    """Bytes [N, 2 links, 3 components (ids, fwd, bwd), 2 directions] of one tier's lookups.
+) -> Traffic:
+    """Expected bytes per rank of one tier's lookups (:func:`solvers.wire.lookups_by_link` priced by
+    :func:`solvers.wire.lookup_messages`).
 
     ``share[r]``: share of the tier's rows (and accesses) owned by rank r, summing to 1 over the
     owners' scope (each group when ``within_group``, else the cluster); ``volume``: lookups (or
     unique ids) per requesting GPU per iteration.
     """
-    n = view.num_ranks
-    grp = view.group_of_rank
-    out = np.zeros((n, 2, 3, 2))
+    out = Traffic.zeros(view.num_ranks)
     if volume <= 0:
         return out
-    same_group_share = np.bincount(grp, weights=share, minlength=view.num_groups)[grp] - share
+    group_share = np.bincount(view.group_of_rank, weights=share, minlength=view.num_groups)[
+        view.group_of_rank
+    ]
     gsize = view.group_size_of_rank().astype(np.float64)
-    # share of a requester's lookups served by other ranks of its group / of other groups
-    req = np.stack(
-        [same_group_share, np.zeros(n) if within_group else 1.0 - share - same_group_share], axis=1
-    )
-    # number of requesters each owner serves in its group / in other groups
-    peers = np.stack([gsize - 1.0, np.zeros(n) if within_group else n - gsize], axis=1)
-    served = volume * share[:, None] * peers  # [N, 2] lookups served per owner
-    asked = volume * req  # [N, 2] lookups sent by each requester
-    out[:, :, 0, SEND] = asked * INDEX_BYTES
-    out[:, :, 0, RECV] = served * INDEX_BYTES
-    out[:, :, 1, SEND] = served * vector_bytes
-    out[:, :, 1, RECV] = asked * vector_bytes
-    out[:, :, 2, SEND] = asked * vector_bytes
-    out[:, :, 2, RECV] = served * vector_bytes
+    asked, served = wire.lookups_by_link(share, group_share, gsize, view.num_ranks, volume, within_group)
+    for link in LinkClass:
+        for (component, direction), b in wire.lookup_messages(
+            asked[link], served[link], vector_bytes
+        ).items():
+            out.bytes[:, link, component, direction] += b
     return out
 
 
 def hierarchical_allreduce_bytes(view: ClusterView, payload_bytes: float) -> np.ndarray:
-    """Per-rank bytes [N, 2 links] sent (= received) by a hierarchical all-reduce of ``payload_bytes``.
-
-    Reduce-scatter inside the group, ring all-reduce of each 1/g slice across the G groups,
-    all-gather inside the group: intra ``2 (g-1)/g * S``, inter ``2 (G-1)/G * S/g``.
-    """
+    """Per-rank bytes [N, 2 links] sent (= received) by a hierarchical all-reduce of ``payload_bytes``
+    (:func:`solvers.wire.hierarchical_allreduce_bytes` with each rank's group size)."""
     g = view.group_size_of_rank().astype(np.float64)
-    big_g = view.num_groups
-    return np.stack(
-        [2.0 * (g - 1.0) / g * payload_bytes, 2.0 * (big_g - 1.0) / big_g * payload_bytes / g], axis=1
-    )
+    per_link = wire.hierarchical_allreduce_bytes(g, view.num_groups, payload_bytes)
+    return np.stack([np.broadcast_to(per_link[link], g.shape) for link in LinkClass], axis=1)
 
 
-def sync_payload(touched_rows: float, rows: float, vector_bytes: int, sync: str) -> float:
-    """Bytes one replica contributes to a gradient sync of ``rows`` replicated rows."""
-    if rows <= 0:
-        return 0.0
-    if sync == "dense":
-        return rows * vector_bytes
-    return touched_rows * vector_bytes + rows * MASK_BYTES_PER_ROW
+def warm_sync_bytes(view: ClusterView, payload_bytes: np.ndarray | float) -> np.ndarray | float:
+    """Inter-group bytes each way of the warm sync: a ring all-reduce across the groups' copies of a
+    rank's warm shard of ``payload_bytes``."""
+    return wire.ring_allreduce_bytes(view.num_groups, payload_bytes)
 
 
 def routing_bytes(plan: TablePlan) -> float:
@@ -170,8 +149,6 @@ def routing_bytes(plan: TablePlan) -> float:
 
 def check_plan(workload: Workload, view: ClusterView, plan: Plan) -> None:
     """Raise PlannerError when ``plan`` does not fit ``workload`` on ``view``."""
-    if plan.sync not in SYNC_MODES:
-        raise PlannerError(f"plan.sync: must be one of {SYNC_MODES}, got {plan.sync!r}")
     if len(plan.tables) != len(workload.tables):
         raise PlannerError(f"plan: has {len(plan.tables)} tables, the workload has {len(workload.tables)}")
     n = view.num_ranks
@@ -216,55 +193,59 @@ def evaluate_volumes(
 ) -> CostReport:
     """:func:`evaluate` with each table's tier volumes given (e.g. priced on another trace window)."""
     n = view.num_ranks
-    big_g = view.num_groups
-    out = np.zeros((n, 2, 4, 2))
+    traffic = Traffic.zeros(n)
     memory = np.zeros((n, 4))  # hot, warm, cold, routing
     hot_payload = 0.0
     warm_payload = np.zeros(n)
     uses_warm = uses_cold = False
     for t, tp, vol in zip(workload.tables, plan.tables, volumes, strict=True):
         vec = t.vector_bytes
-        out[:, :, :3, :] += lookup_traffic(view, tp.warm_share, vol.warm_volume, vec, within_group=True)
-        out[:, :, :3, :] += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
-        hot_payload += sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
-        warm_payload += tp.warm_share * sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
+        traffic += lookup_traffic(view, tp.warm_share, vol.warm_volume, vec, within_group=True)
+        traffic += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
+        hot_payload += wire.sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
+        warm_payload += tp.warm_share * wire.sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
         memory[:, 0] += t.row_bytes * tp.hot_rows
         memory[:, 1] += t.row_bytes * tp.warm_rows * tp.warm_share
         memory[:, 2] += t.row_bytes * tp.cold_rows * tp.cold_share
         memory[:, 3] += routing_bytes(tp)
         uses_warm |= tp.warm_rows > 0
         uses_cold |= tp.cold_rows > 0
-    out[:, :, IDS, :] += split_bytes(view, len(workload.tables), uses_warm, uses_cold)[:, :, None]
+    splits = split_bytes(view, len(workload.tables), uses_warm, uses_cold)
     hot_sync = hierarchical_allreduce_bytes(view, hot_payload)
-    out[:, :, SYNC, SEND] += hot_sync
-    out[:, :, SYNC, RECV] += hot_sync
-    warm_sync = 2.0 * (big_g - 1.0) / big_g * warm_payload
-    out[:, INTER, SYNC, SEND] += warm_sync
-    out[:, INTER, SYNC, RECV] += warm_sync
+    warm_sync = warm_sync_bytes(view, warm_payload)
+    for link in LinkClass:
+        traffic.add(link, Component.IDS, splits[:, link], splits[:, link])
+        traffic.add(link, Component.SYNC, hot_sync[:, link], hot_sync[:, link])
+    traffic.add(LinkClass.INTER_GROUP, Component.SYNC, warm_sync, warm_sync)
     latency = collective_latency_s(
         view, uses_warm, uses_cold, hot_payload > 0, bool(warm_payload.any()), plan.sync
     )
-    per_link = out.sum(axis=2).max(axis=2)  # [N, 2]: max(send, recv) per link class
+    return CostReport(
+        traffic=traffic, time_s=link_time_s(view, traffic), memory_by_part_bytes=memory, latency_s=latency
+    )
+
+
+def link_time_s(view: ClusterView, traffic: Traffic) -> np.ndarray:
+    """float64[N]: each rank's modeled seconds, ``sum over link classes of max(send, recv) / bandwidth``."""
+    per_link = traffic.per_link()  # [N, 2]
     bw = np.stack([view.intra_bw_Bps, view.inter_bw_Bps], axis=1)
-    time_s = np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1)
-    return CostReport(bytes=out, time_s=time_s, memory_by_part_bytes=memory, latency_s=latency)
+    return np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1)
 
 
 def split_bytes(view: ClusterView, num_tables: int, warm: bool, cold: bool) -> np.ndarray:
     """Per-rank bytes [N, 2 links] (each direction) of the split sizes sent before each tier's
-    exchange: one int64 per table and peer."""
-    gsize = view.group_size_of_rank().astype(np.float64)
+    exchange (:func:`solvers.wire.split_bytes`): warm to the peers of the group, cold to every peer."""
+    peers = view.layout.peers_by_link().astype(np.float64)  # [N, 2]: in the group, outside it
     out = np.zeros((view.num_ranks, 2))
     if warm:
-        out[:, INTRA] += (gsize - 1) * num_tables * SPLIT_BYTES_PER_TABLE
+        out[:, LinkClass.INTRA_GROUP] += wire.split_bytes(peers[:, LinkClass.INTRA_GROUP], num_tables)
     if cold:
-        out[:, INTRA] += (gsize - 1) * num_tables * SPLIT_BYTES_PER_TABLE
-        out[:, INTER] += (view.num_ranks - gsize) * num_tables * SPLIT_BYTES_PER_TABLE
+        out += wire.split_bytes(peers, num_tables)
     return out
 
 
 def collective_latency_s(
-    view: ClusterView, warm: bool, cold: bool, hot_sync: bool, warm_sync: bool, sync: str
+    view: ClusterView, warm: bool, cold: bool, hot_sync: bool, warm_sync: bool, sync: SyncMode
 ) -> float:
     """Latency part of an iteration, in seconds: one hop per all-to-all; an all-reduce over k ranks
     takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for latency-bound sizes) while its
@@ -275,7 +256,7 @@ def collective_latency_s(
     lat_inter = float(view.inter_latency_s.max()) if big_g > 1 else lat_intra
     hops_intra = 2 * int(np.ceil(np.log2(g))) if g > 1 else 0
     hops_inter = 2 * int(np.ceil(np.log2(big_g))) if big_g > 1 else 0
-    rounds = 2 if sync == "sparse" else 1  # the touched mask, then the rows
+    rounds = 2 if SyncMode(sync) is SyncMode.SPARSE else 1  # the touched mask, then the rows
     total = 0.0
     if warm:
         total += A2A_PER_TIER * lat_intra

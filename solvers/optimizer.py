@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pulp
 
+from core.errors import PlannerError
+from core.vocabulary import SyncMode, Tier
 from solvers.bounds import lagrange_bound
 from solvers.coefficients import TableCoefficients, fixed_time_s, table_coefficients
 from solvers.cost_model import row_wise_memory_bytes, table_plan
-from solvers.types import Plan, PlannerError, Workload
+from solvers.types import Plan, Workload
 from topology.views import ClusterView
 
-HOT, WARM, COLD = 0, 1, 2
 INTEGER_ROWS_MAX = 64  # segments this small get whole-row variables in the final (integer) solve
 
 
@@ -39,7 +40,7 @@ class OptimizerConfig:
     """Knobs of :func:`optimize_tiers`; the defaults suit clusters of up to thousands of GPUs."""
 
     dedup: bool = True  # per-rank id dedup before the exchange
-    sync: str = "sparse"  # replica gradient sync: "sparse" (touched rows) or "dense"
+    sync: SyncMode = SyncMode.SPARSE  # replica gradient sync: touched rows, or every replicated row
     allow_hot: bool = True
     allow_warm: bool = True
     initial_segments: int = 24  # mass-quantile breakpoints per table (plus a geometric row grid)
@@ -119,7 +120,7 @@ def optimize_tiers(
     t0 = time.perf_counter()
     coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata)
     warm_possible = cfg.allow_warm and view.num_groups > 1 and view.uniform_group_size not in (None, 1)
-    floor_bytes = float(sum(c.memory_bytes[COLD].sum() for c in coeffs))
+    floor_bytes = float(sum(c.memory_bytes[Tier.COLD].sum() for c in coeffs))
     if budget_bytes < floor_bytes * (1 - 1e-12):
         rw = row_wise_memory_bytes(workload, view)
         raise PlannerError(
@@ -184,9 +185,9 @@ def optimize_tiers(
 def _plan_memory(c: TableCoefficients, h: int, w: int) -> float:
     """Per-GPU bytes of one table's (hot, warm) boundaries, without metadata if one tier holds it all."""
     total = float(c.rows.sum())
-    mem = _prefix_sum(c, h, HOT, "memory_bytes") + _prefix_sum(c, h + w, WARM, "memory_bytes")
-    mem += -_prefix_sum(c, h, WARM, "memory_bytes") + c.memory_bytes[COLD].sum()
-    mem -= _prefix_sum(c, h + w, COLD, "memory_bytes")
+    mem = _prefix_sum(c, h, Tier.HOT, "memory_bytes") + _prefix_sum(c, h + w, Tier.WARM, "memory_bytes")
+    mem += -_prefix_sum(c, h, Tier.WARM, "memory_bytes") + c.memory_bytes[Tier.COLD].sum()
+    mem -= _prefix_sum(c, h + w, Tier.COLD, "memory_bytes")
     if h == total or w == total:
         mem -= c.whole_table_credit_bytes
     return float(mem)
@@ -205,7 +206,7 @@ def _whole_table_moves(
         best = None
         for i, c in enumerate(coeffs):
             total = int(c.rows.sum())
-            for tier, plan in ((HOT, (total, 0)), (WARM, (0, total))):
+            for tier, plan in ((Tier.HOT, (total, 0)), (Tier.WARM, (0, total))):
                 if not allowed[tier] or rows[i] == plan:
                     continue
                 t_new = _linear_time([c], [plan])
@@ -224,7 +225,9 @@ def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
     total = 0.0
     for c in coeffs:
         options = [c.memory_bytes[allowed].min(axis=0).sum()]
-        options += [c.memory_bytes[t].sum() - c.whole_table_credit_bytes for t in (HOT, WARM) if allowed[t]]
+        options += [
+            c.memory_bytes[t].sum() - c.whole_table_credit_bytes for t in (Tier.HOT, Tier.WARM) if allowed[t]
+        ]
         total += min(options)
     return float(total)
 
@@ -247,11 +250,11 @@ def _refined_solve(
 ) -> tuple[list[tuple[int, int]], float, int, int] | None:
     """Solve the segment LP for one set of allowed tiers, refining segments around the boundaries
     (None when no plan with these tiers fits)."""
-    edges = [_initial_edges(c, c.time_s[COLD], cfg.initial_segments) for c in coeffs]
+    edges = [_initial_edges(c, c.time_s[Tier.COLD], cfg.initial_segments) for c in coeffs]
     best: tuple[float, list[tuple[int, int]]] | None = None
     solved: tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
     nvars = rounds = 0
-    tiers = "+".join(n for n, a in zip(("hot", "warm", "cold"), allowed, strict=True) if a)
+    tiers = "+".join(tier.label for tier, a in zip(Tier, allowed, strict=True) if a)
     for rounds in range(1, cfg.max_rounds + 1):  # noqa: B007
         try:
             shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s)
@@ -303,7 +306,7 @@ def _refined_solve(
 
 def _integer_vars(coeffs: list[TableCoefficients], edges: list[np.ndarray], allowed: np.ndarray) -> int:
     """Integer variables of the full integer finish: small segments times the prefix tiers in use."""
-    tiers = int(allowed[HOT]) + int(allowed[WARM])
+    tiers = int(allowed[Tier.HOT]) + int(allowed[Tier.WARM])
     small = sum(
         int((np.add.reduceat(c.rows, e[:-1]) <= INTEGER_ROWS_MAX).sum())
         for c, e in zip(coeffs, edges, strict=True)
@@ -364,31 +367,31 @@ def _solve_lp(
         seg_t, seg_m = _segment_sums(c, e)
         seg_rows = np.add.reduceat(c.rows, e[:-1])
         k = seg_t.shape[1]
-        const_mem += seg_m[COLD].sum()
+        const_mem += seg_m[Tier.COLD].sum()
 
-        cold_ok = bool(allowed[COLD])
+        cold_ok = bool(allowed[Tier.COLD])
         fix_h, fix_w = fixed[i] if fixed is not None else ({}, {})
         wv = (
             [_share(f"w_{i}_{j}", seg_rows[j], 0 if cold_ok else 1, integer, fix_w.get(j)) for j in range(k)]
-            if allowed[WARM]
+            if allowed[Tier.WARM]
             else None
         )
         hv = None
-        if allowed[HOT]:
+        if allowed[Tier.HOT]:
             low = 0 if (cold_ok or wv is not None) else 1
             hv = [_share(f"h_{i}_{j}", seg_rows[j], low, integer, fix_h.get(j)) for j in range(k)]
         for j in range(k):
             if wv is not None:
                 var, sc = wv[j]
-                objective[var] = (seg_t[WARM, j] - seg_t[COLD, j]) * ts * sc
-                memory[var] = (seg_m[WARM, j] - seg_m[COLD, j]) * ms * sc
+                objective[var] = (seg_t[Tier.WARM, j] - seg_t[Tier.COLD, j]) * ts * sc
+                memory[var] = (seg_m[Tier.WARM, j] - seg_m[Tier.COLD, j]) * ms * sc
                 if j:
                     prob += sc * var <= wv[j - 1][1] * wv[j - 1][0]
             if hv is not None:
                 var, sc = hv[j]
-                lower = WARM if wv is not None else COLD
-                objective[var] = (seg_t[HOT, j] - seg_t[lower, j]) * ts * sc
-                memory[var] = (seg_m[HOT, j] - seg_m[lower, j]) * ms * sc
+                lower = Tier.WARM if wv is not None else Tier.COLD
+                objective[var] = (seg_t[Tier.HOT, j] - seg_t[lower, j]) * ts * sc
+                memory[var] = (seg_m[Tier.HOT, j] - seg_m[lower, j]) * ms * sc
                 if j:
                     prob += sc * var <= hv[j - 1][1] * hv[j - 1][0]
                 if wv is not None:
@@ -439,8 +442,10 @@ def _linear_time(coeffs: list[TableCoefficients], rows: list[tuple[int, int]]) -
     """Linear-model time of integer tier boundaries (rows inside a bucket are identical)."""
     total = 0.0
     for c, (h, w) in zip(coeffs, rows, strict=True):
-        total += _prefix_sum(c, h, HOT) + (_prefix_sum(c, h + w, WARM) - _prefix_sum(c, h, WARM))
-        total += c.time_s[COLD].sum() - _prefix_sum(c, h + w, COLD)
+        total += _prefix_sum(c, h, Tier.HOT) + (
+            _prefix_sum(c, h + w, Tier.WARM) - _prefix_sum(c, h, Tier.WARM)
+        )
+        total += c.time_s[Tier.COLD].sum() - _prefix_sum(c, h + w, Tier.COLD)
     return total
 
 

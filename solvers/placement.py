@@ -16,16 +16,18 @@ from dataclasses import replace
 import numpy as np
 import pulp
 
+from core.errors import PlannerError
+from core.vocabulary import Direction, LinkClass
+from solvers import wire
 from solvers.cost_model import (
     evaluate,
     hierarchical_allreduce_bytes,
     routing_bytes,
     split_bytes,
-    sync_payload,
     table_mass,
     tier_volumes,
 )
-from solvers.types import INDEX_BYTES, Plan, PlannerError, TablePlan, Workload
+from solvers.types import Plan, TablePlan, Workload
 from topology.views import ClusterView
 
 
@@ -54,22 +56,26 @@ def interleave_pattern(shares: np.ndarray, period: int) -> np.ndarray:
 
 
 def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: float) -> Plan:
-    """Plan with owner shares balanced by link speed (returns ``plan`` unchanged on a homogeneous cluster)."""
+    """Plan with owner shares balanced by link speed (returns ``plan`` unchanged on a homogeneous cluster).
+
+    The program's traffic is :mod:`solvers.wire`'s formulas applied to the share variables: a rank's
+    cold share ``a[r]`` (its group's ``sum a``) and its position's warm share ``b[j]``.
+    """
     if is_homogeneous(view) or view.uniform_group_size is None:
         return plan
-    n, g, big_g = view.num_ranks, view.uniform_group_size, view.num_groups
+    n, g = view.num_ranks, view.uniform_group_size
     grp, loc = view.group_of_rank, view.local_index
-    ring = 2.0 * (big_g - 1) / big_g
-    cold_vec = cold_idx = warm_vec = warm_idx = hot_payload = warm_payload = 0.0
+    volume = {"warm": 0.0, "cold": 0.0}  # lookups per GPU per iteration, all tables
+    vector_volume = {"warm": 0.0, "cold": 0.0}  # the same weighted by vector bytes
+    hot_payload = warm_payload = 0.0
     mem_fixed = mem_cold = mem_warm = 0.0
     for t, tp in zip(workload.tables, plan.tables, strict=True):
         v = tier_volumes(table_mass(t, workload.lookups_per_gpu(t), n), tp, plan.dedup)
-        cold_vec += v.cold_volume * t.vector_bytes
-        cold_idx += v.cold_volume * INDEX_BYTES
-        warm_vec += v.warm_volume * t.vector_bytes
-        warm_idx += v.warm_volume * INDEX_BYTES
-        hot_payload += sync_payload(v.hot_touched, tp.hot_rows, t.vector_bytes, plan.sync)
-        warm_payload += sync_payload(v.warm_touched, tp.warm_rows, t.vector_bytes, plan.sync)
+        for tier, vol in (("warm", v.warm_volume), ("cold", v.cold_volume)):
+            volume[tier] += vol
+            vector_volume[tier] += vol * t.vector_bytes
+        hot_payload += wire.sync_payload(v.hot_touched, tp.hot_rows, t.vector_bytes, plan.sync)
+        warm_payload += wire.sync_payload(v.warm_touched, tp.warm_rows, t.vector_bytes, plan.sync)
         mem_fixed += t.row_bytes * tp.hot_rows + routing_bytes(tp)
         mem_cold += t.row_bytes * tp.cold_rows
         mem_warm += t.row_bytes * tp.warm_rows
@@ -77,6 +83,7 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
     uses_cold = any(tp.cold_rows > 0 for tp in plan.tables)
     fixed = split_bytes(view, len(workload.tables), uses_warm, uses_cold)
     fixed += hierarchical_allreduce_bytes(view, hot_payload)  # [N, 2], each direction
+    mean_vector = {k: vector_volume[k] / volume[k] if volume[k] > 0 else 0.0 for k in volume}
 
     prob = pulp.LpProblem("flexshard_placement", pulp.LpMinimize)
     a = [pulp.LpVariable(f"a_{r}", 0, 1) for r in range(n)]  # cold share per rank
@@ -89,34 +96,27 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
     group_a = [pulp.lpSum(a[o] for o in members) for members in view.groups]
     for r in range(n):
         k, br = int(grp[r]), b[int(loc[r])]
-        peers = len(view.groups[k]) - 1
-        asked_warm, asked_cold, asked_far = 1 - br, group_a[k] - a[r], 1 - group_a[k]
-        # a requester sends ids + gradients and receives embeddings; an owner the reverse
-        links = {
-            "intra": (
-                asked_warm * (warm_idx + warm_vec)
-                + br * peers * warm_vec
-                + asked_cold * (cold_idx + cold_vec)
-                + a[r] * peers * cold_vec,
-                asked_warm * warm_vec
-                + br * peers * (warm_idx + warm_vec)
-                + asked_cold * cold_vec
-                + a[r] * peers * (cold_idx + cold_vec),
-                0,
-                view.intra_bw_Bps[r],
-            ),
-            "inter": (
-                asked_far * (cold_idx + cold_vec) + a[r] * (n - g) * cold_vec + ring * warm_payload * br,
-                asked_far * cold_vec + a[r] * (n - g) * (cold_idx + cold_vec) + ring * warm_payload * br,
-                1,
-                view.inter_bw_Bps[r],
-            ),
-        }
+        sent = {link: float(fixed[r, link]) for link in LinkClass}
+        received = dict(sent)
+        # cold rows over the cluster (the group holds sum a), warm rows inside the group (b sums to 1)
+        for share, group_share, tier, within in ((a[r], group_a[k], "cold", False), (br, 1.0, "warm", True)):
+            asked, served = wire.lookups_by_link(share, group_share, g, n, volume[tier], within)
+            for link in LinkClass:
+                for (_, direction), nbytes in wire.lookup_messages(
+                    asked[link], served[link], mean_vector[tier]
+                ).items():
+                    (sent if direction is Direction.SEND else received)[link] += nbytes
+        warm_sync = wire.ring_allreduce_bytes(view.num_groups, warm_payload * br)
+        sent[LinkClass.INTER_GROUP] += warm_sync
+        received[LinkClass.INTER_GROUP] += warm_sync
         time_us = []
-        for name, (send, recv, li, bw) in links.items():
-            y = pulp.LpVariable(f"{name}_{r}", 0)
-            prob += y >= (send + fixed[r, li]) * mb
-            prob += y >= (recv + fixed[r, li]) * mb
+        for link, bw in (
+            (LinkClass.INTRA_GROUP, view.intra_bw_Bps[r]),
+            (LinkClass.INTER_GROUP, view.inter_bw_Bps[r]),
+        ):
+            y = pulp.LpVariable(f"{link.label}_{r}", 0)
+            prob += y >= sent[link] * mb
+            prob += y >= received[link] * mb
             time_us.append(y * (1e12 / bw))
         prob += slowest_us >= pulp.lpSum(time_us)
         prob += (mem_fixed + mem_cold * a[r] + mem_warm * br) * mb <= budget_bytes * mb

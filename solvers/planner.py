@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from core.errors import ConfigError, PlannerError
+from core.vocabulary import SyncMode
 from solvers.baselines import BASELINES
-from solvers.cost_model import SYNC_MODES, evaluate, row_wise_memory_bytes
+from solvers.cost_model import evaluate, row_wise_memory_bytes
 from solvers.optimizer import OptimizerConfig, optimize_tiers
 from solvers.placement import balance
-from solvers.types import CostReport, Plan, PlannerError, Workload
+from solvers.types import CostReport, Plan, Workload
 from topology.views import ClusterView
 
 STRATEGIES = ("flexshard", *BASELINES)
@@ -23,8 +25,8 @@ class PlannedStrategy:
 
 def budget_bytes(workload: Workload, view: ClusterView, budget_x: float) -> float:
     """Per-GPU bytes of a budget given as a multiple of row-wise sharding's per-GPU bytes."""
-    if not budget_x > 0:
-        raise PlannerError(f"budget: must be a positive multiple of row-wise memory, got {budget_x!r}")
+    if not 0 < budget_x < float("inf"):
+        raise ConfigError(f"budget: must be a positive multiple of row-wise memory, got {budget_x!r}")
     return budget_x * row_wise_memory_bytes(workload, view)
 
 
@@ -34,20 +36,22 @@ def make_plan(
     view: ClusterView,
     budget: float,
     dedup: bool = True,
-    sync: str = "sparse",
+    sync: SyncMode | str = SyncMode.SPARSE,
     config: OptimizerConfig | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> PlannedStrategy:
-    """Plan ``workload`` on ``view`` with ``strategy`` under ``budget`` bytes per GPU, and price it."""
+    """Plan ``workload`` on ``view`` with ``strategy`` under ``budget`` bytes per GPU, and price it.
+
+    ``dedup`` and ``sync`` apply to every strategy and take precedence over ``config``'s (the
+    optimizer's other knobs); no argument is modified.
+    """
     if strategy not in STRATEGIES:
-        raise PlannerError(f"strategy: unknown {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    if sync not in SYNC_MODES:
-        raise PlannerError(f"sync: must be one of {', '.join(SYNC_MODES)}, got {sync!r}")
+        raise ConfigError(f"strategy: unknown {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    sync = SyncMode.parse(sync)
     if strategy != "flexshard":
         plan = BASELINES[strategy](workload, view, budget, dedup, sync)
         return PlannedStrategy(plan, evaluate(workload, view, plan))
-    cfg = config or OptimizerConfig()
-    cfg.dedup, cfg.sync = dedup, sync
+    cfg = replace(config or OptimizerConfig(), dedup=dedup, sync=sync)
     plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
     best = PlannedStrategy(plan, evaluate(workload, view, plan))
     if best.report.memory_per_gpu_bytes > budget * (1 + 1e-9):  # a bug, not bad input
@@ -62,10 +66,11 @@ def make_plan(
             candidate = baseline(workload, view, budget, dedup, sync)
         except PlannerError:
             continue
-        candidate = replace(candidate, strategy="flexshard")
+        candidate = replace(
+            candidate, strategy="flexshard", solver={**plan.solver, "chosen": f"{name} tiers"}
+        )
         report = evaluate(workload, view, candidate)
         if report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(report, best.report):
-            candidate.solver = {**plan.solver, "chosen": f"{name} tiers"}
             best = PlannedStrategy(candidate, report)
     return best
 

@@ -12,23 +12,15 @@ distributions are bucketed on a fine geometric grid of ranks. Memory is O(bucket
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
-INDEX_BYTES = 8  # one int64 id on the wire
+from core.errors import PlannerError
+from core.traffic import Traffic
+from core.vocabulary import Component, FetchMode, LinkClass, SyncMode
+
 ROUTING_BYTES_PER_REPLICATED_ROW = 12  # int64 sorted id + int32 slot, per hot/warm row, on every rank
-MASK_BYTES_PER_ROW = 1  # uint8 "touched this step" flag all-reduced before a sparse replica sync
-
-
-class PlannerError(ValueError):
-    """Bad input or an impossible request. The message names the field, the value and what to try."""
-
-
-class Tier(str, Enum):
-    HOT = "hot"  # a copy on every GPU
-    WARM = "warm"  # one copy per group, split across the group's GPUs
-    COLD = "cold"  # one copy in the cluster, split across all GPUs
+MEMORY_PARTS = ("hot", "warm", "cold", "routing")  # columns of CostReport.memory_by_part_bytes
 
 
 @dataclass(frozen=True)
@@ -209,32 +201,38 @@ class TablePlan:
     cold_share: np.ndarray  # float64[N]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """A sharding plan for a workload on a cluster (one strategy, one budget)."""
+    """A sharding plan for a workload on a cluster (one strategy, one budget).
+
+    ``dedup``: ids deduplicated per rank before the exchange; ``sync``: how replica gradients are
+    summed; ``fetch``: how lookups reach their owners. Plans are immutable: derive variants with
+    ``dataclasses.replace``.
+    """
 
     strategy: str
     tables: tuple[TablePlan, ...]
     dedup: bool
-    sync: str = "sparse"  # replica gradient sync: "sparse" (touched rows) or "dense" (all rows)
+    sync: SyncMode = SyncMode.SPARSE
     budget_bytes: float | None = None  # per-GPU memory budget the plan was made for
     solver: dict = field(default_factory=dict)  # solver metadata (bounds, gap, iterations, seconds)
+    fetch: FetchMode = FetchMode.FLAT
 
-
-LINK_CLASSES = ("intra_group", "inter_group")
-COMPONENTS = ("ids", "forward", "backward", "sync")
-MEMORY_PARTS = ("hot", "warm", "cold", "routing")
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tables", tuple(self.tables))
+        object.__setattr__(self, "sync", SyncMode.parse(self.sync))
+        object.__setattr__(self, "fetch", FetchMode.parse(self.fetch))
 
 
 @dataclass
 class CostReport:
-    """Modeled per-iteration cost of a plan.
+    """Modeled per-iteration cost of a plan, per rank.
 
-    ``bytes`` has shape [ranks, 2 link classes, 4 components, 2 directions (send, recv)];
-    link classes and components are named in ``LINK_CLASSES`` and ``COMPONENTS``.
+    ``traffic`` is bytes per iteration with a rank axis (:class:`core.traffic.Traffic`:
+    ``[rank, link class, component, direction]``).
     """
 
-    bytes: np.ndarray  # float64[N, 2, 4, 2], bytes per iteration
+    traffic: Traffic  # bytes per iteration, per rank
     time_s: np.ndarray  # float64[N], bytes / bandwidth per link class, summed, per iteration per rank
     memory_by_part_bytes: np.ndarray  # float64[N, 4]: rows (+ optimizer state) per tier, routing ids
     latency_s: float  # collective latency per iteration (hops x link latency), not in time_s
@@ -244,26 +242,24 @@ class CostReport:
         """float64[N]: embedding + optimizer + routing bytes per rank."""
         return self.memory_by_part_bytes.sum(axis=1)
 
-    def link_bytes(self, link: str, components: tuple[str, ...] = COMPONENTS) -> np.ndarray:
-        """Per-rank bytes on one link class, max(send, recv), summed over ``components``."""
-        li = LINK_CLASSES.index(link)
-        ci = [COMPONENTS.index(c) for c in components]
-        return self.bytes[:, li, ci, :].sum(axis=1).max(axis=1)
+    def link_bytes(self, link: LinkClass, components: tuple[Component, ...] = tuple(Component)) -> np.ndarray:
+        """float64[N]: bytes per rank on one link class, max(send, recv), summed over ``components``."""
+        return self.traffic.link_bytes(link, components)
 
     @property
     def inter_group_bytes(self) -> float:
         """Bottleneck rank's inter-group bytes per iteration (sync included)."""
-        return float(self.link_bytes("inter_group").max())
+        return float(self.link_bytes(LinkClass.INTER_GROUP).max())
 
     @property
     def intra_group_bytes(self) -> float:
         """Bottleneck rank's intra-group bytes per iteration (sync included)."""
-        return float(self.link_bytes("intra_group").max())
+        return float(self.link_bytes(LinkClass.INTRA_GROUP).max())
 
     @property
     def sync_bytes(self) -> float:
         """Bottleneck rank's replica-synchronisation bytes per iteration, both link classes."""
-        per_rank = self.bytes[:, :, COMPONENTS.index("sync"), :].sum(axis=1).max(axis=1)
+        per_rank = self.traffic.bytes[:, :, Component.SYNC, :].sum(axis=1).max(axis=1)
         return float(per_rank.max())
 
     @property

@@ -27,17 +27,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.errors import ConfigError, PlannerError
+from core.vocabulary import COMPONENTS, LINK_CLASSES
 from solvers.cost_model import evaluate, split_bytes, table_mass, table_plan
-from solvers.types import (
-    COMPONENTS,
-    LINK_CLASSES,
-    Plan,
-    PlannerError,
-    RowHistogram,
-    TablePlan,
-    TableSpec,
-    Workload,
-)
+from solvers.types import Plan, RowHistogram, TablePlan, TableSpec, Workload
 from topology.views import uniform_view
 
 REL = 1e-12
@@ -75,8 +68,8 @@ def _rank_bytes(intra: dict, inter: dict) -> np.ndarray:
 
 
 def _assert_every_rank(report, expected_rank: np.ndarray) -> None:
-    for r in range(report.bytes.shape[0]):
-        np.testing.assert_allclose(report.bytes[r], expected_rank, rtol=REL, atol=1e-12)
+    for r in range(report.traffic.bytes.shape[0]):
+        np.testing.assert_allclose(report.traffic.bytes[r], expected_rank, rtol=REL, atol=1e-12)
 
 
 # --- per-row statistics -------------------------------------------------------------------------
@@ -217,9 +210,9 @@ def test_warm_rows_sparse_no_dedup():
     # touched rows 0,1: 0.997823217664 + 0.986158712799 = 1.983981930463
     # payload = 1.983981930463 * 8 + 2 mask bytes = 17.871855443704; a rank's half: 8.935927721852;
     # ring factor 2 (G-1)/G = 1
-    sync = report.bytes[:, LINK_CLASSES.index("inter_group"), COMPONENTS.index("sync")]
+    sync = report.traffic.bytes[:, LINK_CLASSES.index("inter_group"), COMPONENTS.index("sync")]
     np.testing.assert_allclose(sync, 8.935927721852, rtol=1e-12)
-    assert (report.bytes[:, LINK_CLASSES.index("intra_group"), COMPONENTS.index("sync")] == 0).all()
+    assert (report.traffic.bytes[:, LINK_CLASSES.index("intra_group"), COMPONENTS.index("sync")] == 0).all()
     # 0.466 + (26.8 + 8.935927721852)/10
     np.testing.assert_allclose(report.time_s, 4.0395927721852, rtol=1e-12)
 
@@ -271,7 +264,7 @@ def test_table_wise_owner_rank0_no_dedup():
         ),
     ]
     for r, exp in zip(range(4), (expected[0], expected[1], expected[2], expected[2]), strict=True):
-        np.testing.assert_allclose(report.bytes[r], exp, rtol=REL, atol=1e-12)
+        np.testing.assert_allclose(report.traffic.bytes[r], exp, rtol=REL, atol=1e-12)
     # rank 0: intra max(8+24, 32+24) = 56 -> 0.56; inter max(16+48, 64+48) = 112 -> 11.2
     # rank 1: intra max(32+24, 8+24) = 56 -> 0.56; inter 16 -> 1.6
     # ranks 2,3: intra 8 -> 0.08; inter max(40+24, 16+24) = 64 -> 6.4
@@ -289,7 +282,7 @@ def test_table_wise_owner_rank0_dedup():
         {"ids": (8, 8 + 17.6), "forward": (17.6, 0), "backward": (0, 17.6)},
         {"ids": (16, 16 + 35.2), "forward": (35.2, 0), "backward": (0, 35.2)},
     )
-    np.testing.assert_allclose(report.bytes[0], rank0, rtol=REL, atol=1e-12)
+    np.testing.assert_allclose(report.traffic.bytes[0], rank0, rtol=REL, atol=1e-12)
 
 
 # --- latency ------------------------------------------------------------------------------------
@@ -319,7 +312,7 @@ def test_latency_terms():
     # every row hot, dense: only the hot all-reduce, 2 * 0.5 + 2 * 2.0 = 5; no split sizes at all
     r = evaluate(WORKLOAD, view, _plan(4, 0, dedup=False, sync="dense", view=view))
     assert r.latency_s == pytest.approx(5.0)
-    assert (r.bytes[:, :, COMPONENTS.index("ids")] == 0).all()
+    assert (r.traffic.bytes[:, :, COMPONENTS.index("ids")] == 0).all()
 
 
 def test_latency_tree_hops_round_up():
@@ -358,7 +351,7 @@ def test_two_tables_memory_and_splits():
     # splits with 2 tables, warm and cold in use: 32 intra, 32 inter on the ids component.
     # Rest of ids: a: V_w = 3 * 0.5 (rows 1,2) -> asked 0.75 -> 6 B; V_c = 0.3 -> intra 0.075 -> 0.6 B,
     # inter 0.15 -> 1.2 B. b: V_w = 1.5 -> asked 0.75 -> 6 B; V_c = 1.5 -> intra 0.375 -> 3 B, inter 6 B.
-    ids = report.bytes[0, :, COMPONENTS.index("ids"), 0]
+    ids = report.traffic.bytes[0, :, COMPONENTS.index("ids"), 0]
     np.testing.assert_allclose(ids, [32 + 6 + 0.6 + 6 + 3, 32 + 1.2 + 6], rtol=1e-12)
 
 
@@ -395,9 +388,9 @@ def test_bytes_sent_equal_bytes_received(shape, dedup, sync):
             sync=sync,
         )
         report = evaluate(workload, view, plan)
-        totals = report.bytes.sum(axis=0)  # [link, component, direction] over the cluster
+        totals = report.traffic.bytes.sum(axis=0)  # [link, component, direction] over the cluster
         np.testing.assert_allclose(totals[..., 0], totals[..., 1], rtol=1e-12, atol=1e-12)
-        assert (report.bytes >= 0).all()
+        assert (report.traffic.bytes >= 0).all()
 
 
 @pytest.mark.parametrize("shape", [(2, 2), (2, 4), (4, 2)])
@@ -412,15 +405,15 @@ def test_uniform_shares_every_rank_identical(shape):
                 dedup=dedup,
             )
             report = evaluate(workload, view, plan)
-            np.testing.assert_allclose(report.bytes, np.broadcast_to(report.bytes[0], report.bytes.shape))
-            np.testing.assert_allclose(report.bytes[..., 0], report.bytes[..., 1], rtol=1e-12)
+            np.testing.assert_allclose(report.traffic.bytes, np.broadcast_to(report.traffic.bytes[0], report.traffic.bytes.shape))
+            np.testing.assert_allclose(report.traffic.bytes[..., 0], report.traffic.bytes[..., 1], rtol=1e-12)
             np.testing.assert_allclose(report.time_s, report.time_s[0], rtol=1e-12)
             np.testing.assert_allclose(report.memory_bytes, report.memory_bytes[0], rtol=1e-12)
 
 
 def test_bad_plans_rejected():
-    with pytest.raises(PlannerError, match="sync"):
-        evaluate(WORKLOAD, VIEW, _plan(0, 0, dedup=False, sync="lazy"))
+    with pytest.raises(ConfigError, match="sync: unknown 'lazy'"):
+        _plan(0, 0, dedup=False, sync="lazy")  # a plan cannot even be made with an unknown mode
     bad = TablePlan("a", 1, 1, 1, np.full(4, 0.5), np.full(4, 0.25))  # 3 rows of 4
     with pytest.raises(PlannerError, match="do not cover"):
         evaluate(WORKLOAD, VIEW, Plan("bad", (bad,), dedup=False))

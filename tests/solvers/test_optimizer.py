@@ -13,7 +13,9 @@ from solvers import baselines
 from solvers.cost_model import evaluate, row_wise_memory_bytes, table_plan
 from solvers.optimizer import OptimizerConfig, optimize_tiers
 from solvers.placement import balance
-from solvers.types import INDEX_BYTES, Plan, PlannerError, RowHistogram, TableSpec, Workload
+from core.errors import PlannerError
+from core.vocabulary import INDEX_BYTES
+from solvers.types import Plan, RowHistogram, TableSpec, Workload
 from topology.views import uniform_view
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -315,7 +317,7 @@ def test_row_wise_is_all_cold():
         assert tiers(plan) == [(0, 0)] * 3
         cold = Plan("cold", tuple(table_plan(t, view, 0, 0) for t in workload.tables), dedup=dedup, sync=sync)
         a, b = evaluate(workload, view, plan), evaluate(workload, view, cold)
-        np.testing.assert_array_equal(a.bytes, b.bytes)
+        np.testing.assert_array_equal(a.traffic.bytes, b.traffic.bytes)
         np.testing.assert_array_equal(a.time_s, b.time_s)
         np.testing.assert_array_equal(a.memory_bytes, b.memory_bytes)
 
@@ -465,7 +467,7 @@ def test_balance_cannot_help_with_two_groups():
         share = np.array([(1 - slow_share) / 2, (1 - slow_share) / 2, slow_share / 2, slow_share / 2])
         tp = dataclasses.replace(plan.tables[0], cold_share=share)
         report = evaluate(workload, view, dataclasses.replace(plan, tables=(tp,)))
-        totals.append(report.bytes[2:, inter, :3, :].sum())
+        totals.append(report.traffic.bytes[2:, inter, :3, :].sum())
     np.testing.assert_allclose(totals, totals[0], rtol=1e-12)
 
 

@@ -1,0 +1,97 @@
+"""What each exchange puts on the wire, in bytes: the one source of FlexShard's traffic formulas.
+
+The functions take counts (lookups, peers, rows, payload bytes) and return bytes. They are plain
+arithmetic, so they work on floats, numpy arrays and PuLP affine expressions alike: the cost model
+(:mod:`solvers.cost_model`) applies them to expected counts, the optimizer's coefficients
+(:mod:`solvers.coefficients`) to one unit, the placement program (:mod:`solvers.placement`) to its
+share variables, and the runtime (:mod:`flexshard.runtime`) to the counts of each real batch.
+
+Formulas (docs/cost_model.md, sections 2-4):
+
+* a remote lookup moves one id requester -> owner (``INDEX_BYTES``), one embedding owner -> requester
+  and one gradient requester -> owner (``vector_bytes`` each);
+* before a tier's exchange every rank sends each peer of that exchange one int64 split size per table;
+* a ring all-reduce of ``S`` bytes over ``k`` ranks sends (and receives) ``2 (k - 1) / k * S`` per rank;
+  the hierarchical all-reduce of the hot rows is a reduce-scatter in the group, a ring all-reduce of each
+  ``1/g`` slice across the ``G`` groups and an all-gather in the group;
+* a replica sync carries, per replica, the touched rows' vectors plus a one-byte touched mask per
+  replicated row (``sparse``), or every replicated row (``dense``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.vocabulary import INDEX_BYTES, MASK_BYTES_PER_ROW, Component, Direction, LinkClass, SyncMode
+
+SPLIT_BYTES_PER_TABLE = INDEX_BYTES  # one int64 length per (table, peer) before each tier's exchange
+
+LOOKUP_COMPONENTS = (Component.IDS, Component.FORWARD, Component.BACKWARD)
+
+
+def lookup_messages(asked: Any, served: Any, vector_bytes: Any) -> dict[tuple[Component, Direction], Any]:
+    """Bytes of remote lookups on one link, by (component, direction).
+
+    ``asked``: lookups this rank sends to owners over the link; ``served``: lookups it answers as an
+    owner; ``vector_bytes``: bytes of one embedding (= one gradient) on the wire.
+    """
+    return {
+        (Component.IDS, Direction.SEND): asked * INDEX_BYTES,
+        (Component.IDS, Direction.RECV): served * INDEX_BYTES,
+        (Component.FORWARD, Direction.SEND): served * vector_bytes,
+        (Component.FORWARD, Direction.RECV): asked * vector_bytes,
+        (Component.BACKWARD, Direction.SEND): asked * vector_bytes,
+        (Component.BACKWARD, Direction.RECV): served * vector_bytes,
+    }
+
+
+def lookups_by_link(
+    share: Any, group_share: Any, group_size: Any, num_ranks: int, volume: Any, within_group: bool
+) -> tuple[dict[LinkClass, Any], dict[LinkClass, Any]]:
+    """Expected (asked, served) lookups per link class of one rank in one tier's exchange.
+
+    Rows (and so accesses) of the tier are dealt to owners: this rank owns ``share`` of them, its group
+    ``group_share`` (this rank included), summing to 1 over the owners' scope (the group when
+    ``within_group``, as for warm rows; else the cluster). Every rank looks up ``volume`` of the tier's
+    rows per iteration. A requester asks its own share locally, the rest of its group's share over
+    NVLink, the other groups' share over the fabric; an owner serves ``volume * share`` to each peer.
+    """
+    asked = {
+        LinkClass.INTRA_GROUP: volume * (group_share - share),
+        LinkClass.INTER_GROUP: 0.0 if within_group else volume * (1 - group_share),
+    }
+    served = {
+        LinkClass.INTRA_GROUP: volume * share * (group_size - 1),
+        LinkClass.INTER_GROUP: 0.0 if within_group else volume * share * (num_ranks - group_size),
+    }
+    return asked, served
+
+
+def split_bytes(peers: Any, num_tables: int) -> Any:
+    """Bytes each way of the split sizes sent to ``peers`` ranks before one tier's exchange."""
+    return peers * num_tables * SPLIT_BYTES_PER_TABLE
+
+
+def ring_allreduce_bytes(participants: Any, payload_bytes: Any) -> Any:
+    """Bytes each participant sends (= receives) in a bandwidth-optimal all-reduce of ``payload_bytes``
+    over ``participants`` ranks: ``2 (k - 1) / k * S`` (0 for one rank)."""
+    return 2.0 * (participants - 1.0) / participants * payload_bytes
+
+
+def hierarchical_allreduce_bytes(
+    group_size: Any, num_groups: int, payload_bytes: Any
+) -> dict[LinkClass, Any]:
+    """Bytes each rank sends (= receives) per link class in a hierarchical all-reduce of
+    ``payload_bytes``: intra ``2 (g-1)/g * S``, inter ``2 (G-1)/G * S / g``."""
+    return {
+        LinkClass.INTRA_GROUP: ring_allreduce_bytes(group_size, payload_bytes),
+        LinkClass.INTER_GROUP: ring_allreduce_bytes(num_groups, payload_bytes) / group_size,
+    }
+
+
+def sync_payload(touched_rows: Any, rows: Any, vector_bytes: Any, sync: SyncMode | str) -> Any:
+    """Bytes one replica contributes to the gradient sync of ``rows`` replicated rows of which
+    ``touched_rows`` were touched somewhere this iteration."""
+    if SyncMode(sync) is SyncMode.DENSE:
+        return rows * vector_bytes
+    return touched_rows * vector_bytes + rows * MASK_BYTES_PER_ROW
