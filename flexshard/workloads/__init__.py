@@ -9,7 +9,11 @@ Public API (all histograms are ``solvers.types.RowHistogram``, never per-row obj
 * locality: ``batch_locality`` / ``BatchLocality``, ``top_share``, ``zipf_slope``,
   ``parse_locality_stats`` / ``LocalitySection`` (Meta's ``locality_stats.txt``);
 * harmonic sums: ``generalized_harmonic``, ``harmonic_range``;
-* readers: ``read_workload`` (``seq`` / ``csv`` / ``recbole``), ``hotness_order``;
+* readers: ``read_workload`` (``seq`` / ``csv`` / ``recbole``), ``detect_format``, ``hotness_order``,
+  table names ``USER_TABLE``, ``ITEM_TABLE``, ``ATTRIBUTE_TABLE``;
+* sequences (per-user item histories, the same line parsers as the readers): ``Sequences``,
+  ``read_sequences`` (``user item ...``: one line per user, per interaction, or mixed),
+  ``read_count_sequences`` (``user,item,count``), ``sequences_from_lines``, ``sequences_from_counts``;
 * stats files: ``save_stats``, ``load_stats``, ``fingerprint``;
 * presets: ``load_workload``, ``load_workload_with_orders``, ``build_stats``, ``describe``,
   ``preset``, ``preset_names``, ``data_root``.
@@ -25,6 +29,7 @@ from .locality import (
     top_share,
     zipf_slope,
 )
+from .parsed import ATTRIBUTE_TABLE, ITEM_TABLE, USER_TABLE
 from .presets import (
     build_stats,
     data_root,
@@ -35,6 +40,13 @@ from .presets import (
     preset_names,
 )
 from .readers import DEFAULT_DIM, detect_format, hotness_order, read_workload
+from .sequences import (
+    Sequences,
+    read_count_sequences,
+    read_sequences,
+    sequences_from_counts,
+    sequences_from_lines,
+)
 from .stats_file import fingerprint, load_stats, save_stats
 from .synthetic import (
     DEFAULT_ALPHA,
@@ -59,18 +71,22 @@ from .synthetic import (
 )
 
 __all__ = [
+    "ATTRIBUTE_TABLE",
     "DEFAULT_ALPHA",
     "DEFAULT_BATCH_SIZE_PER_GPU",
     "DEFAULT_DIM",
     "DEFAULT_TAIL_MASS",
     "HEAD_ROWS_PER_LOOKUP",
+    "ITEM_TABLE",
     "META_LOOKUPS_PER_TABLE",
     "META_RANGES",
     "REFERENCE_GPUS",
     "REFERENCE_ITERATION_LOOKUPS",
     "SYNTHETIC_REFERENCE_GPUS",
+    "USER_TABLE",
     "BatchLocality",
     "LocalitySection",
+    "Sequences",
     "batch_locality",
     "build_stats",
     "calibration_locality",
@@ -94,8 +110,12 @@ __all__ = [
     "preset_names",
     "rank_grid",
     "sample_ids",
+    "read_count_sequences",
+    "read_sequences",
     "read_workload",
     "save_stats",
+    "sequences_from_counts",
+    "sequences_from_lines",
     "synthetic_workload",
     "top_share",
     "zipf_histogram",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.types import PlannerError
+from core.errors import DataError
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per chunk (~0.2 GB of transient arrays)
 MAX_DIGITS = 18  # longer integer tokens are rejected (int64 overflow)
@@ -23,13 +23,13 @@ _WS[[9, 10, 11, 12, 13, 32]] = True  # the set bytes.split() splits on
 _POW10 = 10 ** np.arange(MAX_DIGITS + 1, dtype=np.int64)
 
 
-def bad_value(path: str | Path, line: int | None, field: str, value: object, problem: str) -> PlannerError:
-    """One-line PlannerError naming file, line, field and value."""
+def bad_value(path: str | Path, line: int | None, field: str, value: object, problem: str) -> DataError:
+    """One-line DataError naming file, line, field and value."""
     where = f"{path}:{line}" if line is not None else str(path)
     text = value if isinstance(value, str) else repr(value)
     if len(text) > 40:
         text = text[:37] + "..."
-    return PlannerError(f"{where}: field {field!r} value {text!r}: {problem}")
+    return DataError(f"{where}: field {field!r} value {text!r}: {problem}")
 
 
 def read_chunks(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[bytes, int]]:
@@ -37,7 +37,7 @@ def read_chunks(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tu
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
-        raise PlannerError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
     with fh:
         line0 = 1
         rest = b""

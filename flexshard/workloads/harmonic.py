@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solvers.types import PlannerError
+from core.errors import ConfigError
 
 EXACT_TERMS = 64  # ranks 1..EXACT_TERMS-1 are summed term by term
 # B_2k / (2k)! for k = 1..4
@@ -26,7 +26,7 @@ _EM_COEF = (1.0 / 12.0, -1.0 / 720.0, 1.0 / 30240.0, -1.0 / 1209600.0)
 def _check_alpha(alpha: float) -> float:
     alpha = float(alpha)
     if not np.isfinite(alpha) or alpha < 0:
-        raise PlannerError(f"alpha: the Zipf exponent must be finite and >= 0, got {alpha!r}")
+        raise ConfigError(f"alpha: the Zipf exponent must be finite and >= 0, got {alpha!r}")
     return alpha
 
 
@@ -65,7 +65,7 @@ def harmonic_range(a: np.ndarray | int, b: np.ndarray | int, alpha: float) -> np
     alpha = _check_alpha(alpha)
     a_i, b_i = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
     if a_i.size and a_i.min() < 1:
-        raise PlannerError(f"harmonic_range: ranks start at 1, got a = {a_i.min()}")
+        raise ConfigError(f"harmonic_range: ranks start at 1, got a = {a_i.min()}")
     prefix = _prefix_table(alpha)
     last = EXACT_TERMS - 1
     head = prefix[np.clip(b_i, 0, last)] - prefix[np.clip(a_i - 1, 0, last)]
@@ -83,5 +83,5 @@ def generalized_harmonic(n: np.ndarray | int, alpha: float) -> np.ndarray:
     """``H(n, alpha) = sum_{i=1}^{n} i**-alpha`` elementwise (0 for ``n = 0``)."""
     n_i = np.asarray(n, dtype=np.int64)
     if n_i.size and n_i.min() < 0:
-        raise PlannerError(f"generalized_harmonic: n must be >= 0, got {n_i.min()}")
+        raise ConfigError(f"generalized_harmonic: n must be >= 0, got {n_i.min()}")
     return harmonic_range(np.ones_like(n_i), n_i, alpha)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.types import PlannerError, RowHistogram
+from core.errors import ConfigError, DataError
+from solvers.types import RowHistogram
 
 TOP_FRACTIONS = (0.001, 0.01, 0.1)
 
@@ -73,9 +74,9 @@ def batch_locality(
     """
     L = float(lookups)
     if not np.isfinite(L) or L <= 0:
-        raise PlannerError(f"lookups: must be a positive number of draws per batch, got {lookups!r}")
+        raise ConfigError(f"lookups: must be a positive number of draws per batch, got {lookups!r}")
     if method not in ("realized", "expected"):
-        raise PlannerError(f"method: must be 'realized' or 'expected', got {method!r}")
+        raise ConfigError(f"method: must be 'realized' or 'expected', got {method!r}")
     p = hist.prob
     n = hist.rows.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -265,13 +266,13 @@ def parse_locality_stats(path: str | Path) -> list[LocalitySection]:
 
     Each section starts with the trace's file name, then ``Locality stats after processing N batches
     of size B``, the averages, and two binned histograms (of rows, then of lookups). Raises
-    PlannerError naming the line on anything else.
+    DataError naming the line on anything else.
     """
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise PlannerError(f"{path}: cannot read the locality stats file ({exc.strerror})") from exc
+        raise DataError(f"{path}: cannot read the locality stats file ({exc.strerror})") from exc
     sections: list[LocalitySection] = []
     cur: dict | None = None
     mode = ""
@@ -282,9 +283,7 @@ def parse_locality_stats(path: str | Path) -> list[LocalitySection]:
         need = ("batch_size", "lookups", "unique_rows", "mean_reuse")
         missing = [k for k in need if k not in cur]
         if missing or not cur["rows"] or len(cur["rows"]) != len(cur["looks"]):
-            raise PlannerError(
-                f"{path}: section {cur['trace']!r} is incomplete (missing {missing or 'bins'})"
-            )
+            raise DataError(f"{path}: section {cur['trace']!r} is incomplete (missing {missing or 'bins'})")
         edges = np.array([e for e, _ in cur["rows"]], dtype=np.int64)
         sections.append(
             LocalitySection(
@@ -335,8 +334,8 @@ def parse_locality_stats(path: str | Path) -> list[LocalitySection]:
             else:
                 raise ValueError("unrecognised line")
         except (ValueError, IndexError) as exc:
-            raise PlannerError(f"{path}:{lineno}: cannot parse {line[:60]!r} ({exc})") from None
+            raise DataError(f"{path}:{lineno}: cannot parse {line[:60]!r} ({exc})") from None
     close()
     if not sections:
-        raise PlannerError(f"{path}: no locality sections found (empty file?)")
+        raise DataError(f"{path}: no locality sections found (empty file?)")
     return sections

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.types import PlannerError, Workload
+from core.errors import ConfigError, DataError, InputError
+from solvers.types import Workload
 
 from .locality import top_share, zipf_slope
 from .readers import DEFAULT_DIM, read_workload
@@ -59,9 +60,9 @@ def _number(text: str, what: str, spec: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise PlannerError(f"workload: {what} in {spec!r} must be a number, got {text!r}") from None
+        raise ConfigError(f"workload: {what} in {spec!r} must be a number, got {text!r}") from None
     if not np.isfinite(value):
-        raise PlannerError(f"workload: {what} in {spec!r} must be finite, got {text!r}")
+        raise ConfigError(f"workload: {what} in {spec!r} must be finite, got {text!r}")
     return value
 
 
@@ -80,7 +81,7 @@ def preset(spec: str) -> Workload:
         tables = _number(parts[1], "the number of tables", spec)
         rows = _number(parts[2], "the number of rows", spec)
         if tables != int(tables) or rows != int(rows):
-            raise PlannerError(f"workload: tables and rows in {spec!r} must be whole numbers")
+            raise ConfigError(f"workload: tables and rows in {spec!r} must be whole numbers")
         kwargs: dict = {}
         if len(parts) > 3:
             kwargs["alpha"] = _number(parts[3], "alpha", spec)
@@ -88,7 +89,7 @@ def preset(spec: str) -> Workload:
             seed = _number(parts[4], "seed", spec)
             kwargs["seed"] = int(seed)
         return synthetic_workload(int(tables), int(rows), tail_mass=DEFAULT_TAIL_MASS, **kwargs)
-    raise PlannerError(
+    raise ConfigError(
         f"workload: {spec!r} is neither an existing file or folder nor a preset; "
         f"presets: {', '.join(PRESET_HELP)}"
     )
@@ -115,7 +116,7 @@ def load_workload_with_orders(
             workload, orders = read_workload(path, fmt=fmt, dim=dim, max_len=max_len, **kwargs)
     else:
         if str(spec).lower().endswith(".npz") or os.sep in str(spec):
-            raise PlannerError(f"workload: {spec}: no such file")
+            raise DataError(f"workload: {spec}: no such file")
         workload, orders = preset(str(spec)), {}
     if batch_size_per_gpu is not None and batch_size_per_gpu != workload.batch_size_per_gpu:
         workload = dataclasses.replace(workload, batch_size_per_gpu=batch_size_per_gpu)
@@ -146,12 +147,12 @@ def build_stats(
     """
     inputs = list(inputs)
     if not inputs:
-        raise PlannerError("inputs: give at least one data file or folder")
+        raise ConfigError("inputs: give at least one data file or folder")
     if len(inputs) == 1 and not Path(inputs[0]).exists() and not str(inputs[0]).lower().endswith(".npz"):
         try:
             workload = preset(str(inputs[0]))
-        except PlannerError:
-            raise PlannerError(f"inputs: {inputs[0]}: no such file or folder (nor a preset)") from None
+        except InputError:  # any preset error: the spec is taken for a missing file
+            raise DataError(f"inputs: {inputs[0]}: no such file or folder (nor a preset)") from None
         if batch_size_per_gpu != workload.batch_size_per_gpu:
             workload = dataclasses.replace(workload, batch_size_per_gpu=batch_size_per_gpu)
         return workload, {}

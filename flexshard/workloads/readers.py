@@ -3,8 +3,9 @@
 Formats (``fmt``):
 
 * ``"seq"``: ``user item item ...`` lines (``amazon-yelp-sequences/*.txt``, ``gowalla-lightgcn``
-  ``train_reconstructed.txt`` / ``test.txt``). One sample per user line. Tables ``item_id`` (one
-  lookup per item of the line) and ``user_id`` (one lookup per sample). A
+  ``train_reconstructed.txt`` / ``test.txt``), parsed by ``sequences.seq_chunks``: one line per user,
+  one line per interaction (``user item``, SASRec's format) or a mix; the lines of a user make one
+  sample. Tables ``item_id`` (one lookup per item) and ``user_id`` (one lookup per sample). A
   ``<stem>_item2attributes.json`` beside the file (``{"item": [attr, ...]}``) adds a table
   ``item_attribute``: every item lookup also looks up each *distinct* attribute of its item.
 * ``"csv"``: ``user,item,count`` lines (``repeat-consumption-uci``). Table ``item_id`` gets ``count``
@@ -18,7 +19,9 @@ unless ``num_rows`` names its size. Several inputs are merged: counts add up, an
 same user id (e.g. a train and a test split) merge into one sample. Every table's hotness order
 (touched row ids by count descending, ties by id ascending) comes back beside the workload.
 
-Errors are one-line ``PlannerError``s naming the file, line, field and value.
+Errors: a malformed or missing input raises a one-line ``core.errors.DataError`` naming the file, line,
+field and value; a bad argument (``fmt``, ``dim``, ``batch_size_per_gpu``, ``max_len``, ``num_rows``)
+raises ``core.errors.ConfigError``. Both are ``InputError``s.
 """
 
 from __future__ import annotations
@@ -26,76 +29,30 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
+from core.errors import ConfigError, DataError
+from solvers.types import RowHistogram, TableSpec, Workload
 
-from ._text import Tokens, bad_value, grow, read_chunks, tokenize
+from ._text import bad_value, grow
+from .parsed import (
+    ATTRIBUTE_TABLE,
+    ITEM_TABLE,
+    MAX_ID,
+    USER_TABLE,
+    Parsed,
+    check_max_len,
+    table_limits,
+    table_size,
+)
+from .recbole import read_recbole
+from .sequences import csv_chunks, items_after, keep_last, seq_chunks
 from .synthetic import DEFAULT_BATCH_SIZE_PER_GPU
 
 DEFAULT_DIM = 64
-MAX_ID = 1 << 32  # larger raw ids need remapping (a dense table that size would not fit in memory)
 FORMATS = ("auto", "seq", "csv", "recbole")
-USER_TABLE = "user_id"
-ITEM_TABLE = "item_id"
-ATTRIBUTE_TABLE = "item_attribute"
-
-
-@dataclass
-class Parsed:
-    """One input's tables before assembly.
-
-    ``counts[t]`` are per-row lookups (int64, index = row id); ``sample_user[s]`` the user id of
-    sample ``s`` and ``lengths[t][s]`` its lookups of table ``t``. ``per_sample_table`` (if set) is a
-    table looked up once per *merged* sample (its counts are built after merging by user).
-    """
-
-    source: str
-    counts: dict[str, np.ndarray]
-    num_rows: dict[str, int]
-    sample_user: np.ndarray
-    lengths: dict[str, np.ndarray]
-    per_sample_table: str | None = None
-    mergeable: bool = True  # ids are raw integers shared across inputs
-
-
-# --------------------------------------------------------------------------------------- helpers
-
-
-def _check_ids(
-    tok: Tokens, idx: np.ndarray, ids: np.ndarray, table: str, limit: int | None, path: Path, field_name: str
-) -> None:
-    """Raise on tokens that are not non-negative integers or reach past an explicit table size."""
-    bad = (ids < 0) | (ids >= (MAX_ID if limit is None else limit))
-    if bad.any():
-        k = int(np.argmax(bad))
-        i = int(idx[k])
-        text = tok.text(i)
-        if ids[k] >= 0 and limit is None:
-            problem = f"ids of {MAX_ID:,} and above need remapping to dense ids (or an explicit num_rows)"
-        elif ids[k] >= 0:
-            problem = f"ids outside the table ({table!r} has num_rows {limit})"
-        elif text.lstrip("-").isdigit():
-            problem = "ids < 0 are not allowed"
-        else:
-            problem = "not a non-negative integer id"
-        raise bad_value(path, int(tok.line[i]), field_name, text, problem)
-
-
-def _limits(num_rows: Mapping[str, int] | None) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for name, rows in (num_rows or {}).items():
-        if not isinstance(rows, (int, np.integer)) or isinstance(rows, bool) or rows <= 0:
-            raise PlannerError(f"num_rows[{name!r}]: rows must be a positive integer, got {rows!r}")
-        out[name] = int(rows)
-    return out
-
-
-def _size(name: str, counts: np.ndarray, limits: dict[str, int]) -> int:
-    return limits.get(name, max(int(counts.size), 1))
 
 
 # ------------------------------------------------------------------------------------- seq format
@@ -106,11 +63,11 @@ def _read_attributes(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         data = json.loads(path.read_bytes())
     except OSError as exc:
-        raise PlannerError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
     except ValueError as exc:
-        raise PlannerError(f"{path}: not valid JSON ({exc})") from None
+        raise DataError(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise PlannerError(
+        raise DataError(
             f"{path}: expected a JSON object {{item id: [attribute ids]}}, got {type(data).__name__}"
         )
     if not data:
@@ -149,15 +106,55 @@ def _read_attributes(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return owner[keep], attrs[keep]
 
 
+def _seq_counts(
+    path: Path, limits: dict[str, int], nattr: np.ndarray | None, keep: int | np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+    """One streaming pass over a seq file: ``(item counts, user of each line, item lookups of each
+    line, attribute lookups of each line (float, when ``nattr`` gives the attributes per item) or
+    None, items on each line)``. ``keep``: None (every item), an int (each line's last ``keep``
+    items) or int64[lines] (line ``l``'s last ``keep[l]`` items)."""
+    item_counts = np.zeros(0, dtype=np.int64)
+    users, item_len, attr_len, line_len = [], [], [], []
+    done = 0  # lines seen so far (the index into an array ``keep``)
+    for chunk in seq_chunks(path, limits):
+        n_lines = chunk.users.size
+        sample = np.repeat(np.arange(n_lines), chunk.lengths)  # chunk-local line of each item
+        items = chunk.items
+        if keep is not None:
+            recent = np.minimum(chunk.lengths, keep) if isinstance(keep, int) else keep[done : done + n_lines]
+            if recent.size != n_lines:
+                raise DataError(f"{path}: the file changed while it was read")
+            mask = keep_last(chunk.lengths, recent)
+            items, sample = items[mask], sample[mask]
+        done += n_lines
+        if items.size:
+            item_counts = grow(item_counts, int(items.max()) + 1)
+            item_counts[: int(items.max()) + 1] += np.bincount(items)
+        users.append(chunk.users)
+        item_len.append(np.bincount(sample, minlength=n_lines))
+        line_len.append(chunk.lengths)
+        if nattr is not None:
+            per_item = grow(nattr, int(items.max()) + 1 if items.size else 0)
+            attr_len.append(np.bincount(sample, weights=per_item[items], minlength=n_lines))
+    if not users:
+        raise DataError(f"{path}: empty file (no user lines)")
+    attr = np.concatenate(attr_len) if nattr is not None else None
+    return item_counts, np.concatenate(users), np.concatenate(item_len), attr, np.concatenate(line_len)
+
+
 def read_seq(
     path: str | Path, num_rows: Mapping[str, int] | None = None, max_len: int | None = None
 ) -> Parsed:
-    """Parse a ``user item item ...`` file (one sample per line; see module docstring)."""
+    """Parse a ``user item item ...`` file (one sample per line; see module docstring).
+
+    Streams the file: memory holds per-line and per-row arrays, never all items. ``max_len`` keeps
+    each user's most recent items over all its lines of the file (a second pass when a user has
+    several lines).
+    """
     path = Path(path)
-    limits = _limits(num_rows)
+    limits = table_limits(num_rows)
     attr_path = path.with_name(f"{path.stem}_item2attributes.json")
-    attr_items = attr_ids = None
-    nattr = np.zeros(0, dtype=np.int64)
+    attr_items = attr_ids = nattr = None
     if attr_path.is_file():
         attr_items, attr_ids = _read_attributes(attr_path)
         if attr_ids.size and ATTRIBUTE_TABLE in limits and attr_ids.max() >= limits[ATTRIBUTE_TABLE]:
@@ -168,49 +165,26 @@ def read_seq(
                 int(attr_ids.max()),
                 f"ids outside the table ({ATTRIBUTE_TABLE!r} has num_rows {limits[ATTRIBUTE_TABLE]})",
             )
-        nattr = np.bincount(attr_items) if attr_items.size else nattr
-    item_counts = np.zeros(0, dtype=np.int64)
-    users, item_len, attr_len = [], [], []
-    for buf, line0 in read_chunks(path):
-        tok = tokenize(buf, line0)
-        if tok.size == 0:
-            continue
-        first = tok.line_starts()
-        first_idx = np.flatnonzero(first)
-        user_ids = tok.values[first_idx]
-        _check_ids(tok, first_idx, user_ids, USER_TABLE, limits.get(USER_TABLE), path, "user id")
-        sample = np.cumsum(first) - 1  # chunk-local sample of each token
-        item_mask = ~first
-        if max_len is not None:
-            last_idx = np.concatenate([first_idx[1:], [tok.size]]) - 1
-            item_mask &= last_idx[sample] - np.arange(tok.size) < max_len  # keep the most recent items
-        item_idx = np.flatnonzero(item_mask)
-        items = tok.values[item_idx]
-        _check_ids(tok, item_idx, items, ITEM_TABLE, limits.get(ITEM_TABLE), path, "item id")
-        if items.size:
-            item_counts = grow(item_counts, int(items.max()) + 1)
-            item_counts[: int(items.max()) + 1] += np.bincount(items)
-        users.append(user_ids)
-        item_len.append(np.bincount(sample[item_idx], minlength=first_idx.size))
-        if attr_items is not None:
-            per_item = grow(nattr, int(items.max()) + 1 if items.size else 0)
-            attr_len.append(np.bincount(sample[item_idx], weights=per_item[items], minlength=first_idx.size))
-    if not users:
-        raise PlannerError(f"{path}: empty file (no user lines)")
-    sample_user = np.concatenate(users)
+        nattr = np.bincount(attr_items) if attr_items.size else np.zeros(0, dtype=np.int64)
+    keep = None if max_len is None else check_max_len(max_len)
+    item_counts, sample_user, item_len, attr_len, line_len = _seq_counts(path, limits, nattr, keep)
+    if keep is not None and np.unique(sample_user).size < sample_user.size:
+        # a user on several lines: its most recent items over all of them, not per line
+        recent = np.clip(keep - items_after(sample_user, line_len), 0, line_len)
+        item_counts, sample_user, item_len, attr_len, _ = _seq_counts(path, limits, nattr, recent)
     counts = {ITEM_TABLE: item_counts}
-    lengths = {ITEM_TABLE: np.concatenate(item_len)}
-    if attr_items is not None and attr_ids is not None:
+    lengths = {ITEM_TABLE: item_len}
+    if attr_items is not None and attr_ids is not None and attr_len is not None:
         weight = grow(item_counts, int(attr_items.max()) + 1 if attr_items.size else 0)[attr_items]
         size = int(attr_ids.max()) + 1 if attr_ids.size else 0
         counts[ATTRIBUTE_TABLE] = np.rint(np.bincount(attr_ids, weights=weight, minlength=size)).astype(
             np.int64
         )
-        lengths[ATTRIBUTE_TABLE] = np.rint(np.concatenate(attr_len)).astype(np.int64)
+        lengths[ATTRIBUTE_TABLE] = np.rint(attr_len).astype(np.int64)
     parsed = Parsed(
         source=str(path),
         counts=counts,
-        num_rows={t: _size(t, c, limits) for t, c in counts.items()},
+        num_rows={t: table_size(t, c, limits) for t, c in counts.items()},
         sample_user=sample_user,
         lengths=lengths,
         per_sample_table=USER_TABLE,
@@ -223,84 +197,30 @@ def read_seq(
 # ------------------------------------------------------------------------------------- csv format
 
 
-def _csv_counts(tok: Tokens, count_idx: np.ndarray, path: Path) -> np.ndarray:
-    """The ``count`` column as int64; floats like ``3.0`` are accepted, anything else is an error."""
-    counts = tok.values[count_idx]
-    odd = counts < 0
-    if not odd.any():
-        return counts
-    odd_idx = count_idx[odd]
-    words = tok.as_strings(odd_idx)
-    try:
-        as_float = words.astype(np.float64)
-    except ValueError:  # error path: find the first token that is not a number
-        as_float = np.empty(words.size, dtype=np.float64)
-        for k, w in enumerate(words.tolist()):
-            try:
-                as_float[k] = float(w)
-            except ValueError:
-                i = int(odd_idx[k])
-                raise bad_value(path, int(tok.line[i]), "count", tok.text(i), "not a number") from None
-    problems = (
-        (np.isnan(as_float), "NaN count"),
-        (np.isinf(as_float), "infinite count"),
-        (as_float < 0, "negative count"),
-        (as_float >= 2.0**62, "count too large"),
-        (as_float != np.floor(as_float), "counts must be whole numbers"),
-    )
-    for mask, problem in problems:
-        if mask.any():
-            i = int(odd_idx[int(np.argmax(mask))])
-            raise bad_value(path, int(tok.line[i]), "count", tok.text(i), problem)
-    counts = counts.copy()
-    counts[odd] = as_float.astype(np.int64)
-    return counts
-
-
 def read_csv(
     path: str | Path, num_rows: Mapping[str, int] | None = None, max_len: int | None = None
 ) -> Parsed:
     """Parse a ``user,item,count`` file (no header; see module docstring)."""
     path = Path(path)
     if max_len is not None:
-        raise PlannerError(
+        raise ConfigError(
             f"max_len: {path} is a csv count matrix without order; it cannot be truncated to recent ids"
         )
-    limits = _limits(num_rows)
+    limits = table_limits(num_rows)
     item_counts = np.zeros(0, dtype=np.int64)
     users, totals = [], []
-    for buf, line0 in read_chunks(path):
-        tok = tokenize(buf, line0, separators=b",")
-        if tok.size == 0:
-            continue
-        first_idx = np.flatnonzero(tok.line_starts())
-        per_line = np.diff(np.concatenate([first_idx, [tok.size]]))
-        if (per_line != 3).any():
-            k = int(np.argmax(per_line != 3))
-            i = int(first_idx[k])
-            line_text = tok.buf[int(tok.starts[i]) : int(tok.ends[i + per_line[k] - 1])].decode(
-                errors="replace"
-            )
-            raise bad_value(
-                path, int(tok.line[i]), "user,item,count", line_text, f"expected 3 fields, got {per_line[k]}"
-            )
-        u_idx, i_idx, c_idx = first_idx, first_idx + 1, first_idx + 2
-        user = tok.values[u_idx]
-        item = tok.values[i_idx]
-        _check_ids(tok, u_idx, user, USER_TABLE, limits.get(USER_TABLE), path, "user")
-        _check_ids(tok, i_idx, item, ITEM_TABLE, limits.get(ITEM_TABLE), path, "item")
-        count = _csv_counts(tok, c_idx, path)
-        item_counts = grow(item_counts, int(item.max()) + 1)
-        np.add.at(item_counts, item, count)  # exact int64 sums
-        users.append(user)
-        totals.append(count)
+    for chunk in csv_chunks(path, limits):
+        item_counts = grow(item_counts, int(chunk.items.max()) + 1)
+        np.add.at(item_counts, chunk.items, chunk.counts)  # exact int64 sums
+        users.append(chunk.users)
+        totals.append(chunk.counts)
     if not users:
-        raise PlannerError(f"{path}: empty file (no user,item,count lines)")
+        raise DataError(f"{path}: empty file (no user,item,count lines)")
     counts = {ITEM_TABLE: item_counts}
     parsed = Parsed(
         source=str(path),
         counts=counts,
-        num_rows={ITEM_TABLE: _size(ITEM_TABLE, item_counts, limits)},
+        num_rows={ITEM_TABLE: table_size(ITEM_TABLE, item_counts, limits)},
         sample_user=np.concatenate(users),  # one "sample" per line; merged by user at assembly
         lengths={ITEM_TABLE: np.concatenate(totals)},
         per_sample_table=USER_TABLE,
@@ -323,13 +243,13 @@ def _dims(dim: int | Mapping[str, int], names: Sequence[str]) -> dict[str, int]:
     if isinstance(dim, Mapping):
         unknown = sorted(set(dim) - set(names) - {"*"})
         if unknown:
-            raise PlannerError(f"dim: no table named {unknown[0]!r}; tables are {', '.join(names)}")
+            raise ConfigError(f"dim: no table named {unknown[0]!r}; tables are {', '.join(names)}")
         out = {n: dim.get(n, dim.get("*", DEFAULT_DIM)) for n in names}
     else:
         out = dict.fromkeys(names, dim)
     for n, d in out.items():
         if not isinstance(d, (int, np.integer)) or isinstance(d, bool) or d <= 0:
-            raise PlannerError(f"dim: table {n!r} needs a positive integer embedding dimension, got {d!r}")
+            raise ConfigError(f"dim: table {n!r} needs a positive integer embedding dimension, got {d!r}")
     return {n: int(d) for n, d in out.items()}
 
 
@@ -342,14 +262,14 @@ def assemble(
 ) -> tuple[Workload, dict[str, np.ndarray]]:
     """Merge parsed inputs (by table name and user id) into a Workload and hotness orders."""
     if not parts:
-        raise PlannerError("inputs: nothing to read")
+        raise ConfigError("inputs: nothing to read")
     if len(parts) > 1 and not all(p.mergeable for p in parts):
-        raise PlannerError(
+        raise ConfigError(
             "inputs: RecBole inputs remap tokens per file and cannot be merged; pass one at a time"
         )
     if not isinstance(batch_size_per_gpu, (int, np.integer)) or batch_size_per_gpu <= 0:
-        raise PlannerError(f"batch_size_per_gpu: must be a positive integer, got {batch_size_per_gpu!r}")
-    limits = _limits(num_rows)
+        raise ConfigError(f"batch_size_per_gpu: must be a positive integer, got {batch_size_per_gpu!r}")
+    limits = table_limits(num_rows)
     names: list[str] = []
     for p in parts:
         for t in list(p.counts) + ([p.per_sample_table] if p.per_sample_table else []):
@@ -357,7 +277,7 @@ def assemble(
                 names.append(t)
     unknown = sorted(set(limits) - set(names))
     if unknown:
-        raise PlannerError(f"num_rows: no table named {unknown[0]!r}; tables are {', '.join(names)}")
+        raise ConfigError(f"num_rows: no table named {unknown[0]!r}; tables are {', '.join(names)}")
     users = np.concatenate([p.sample_user for p in parts])
     merge_users = parts[0].mergeable
     if merge_users:
@@ -387,7 +307,7 @@ def assemble(
         rows[t] = max([p.num_rows.get(t, 0) for p in parts] + [counts[t].size])
     for t, limit in limits.items():
         if counts[t].size > limit and counts[t][limit:].any():
-            raise PlannerError(
+            raise ConfigError(
                 f"num_rows[{t!r}]: {limit} is too small; ids outside the table reach {counts[t].size - 1}"
             )
         rows[t] = limit
@@ -414,7 +334,7 @@ def assemble(
         )
         orders[t] = hotness_order(c)
     if not tables:
-        raise PlannerError(f"{parts[0].source}: no lookups found")
+        raise DataError(f"{parts[0].source}: no lookups found")
     label = name or "+".join(Path(p.source).stem for p in parts)
     return Workload(name=label, tables=tuple(tables), batch_size_per_gpu=int(batch_size_per_gpu)), orders
 
@@ -431,26 +351,26 @@ def detect_format(path: str | Path) -> str:
     if suffix == ".csv":
         return "csv"
     if suffix == ".json":
-        raise PlannerError(
+        raise ConfigError(
             f"{path}: an attribute file is read with the sequence file beside it; pass that instead"
         )
     if suffix == ".npz":
-        raise PlannerError(f"{path}: a stats file; load it with load_stats / --workload, not as raw data")
+        raise ConfigError(f"{path}: a stats file; load it with load_stats / --workload, not as raw data")
     try:
         with open(path, "rb") as fh:
             head = fh.read(1 << 16)
     except OSError as exc:
-        raise PlannerError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
     first = next((ln for ln in head.splitlines() if ln.strip()), b"")
     if not first:
-        raise PlannerError(f"{path}: empty file")
+        raise DataError(f"{path}: empty file")
     if b"\t" in first and b":" in first:
         return "recbole"
     if b"," in first:
         return "csv"
     if all(t.isdigit() for t in first.split()):
         return "seq"
-    raise PlannerError(
+    raise DataError(
         f"{path}: unknown format (first line {first[:40].decode(errors='replace')!r}); "
         "expected 'user item item ...', 'user,item,count' or a RecBole .inter"
     )
@@ -459,21 +379,19 @@ def detect_format(path: str | Path) -> str:
 def _expand(path: Path, fmt: str) -> list[tuple[Path, str]]:
     """A file -> itself; a folder -> its one ``.inter`` or all its ``.csv`` files."""
     if not path.exists():
-        raise PlannerError(f"{path}: no such file or folder")
+        raise DataError(f"{path}: no such file or folder")
     if path.is_file():
         return [(path, detect_format(path) if fmt == "auto" else fmt)]
     inters = sorted(path.glob("*.inter"))
     csvs = sorted(path.glob("*.csv"))
     if fmt in ("auto", "recbole") and inters:
         if len(inters) > 1:
-            raise PlannerError(
-                f"{path}: several .inter files ({', '.join(p.name for p in inters)}); pass one"
-            )
+            raise DataError(f"{path}: several .inter files ({', '.join(p.name for p in inters)}); pass one")
         return [(inters[0], "recbole")]
     if fmt in ("auto", "csv") and csvs:
         return [(p, "csv") for p in csvs]
     listing = ", ".join(sorted(p.name for p in path.iterdir())[:10])
-    raise PlannerError(f"{path}: cannot tell which files of this folder to read ({listing}); pass the files")
+    raise DataError(f"{path}: cannot tell which files of this folder to read ({listing}); pass the files")
 
 
 def read_workload(
@@ -499,15 +417,13 @@ def read_workload(
     Returns:
         ``(workload, orders)``; ``orders[table]`` lists touched row ids hottest first.
     """
-    from .recbole import read_recbole  # local: recbole imports this module's helpers
-
     if fmt not in FORMATS:
-        raise PlannerError(f"fmt: unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
-    if max_len is not None and (not isinstance(max_len, (int, np.integer)) or max_len <= 0):
-        raise PlannerError(f"max_len: must be a positive integer, got {max_len!r}")
+        raise ConfigError(f"fmt: unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if max_len is not None:
+        check_max_len(max_len)
     paths = [path] if isinstance(path, (str, Path)) else list(path)
     if not paths:
-        raise PlannerError("inputs: no data file given")
+        raise ConfigError("inputs: no data file given")
     files: list[tuple[Path, str]] = []
     for p in paths:
         files.extend(_expand(Path(p), fmt))

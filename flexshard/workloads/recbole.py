@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from solvers.types import PlannerError
+from core.errors import DataError
 
 from ._text import _WS, bad_value, split_cells
-from .readers import ITEM_TABLE, USER_TABLE, Parsed, _limits
+from .parsed import ITEM_TABLE, USER_TABLE, Parsed, table_limits
 
 TYPES = ("token", "token_seq", "float", "float_seq")
 
@@ -32,7 +32,7 @@ class AtomicFile:
         try:
             raw = path.read_bytes()
         except OSError as exc:
-            raise PlannerError(f"{path}: cannot read ({exc.strerror})") from exc
+            raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
         raw = raw.replace(b"\r", b"")
         if not raw.endswith(b"\n"):
             raw += b"\n"
@@ -42,7 +42,7 @@ class AtomicFile:
         nonblank = np.zeros(n_lines, dtype=bool)
         nonblank[np.searchsorted(newlines, np.flatnonzero(~_WS[a]))] = True
         if not nonblank.any():
-            raise PlannerError(f"{path}: empty file")
+            raise DataError(f"{path}: empty file")
         lines = np.array(raw.split(b"\n")[:n_lines], dtype=object)
         head = int(np.argmax(nonblank))
         self.fields: list[tuple[str, str]] = []
@@ -60,7 +60,7 @@ class AtomicFile:
         body = np.flatnonzero(nonblank)
         body = body[body > head]
         if body.size == 0:
-            raise PlannerError(f"{path}: empty file (header only)")
+            raise DataError(f"{path}: empty file (header only)")
         n_fields = len(self.fields)
         tabs = np.bincount(np.searchsorted(newlines, np.flatnonzero(a == 9)), minlength=n_lines)
         wrong = tabs[body] != n_fields - 1
@@ -132,11 +132,11 @@ def read_recbole(
 ) -> Parsed:
     """Parse ``<stem>.inter`` and, when present, ``<stem>.user`` / ``<stem>.item`` beside it."""
     path = Path(path)
-    limits = _limits(num_rows)
+    limits = table_limits(num_rows)
     inter = AtomicFile(path.with_suffix(".inter"))
     for key in (USER_TABLE, ITEM_TABLE):
         if not inter.has(key) or inter.kind(key) != "token":
-            raise PlannerError(
+            raise DataError(
                 f"{inter.path}:1: field {key!r}: missing; a .inter needs user_id:token and item_id:token"
             )
         empty = inter.column(key) == b""
@@ -149,7 +149,7 @@ def read_recbole(
         if fp.is_file():
             af = AtomicFile(fp)
             if not af.has(key) or af.kind(key) != "token":
-                raise PlannerError(f"{fp}:1: field {key!r}: missing; a {suffix} file is keyed by {key}:token")
+                raise DataError(f"{fp}:1: field {key!r}: missing; a {suffix} file is keyed by {key}:token")
             side[key] = af
 
     # dense user / item ids over the .inter column, then the feature file's key column

@@ -4,23 +4,27 @@ Layout: ``meta`` is a UTF-8 JSON document stored as a uint8 array (no pickles); 
 arrays ``t{i}.rows`` (int64), ``t{i}.prob`` (float64), optionally ``t{i}.order`` (int64 row ids,
 hottest first) and ``t{i}.len_values`` / ``t{i}.len_probs`` (its sequence-length pmf). Files are
 written to a temporary file beside the target and moved into place with ``os.replace``, so a
-reader never sees a partial file. Loading validates everything and raises PlannerError.
+reader never sees a partial file. Loading validates everything and raises ``core.errors.DataError``
+(a path that cannot be written raises ``OutputError``; bad orders passed to ``save_stats``, ``ConfigError``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import struct
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from core.errors import ConfigError, DataError
+from core.osutil import atomic_open
 from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
-from topology.io import atomic_open
 
 FORMAT = "flexshard-stats"
 VERSION = 1
@@ -61,19 +65,23 @@ def fingerprint(workload: Workload) -> str:
     return h.hexdigest()
 
 
-def _check_order(table: TableSpec, order: np.ndarray) -> np.ndarray:
+def _check_order(table: TableSpec, order: np.ndarray, where: str | None = None) -> np.ndarray:
+    """``order`` as int64 row ids of ``table``: ConfigError for an argument, or DataError naming
+    ``where`` for an order read from a file."""
     order = np.asarray(order)
+    problem = None
     if order.ndim != 1 or order.dtype.kind not in "iu":
-        raise PlannerError(
-            f"orders[{table.name!r}]: expected a 1-D integer array, got {order.dtype} {order.shape}"
-        )
-    order = order.astype(np.int64)
-    if order.size > table.num_rows:
-        raise PlannerError(f"orders[{table.name!r}]: {order.size} ids for a table of {table.num_rows} rows")
-    if order.size and (order.min() < 0 or order.max() >= table.num_rows):
+        problem = f"expected a 1-D integer array, got {order.dtype} {order.shape}"
+    elif order.size > table.num_rows:
+        problem = f"{order.size} ids for a table of {table.num_rows} rows"
+    elif order.size and (order.min() < 0 or order.max() >= table.num_rows):
         bad = int(order.min()) if order.min() < 0 else int(order.max())
-        raise PlannerError(f"orders[{table.name!r}]: id {bad} is outside the table (0..{table.num_rows - 1})")
-    return order
+        problem = f"id {bad} is outside the table (0..{table.num_rows - 1})"
+    if problem is None:
+        return order.astype(np.int64)
+    if where is None:
+        raise ConfigError(f"orders[{table.name!r}]: {problem}")
+    raise DataError(f"{where}: orders[{table.name!r}]: {problem}")
 
 
 def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarray] | None = None) -> Path:
@@ -83,7 +91,7 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
     names = [t.name for t in workload.tables]
     unknown = sorted(set(orders) - set(names))
     if unknown:
-        raise PlannerError(f"orders: no table named {unknown[0]!r} in workload {workload.name!r}")
+        raise ConfigError(f"orders: no table named {unknown[0]!r} in workload {workload.name!r}")
     arrays: dict[str, np.ndarray] = {}
     tables_meta = []
     for i, t in enumerate(workload.tables):
@@ -116,28 +124,34 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
         "tables": tables_meta,
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-    try:
-        with atomic_open(path, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        raise PlannerError(f"{path}: cannot write the stats file ({exc.strerror or exc})") from exc
+    with atomic_open(path, "wb", what="stats file") as fh:  # OutputError when it cannot be written
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
     return path
 
 
 def _field(meta: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     value = meta.get(key)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise PlannerError(f"{where}: field {key!r} is missing or has the wrong type ({value!r})")
+        raise DataError(f"{where}: field {key!r} is missing or has the wrong type ({value!r})")
     return value
 
 
+@contextlib.contextmanager
+def _from_file(where: str) -> Iterator[None]:
+    """Re-raise a PlannerError of the workload types (built from a file's content) as DataError."""
+    try:
+        yield
+    except PlannerError as exc:
+        raise DataError(f"{where}: {exc}") from None
+
+
 def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
-    """Read a file written by ``save_stats``; raises PlannerError on anything malformed."""
+    """Read a file written by ``save_stats``; raises DataError on anything malformed."""
     path = Path(path)
     if not path.is_file():
-        raise PlannerError(f"{path}: no such stats file")
+        raise DataError(f"{path}: no such stats file")
     try:
         with open(path, "rb") as fh:  # our handle, closed even when numpy gives up half-way
             loaded = np.load(fh, allow_pickle=False)
@@ -146,21 +160,21 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
             with loaded as z:
                 arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, RuntimeError) as exc:
-        raise PlannerError(
+        raise DataError(
             f"{path}: not a readable FlexShard stats file ({type(exc).__name__}: {exc})"
         ) from None
     where = f"{path}"
     if "meta" not in arrays or arrays["meta"].dtype != np.uint8 or arrays["meta"].ndim != 1:
-        raise PlannerError(f"{where}: not a FlexShard stats file (no metadata)")
+        raise DataError(f"{where}: not a FlexShard stats file (no metadata)")
     try:
         meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise PlannerError(f"{where}: corrupt metadata ({exc})") from None
+        raise DataError(f"{where}: corrupt metadata ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
-        raise PlannerError(f"{where}: not a FlexShard stats file (format {found!r})")
+        raise DataError(f"{where}: not a FlexShard stats file (format {found!r})")
     if meta.get("version") != VERSION:
-        raise PlannerError(
+        raise DataError(
             f"{where}: stats file version {meta.get('version')!r}; this FlexShard reads version {VERSION}"
         )
     name = _field(meta, "workload", str, where)
@@ -174,42 +188,43 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
         a = arrays.get(key)
         if a is None or a.ndim != 1 or a.dtype.kind != kind:
             got = "missing" if a is None else f"{a.dtype} {a.shape}"
-            raise PlannerError(
+            raise DataError(
                 f"{where}: array {key!r} is {got}, expected 1-D {'int64' if kind == 'i' else 'float64'}"
             )
         return a
 
-    for i, tm in enumerate(tables_meta):
-        if not isinstance(tm, dict):
-            raise PlannerError(f"{where}: table {i} metadata is not an object")
-        tw = f"{where}: table {i}"
-        tname = _field(tm, "name", str, tw)
-        rows_meta = _field(tm, "num_rows", int, tw)
-        ids = _field(tm, "ids_per_sample", (int, float), tw)
-        hist = RowHistogram(rows=array(f"t{i}.rows", "i"), prob=array(f"t{i}.prob", "f"))
-        lv = lp = None
-        if _field(tm, "has_lengths", bool, tw):
-            lv, lp = array(f"t{i}.len_values", "i"), array(f"t{i}.len_probs", "f")
-            if lv.shape != lp.shape:
-                raise PlannerError(f"{tw}: length pmf arrays differ in size")
-        table = TableSpec(
-            name=tname,
-            num_rows=rows_meta,
-            dim=_field(tm, "dim", int, tw),
-            ids_per_sample=float(ids),
-            hist=hist,
-            element_bytes=_field(tm, "element_bytes", int, tw),
-            optimizer_bytes_per_row=_field(tm, "optimizer_bytes_per_row", int, tw),
-            length_values=lv,
-            length_probs=lp,
-        )
-        tables.append(table)
-        if _field(tm, "has_order", bool, tw):
-            order = _check_order(table, array(f"t{i}.order", "i"))
-            if np.unique(order).size != order.size:
-                raise PlannerError(f"{tw}: hotness order repeats a row id")
-            orders[tname] = order
-    workload = Workload(name=name, tables=tuple(tables), batch_size_per_gpu=batch)
+    with _from_file(where):  # what TableSpec / Workload reject in a stored table is bad data
+        for i, tm in enumerate(tables_meta):
+            if not isinstance(tm, dict):
+                raise DataError(f"{where}: table {i} metadata is not an object")
+            tw = f"{where}: table {i}"
+            tname = _field(tm, "name", str, tw)
+            rows_meta = _field(tm, "num_rows", int, tw)
+            ids = _field(tm, "ids_per_sample", (int, float), tw)
+            hist = RowHistogram(rows=array(f"t{i}.rows", "i"), prob=array(f"t{i}.prob", "f"))
+            lv = lp = None
+            if _field(tm, "has_lengths", bool, tw):
+                lv, lp = array(f"t{i}.len_values", "i"), array(f"t{i}.len_probs", "f")
+                if lv.shape != lp.shape:
+                    raise DataError(f"{tw}: length pmf arrays differ in size")
+            table = TableSpec(
+                name=tname,
+                num_rows=rows_meta,
+                dim=_field(tm, "dim", int, tw),
+                ids_per_sample=float(ids),
+                hist=hist,
+                element_bytes=_field(tm, "element_bytes", int, tw),
+                optimizer_bytes_per_row=_field(tm, "optimizer_bytes_per_row", int, tw),
+                length_values=lv,
+                length_probs=lp,
+            )
+            tables.append(table)
+            if _field(tm, "has_order", bool, tw):
+                order = _check_order(table, array(f"t{i}.order", "i"), tw)
+                if np.unique(order).size != order.size:
+                    raise DataError(f"{tw}: hotness order repeats a row id")
+                orders[tname] = order
+        workload = Workload(name=name, tables=tuple(tables), batch_size_per_gpu=batch)
     if fingerprint(workload) != stored_fp:
-        raise PlannerError(f"{where}: content does not match its fingerprint (file altered or corrupt)")
+        raise DataError(f"{where}: content does not match its fingerprint (file altered or corrupt)")
     return workload, orders

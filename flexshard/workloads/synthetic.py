@@ -62,7 +62,8 @@ import math
 
 import numpy as np
 
-from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
+from core.errors import ConfigError
+from solvers.types import RowHistogram, TableSpec, Workload
 
 from .harmonic import harmonic_range
 from .locality import BatchLocality, batch_locality
@@ -105,11 +106,11 @@ def rank_grid(
     """
     R = int(num_rows)
     if R < 1:
-        raise PlannerError(f"num_rows: must be a positive integer, got {num_rows!r}")
+        raise ConfigError(f"num_rows: must be a positive integer, got {num_rows!r}")
     if not ratio > 1.0:
-        raise PlannerError(f"ratio: the rank-grid ratio must be > 1, got {ratio!r}")
+        raise ConfigError(f"ratio: the rank-grid ratio must be > 1, got {ratio!r}")
     if exact_ranks < 1:
-        raise PlannerError(f"exact_ranks: must be >= 1, got {exact_ranks!r}")
+        raise ConfigError(f"exact_ranks: must be >= 1, got {exact_ranks!r}")
     head = np.arange(1, min(exact_ranks, R) + 1, dtype=np.int64)
     if exact_ranks >= R:
         first = head
@@ -144,12 +145,12 @@ def zipf_histogram(
     alpha = float(alpha)
     tail_mass = float(tail_mass)
     if not np.isfinite(alpha) or alpha < 0:
-        raise PlannerError(f"alpha: the Zipf exponent must be finite and >= 0, got {alpha!r}")
+        raise ConfigError(f"alpha: the Zipf exponent must be finite and >= 0, got {alpha!r}")
     if not 0.0 <= tail_mass <= 1.0:
-        raise PlannerError(f"tail_mass: must be in [0, 1], got {tail_mass!r}")
+        raise ConfigError(f"tail_mass: must be in [0, 1], got {tail_mass!r}")
     R = int(num_rows)
     if R < 1:
-        raise PlannerError(f"num_rows: must be a positive integer, got {num_rows!r}")
+        raise ConfigError(f"num_rows: must be a positive integer, got {num_rows!r}")
     H = R
     if head_rows is not None:
         try:
@@ -157,7 +158,7 @@ def zipf_histogram(
         except (TypeError, ValueError, OverflowError):
             H = 0
         if head_rows != H or not 1 <= H <= R:
-            raise PlannerError(f"head_rows: must be an integer in [1, num_rows = {R}], got {head_rows!r}")
+            raise ConfigError(f"head_rows: must be an integer in [1, num_rows = {R}], got {head_rows!r}")
     first, last = rank_grid(H, exact_ranks, ratio)
     sums = harmonic_range(first, last, alpha)
     total = math.fsum(sums.tolist())  # H(head_rows, alpha), summed bucket by bucket
@@ -195,15 +196,15 @@ def zipf_table(
     """
     if length_values is not None or length_probs is not None:
         if length_values is None or length_probs is None:
-            raise PlannerError(f"table {name!r}: length_values and length_probs go together")
+            raise ConfigError(f"table {name!r}: length_values and length_probs go together")
         length_values = np.asarray(length_values, dtype=np.int64)
         length_probs = np.asarray(length_probs, dtype=np.float64)
         if length_values.shape != length_probs.shape or length_values.ndim != 1:
-            raise PlannerError(
+            raise ConfigError(
                 f"table {name!r}: length_values and length_probs must be equal-length 1-D arrays"
             )
         if abs(float(length_probs.sum()) - 1.0) > 1e-9 or (length_probs < 0).any():
-            raise PlannerError(f"table {name!r}: length_probs must be >= 0 and sum to 1")
+            raise ConfigError(f"table {name!r}: length_probs must be >= 0 and sum to 1")
         if ids_per_sample is None:
             ids_per_sample = float(np.dot(length_values, length_probs))
     return TableSpec(
@@ -241,7 +242,7 @@ def iteration_lookups(
 def head_rows_for(num_rows: int, lookups: float, head_rows_per_lookup: float = HEAD_ROWS_PER_LOOKUP) -> int:
     """The calibrated head: ``min(num_rows, round(head_rows_per_lookup * lookups))``, at least 1."""
     if not head_rows_per_lookup > 0:
-        raise PlannerError(f"head_rows_per_lookup: must be > 0, got {head_rows_per_lookup!r}")
+        raise ConfigError(f"head_rows_per_lookup: must be > 0, got {head_rows_per_lookup!r}")
     return int(min(int(num_rows), max(1, round(float(head_rows_per_lookup) * float(lookups)))))
 
 
@@ -371,21 +372,21 @@ def synthetic_workload(
     / 10^9 rows build in ~0.1 s into ~1.1 MB of histograms (~69k buckets).
     """
     if num_tables < 1:
-        raise PlannerError(f"num_tables: must be >= 1, got {num_tables!r}")
+        raise ConfigError(f"num_tables: must be >= 1, got {num_tables!r}")
     total_rows = int(total_rows)
     if total_rows < num_tables:
-        raise PlannerError(
+        raise ConfigError(
             f"total_rows: need at least one row per table, got {total_rows} for {num_tables} tables"
         )
     lo, hi = ids_per_sample_range
     if not 0 < lo <= hi:
-        raise PlannerError(f"ids_per_sample_range: need 0 < low <= high, got {ids_per_sample_range!r}")
+        raise ConfigError(f"ids_per_sample_range: need 0 < low <= high, got {ids_per_sample_range!r}")
     rng = np.random.default_rng(seed)
     weights = 10.0 ** rng.uniform(0.0, size_decades, num_tables)
     sizes = np.maximum(1, np.floor(weights / weights.sum() * total_rows).astype(np.int64))
     sizes[np.argmax(sizes)] += total_rows - int(sizes.sum())  # exact total
     if sizes.min() < 1:
-        raise PlannerError(f"total_rows: {total_rows} is too small for {num_tables} tables of this spread")
+        raise ConfigError(f"total_rows: {total_rows} is too small for {num_tables} tables of this spread")
     table_dims = rng.choice(np.asarray(dims, dtype=np.int64), num_tables)
     ids = np.exp(rng.uniform(math.log(lo), math.log(hi), num_tables))
     alphas = np.clip(alpha + rng.uniform(-alpha_jitter, alpha_jitter, num_tables), 0.0, None)

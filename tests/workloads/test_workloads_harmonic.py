@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from flexshard.workloads.harmonic import EXACT_TERMS, generalized_harmonic, harmonic_range
-from solvers.types import PlannerError
 
 ALPHAS = [0.0, 0.3, 0.55, 0.9, 0.99, 1.0, 1.01, 1.3, 2.0, 3.0]
 
@@ -38,11 +38,11 @@ def test_range_sums_match_brute_force(alpha: float) -> None:
 def test_empty_ranges_are_zero_and_bad_input_raises() -> None:
     assert harmonic_range(10, 9, 1.0) == 0.0
     assert harmonic_range(np.array([100]), np.array([50]), 0.7)[0] == 0.0
-    with pytest.raises(PlannerError, match="alpha"):
+    with pytest.raises(ConfigError, match="alpha"):
         harmonic_range(1, 10, -0.5)
-    with pytest.raises(PlannerError, match="ranks start at 1"):
+    with pytest.raises(ConfigError, match="ranks start at 1"):
         harmonic_range(0, 10, 1.0)
-    with pytest.raises(PlannerError, match="n must be"):
+    with pytest.raises(ConfigError, match="n must be"):
         generalized_harmonic(-1, 1.0)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import ConfigError, DataError
 from flexshard.workloads import (
     DEFAULT_ALPHA,
     DEFAULT_TAIL_MASS,
@@ -27,7 +28,7 @@ from flexshard.workloads import (
     zipf_histogram,
     zipf_slope,
 )
-from solvers.types import PlannerError, RowHistogram
+from solvers.types import RowHistogram
 
 
 def monte_carlo(hist: RowHistogram, lookups: int, reps: int, seed: int = 0) -> dict[str, float]:
@@ -73,9 +74,9 @@ def test_exact_formulas_on_a_two_row_table() -> None:
     assert got.touched_once_share == pytest.approx(2 * 0.375 / got.unique_rows)
     one = batch_locality(hist, 1)
     assert one.unique_rows == pytest.approx(1.0) and one.touched_once_share == pytest.approx(1.0)
-    with pytest.raises(PlannerError, match="lookups"):
+    with pytest.raises(ConfigError, match="lookups"):
         batch_locality(hist, 0)
-    with pytest.raises(PlannerError, match="method"):
+    with pytest.raises(ConfigError, match="method"):
         batch_locality(hist, 10, method="magic")
 
 
@@ -200,11 +201,11 @@ def test_parse_locality_stats_on_a_small_file(tmp_path: Path) -> None:
     assert s.top_share(0.125) == pytest.approx(0.3)
     bad = tmp_path / "bad.txt"
     bad.write_text(SAMPLE.replace("(1, 2]: 0.250", "(1, 2]: oops"))
-    with pytest.raises(PlannerError, match=r"bad.txt:8"):
+    with pytest.raises(DataError, match=r"bad.txt:8"):
         parse_locality_stats(bad)
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    with pytest.raises(PlannerError, match="no locality sections"):
+    with pytest.raises(DataError, match="no locality sections"):
         parse_locality_stats(empty)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import ConfigError, DataError
 from flexshard.workloads import (
     build_stats,
     default_workload,
@@ -16,7 +17,6 @@ from flexshard.workloads import (
     preset_names,
     save_stats,
 )
-from solvers.types import PlannerError
 
 
 def test_presets() -> None:
@@ -36,7 +36,7 @@ def test_presets() -> None:
     "spec", ["nope", "zipf:abc", "zipf", "synthetic:10", "synthetic:1.5:100", "zipf:inf"]
 )
 def test_unknown_or_malformed_specs_list_the_presets(spec: str) -> None:
-    with pytest.raises(PlannerError, match="workload") as err:
+    with pytest.raises(ConfigError, match="workload") as err:
         load_workload(spec)
     if spec == "nope":
         for name in preset_names():
@@ -53,7 +53,7 @@ def test_files_and_folders(tmp_path: Path) -> None:
     w2, o2 = load_workload_with_orders(str(stats))
     assert fingerprint(w2) == fingerprint(w) and o2["item_id"].tolist() == [3, 5]
     assert load_workload(stats, batch_size_per_gpu=64).batch_size_per_gpu == 64
-    with pytest.raises(PlannerError, match="no such file"):
+    with pytest.raises(DataError, match="no such file"):
         load_workload(tmp_path / "missing.npz")
 
 
@@ -66,9 +66,9 @@ def test_build_stats(tmp_path: Path) -> None:
     assert w.batch_size_per_gpu == 16 and orders["item_id"].tolist() == [2, 1]
     p, o = build_stats(["default"], batch_size_per_gpu=1024)
     assert o == {} and p.batch_size_per_gpu == 1024
-    with pytest.raises(PlannerError, match="no such file"):
+    with pytest.raises(DataError, match="no such file"):
         build_stats([str(tmp_path / "nothing.txt")])
-    with pytest.raises(PlannerError, match="at least one"):
+    with pytest.raises(ConfigError, match="at least one"):
         build_stats([])
 
 

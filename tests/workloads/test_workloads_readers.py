@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import ConfigError, DataError
 from flexshard.workloads import detect_format, hotness_order, read_workload
 from flexshard.workloads._text import read_chunks, tokenize
-from solvers.types import PlannerError
 
 
 def write(path: Path, text: str) -> Path:
@@ -172,7 +172,7 @@ def test_dims_mapping(tmp_path: Path) -> None:
     w, _ = read_workload(inter, dim={"item_id": 32, "*": 8})
     assert {t.name: t.dim for t in w.tables}["item_id"] == 32
     assert {t.name: t.dim for t in w.tables}["age"] == 8
-    with pytest.raises(PlannerError, match="dim"):
+    with pytest.raises(ConfigError, match="dim"):
         read_workload(inter, dim={"nope": 3})
 
 
@@ -209,7 +209,7 @@ def test_dims_mapping(tmp_path: Path) -> None:
 )
 def test_bad_input_raises_one_line_error(tmp_path: Path, name: str, text: str, match: str) -> None:
     f = write(tmp_path / name, text)
-    with pytest.raises(PlannerError, match=match) as err:
+    with pytest.raises(DataError, match=match) as err:
         read_workload(f)
     assert "\n" not in str(err.value)
 
@@ -218,49 +218,49 @@ def test_ids_outside_an_explicit_table(tmp_path: Path) -> None:
     f = write(tmp_path / "a.txt", "1 2 3\n2 5\n")
     w, _ = read_workload(f, num_rows={"item_id": 10})
     assert tables(w)["item_id"].num_rows == 10
-    with pytest.raises(PlannerError, match=r"a\.txt:2: field 'item id' value '5': ids outside the table"):
+    with pytest.raises(DataError, match=r"a\.txt:2: field 'item id' value '5': ids outside the table"):
         read_workload(f, num_rows={"item_id": 5})
-    with pytest.raises(PlannerError, match=r"num_rows\['item_id'\]: rows must be a positive"):
+    with pytest.raises(ConfigError, match=r"num_rows\['item_id'\]: rows must be a positive"):
         read_workload(f, num_rows={"item_id": 0})
-    with pytest.raises(PlannerError, match="no table named 'items'"):
+    with pytest.raises(ConfigError, match="no table named 'items'"):
         read_workload(f, num_rows={"items": 10})
     inter = recbole_files(tmp_path)
-    with pytest.raises(PlannerError, match=r"toy\.user:4: field 'user_id' value 'u3': ids outside the table"):
+    with pytest.raises(DataError, match=r"toy\.user:4: field 'user_id' value 'u3': ids outside the table"):
         read_workload(inter, num_rows={"user_id": 2})
-    with pytest.raises(PlannerError, match=r"toy\.item:4: field 'genre' value 'C': ids outside the table"):
+    with pytest.raises(DataError, match=r"toy\.item:4: field 'genre' value 'C': ids outside the table"):
         read_workload(inter, num_rows={"genre": 2})
 
 
 def test_other_bad_arguments(tmp_path: Path) -> None:
     f = write(tmp_path / "a.txt", "1 2 3\n")
-    with pytest.raises(PlannerError, match="dim"):
+    with pytest.raises(ConfigError, match="dim"):
         read_workload(f, dim=0)
-    with pytest.raises(PlannerError, match="dim"):
+    with pytest.raises(ConfigError, match="dim"):
         read_workload(f, dim=-3)
-    with pytest.raises(PlannerError, match="batch_size_per_gpu"):
+    with pytest.raises(ConfigError, match="batch_size_per_gpu"):
         read_workload(f, batch_size_per_gpu=0)
-    with pytest.raises(PlannerError, match="max_len"):
+    with pytest.raises(ConfigError, match="max_len"):
         read_workload(f, max_len=0)
-    with pytest.raises(PlannerError, match="fmt: unknown format 'xml'"):
+    with pytest.raises(ConfigError, match="fmt: unknown format 'xml'"):
         read_workload(f, fmt="xml")
-    with pytest.raises(PlannerError, match="no such file"):
+    with pytest.raises(DataError, match="no such file"):
         read_workload(tmp_path / "missing.txt")
     c = write(tmp_path / "b.csv", "0,1,1\n")
-    with pytest.raises(PlannerError, match="max_len"):
+    with pytest.raises(ConfigError, match="max_len"):
         read_workload(c, max_len=5)
     (tmp_path / "x_item2attributes.json").write_text("[1, 2]")
-    with pytest.raises(PlannerError, match="attribute file"):
+    with pytest.raises(ConfigError, match="attribute file"):
         read_workload(tmp_path / "x_item2attributes.json")
     s = write(tmp_path / "s.txt", "1 2\n")
     (tmp_path / "s_item2attributes.json").write_text('{"2": [1, "a"]}')
-    with pytest.raises(PlannerError, match="item2attributes"):
+    with pytest.raises(DataError, match="item2attributes"):
         read_workload(s)
     (tmp_path / "s_item2attributes.json").write_text("{not json")
-    with pytest.raises(PlannerError, match="not valid JSON"):
+    with pytest.raises(DataError, match="not valid JSON"):
         read_workload(s)
     empty = tmp_path / "empty_dir"
     empty.mkdir()
-    with pytest.raises(PlannerError, match="cannot tell which files"):
+    with pytest.raises(DataError, match="cannot tell which files"):
         read_workload(empty)
 
 

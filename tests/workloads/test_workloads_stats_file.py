@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.errors import ConfigError, DataError, OutputError
 from flexshard.workloads import default_workload, fingerprint, load_stats, read_workload, save_stats
 from flexshard.workloads import stats_file as sf
-from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
+from solvers.types import RowHistogram, TableSpec, Workload
 
 
 def small_workload() -> tuple[Workload, dict[str, np.ndarray]]:
@@ -66,21 +67,21 @@ def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path, monkeypatch: p
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(sf.np, "savez", boom)
-    with pytest.raises(PlannerError, match="cannot write"):
+    with pytest.raises(OutputError, match="cannot write"):
         save_stats(target, default_workload())
     assert target.read_bytes() == before
     assert os.listdir(tmp_path) == ["s.npz"]
-    with pytest.raises(PlannerError, match="cannot write"):
+    with pytest.raises(OutputError, match="folder .*missing_dir' does not exist"):
         save_stats(tmp_path / "missing_dir" / "x.npz", w)
 
 
 def test_bad_orders_are_rejected_on_save(tmp_path: Path) -> None:
     w, _ = small_workload()
-    with pytest.raises(PlannerError, match="no table named 'zz'"):
+    with pytest.raises(ConfigError, match="no table named 'zz'"):
         save_stats(tmp_path / "s.npz", w, {"zz": np.array([0])})
-    with pytest.raises(PlannerError, match="outside the table"):
+    with pytest.raises(ConfigError, match="outside the table"):
         save_stats(tmp_path / "s.npz", w, {"a": np.array([10])})
-    with pytest.raises(PlannerError, match="integer"):
+    with pytest.raises(ConfigError, match="integer"):
         save_stats(tmp_path / "s.npz", w, {"a": np.array([0.5])})
     assert not list(tmp_path.iterdir())
 
@@ -91,17 +92,17 @@ def test_truncated_or_garbage_files_raise(tmp_path: Path) -> None:
     for n in (0, 10, len(good) // 2, len(good) - 5):
         bad = tmp_path / f"cut{n}.npz"
         bad.write_bytes(good[:n])
-        with pytest.raises(PlannerError, match=r"cut\d+\.npz"):
+        with pytest.raises(DataError, match=r"cut\d+\.npz"):
             load_stats(bad)
     junk = tmp_path / "junk.npz"
     junk.write_bytes(os.urandom(4096))
-    with pytest.raises(PlannerError, match="junk.npz"):
+    with pytest.raises(DataError, match="junk.npz"):
         load_stats(junk)
-    with pytest.raises(PlannerError, match="no such stats file"):
+    with pytest.raises(DataError, match="no such stats file"):
         load_stats(tmp_path / "absent.npz")
     other = tmp_path / "other.npz"
     np.savez(other, x=np.arange(3))
-    with pytest.raises(PlannerError, match="no metadata"):
+    with pytest.raises(DataError, match="no metadata"):
         load_stats(other)
 
 
@@ -140,7 +141,7 @@ def test_tampered_content_raises(tmp_path: Path) -> None:
     ]
     for i, (change, match) in enumerate(cases):
         dst = rewrite(src, tmp_path / f"t{i}.npz", change)
-        with pytest.raises(PlannerError, match=match):
+        with pytest.raises(DataError, match=match):
             load_stats(dst)
 
 
@@ -153,7 +154,7 @@ def test_crc_corruption_raises(tmp_path: Path) -> None:
     offset = info.header_offset + 30 + len(info.filename) + len(info.extra) + 130  # inside the array
     data[offset] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(PlannerError):
+    with pytest.raises(DataError):
         load_stats(path)
 
 

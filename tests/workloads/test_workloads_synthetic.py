@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from core.errors import ConfigError
 from flexshard.workloads import (
     DEFAULT_ALPHA,
     DEFAULT_TAIL_MASS,
@@ -97,7 +98,7 @@ def test_head_rows_for_and_iteration_lookups() -> None:
     assert head_rows_for(10**9, 1e6) == round(HEAD_ROWS_PER_LOOKUP * 1e6)
     assert head_rows_for(1000, 1e9) == 1000
     assert head_rows_for(10, 1e-6) == 1
-    with pytest.raises(PlannerError, match="head_rows_per_lookup"):
+    with pytest.raises(ConfigError, match="head_rows_per_lookup"):
         head_rows_for(10, 1.0, 0.0)
 
 
@@ -136,14 +137,14 @@ def test_rank_grid_covers_every_rank_once() -> None:
     ],
 )
 def test_bad_parameters_raise(kwargs: dict, field: str) -> None:
-    with pytest.raises(PlannerError, match=field):
+    with pytest.raises(ConfigError, match=field):
         zipf_histogram(**kwargs)
 
 
 def test_zipf_table_and_length_pmf() -> None:
     t = zipf_table("x", 1000, 16, None, length_values=np.array([1, 3]), length_probs=np.array([0.5, 0.5]))
     assert t.ids_per_sample == 2.0 and t.num_rows == 1000 and t.dim == 16
-    with pytest.raises(PlannerError, match="length_probs"):
+    with pytest.raises(ConfigError, match="length_probs"):
         zipf_table("x", 10, 4, None, length_values=np.array([1]), length_probs=np.array([0.4]))
     with pytest.raises(PlannerError, match="dim"):
         zipf_table("x", 10, 0, 1.0)
@@ -231,7 +232,7 @@ def test_synthetic_workload_benchmark_size() -> None:
     again = synthetic_workload(100, 10**9, seed=7)
     assert fingerprint(again) == fingerprint(w)
     assert fingerprint(synthetic_workload(100, 10**9, seed=8)) != fingerprint(w)
-    with pytest.raises(PlannerError, match="total_rows"):
+    with pytest.raises(ConfigError, match="total_rows"):
         synthetic_workload(10, 5)
 
 

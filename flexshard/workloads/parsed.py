@@ -1,0 +1,82 @@
+"""What every reader of interaction data shares: table names, id limits and one input's parsed tables.
+
+``readers`` (``seq`` / ``csv`` assembly), ``sequences`` (the line parsers) and ``recbole`` import
+these at module top; none of them imports another's private helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import ConfigError
+
+from ._text import Tokens, bad_value
+
+MAX_ID = 1 << 32  # larger raw ids need remapping (a dense table that size would not fit in memory)
+USER_TABLE = "user_id"
+ITEM_TABLE = "item_id"
+ATTRIBUTE_TABLE = "item_attribute"
+
+
+@dataclass
+class Parsed:
+    """One input's tables before assembly.
+
+    ``counts[t]`` are per-row lookups (int64, index = row id); ``sample_user[s]`` the user id of
+    sample ``s`` and ``lengths[t][s]`` its lookups of table ``t``. ``per_sample_table`` (if set) is a
+    table looked up once per *merged* sample (its counts are built after merging by user).
+    """
+
+    source: str
+    counts: dict[str, np.ndarray]
+    num_rows: dict[str, int]
+    sample_user: np.ndarray
+    lengths: dict[str, np.ndarray]
+    per_sample_table: str | None = None
+    mergeable: bool = True  # ids are raw integers shared across inputs
+
+
+def table_limits(num_rows: Mapping[str, int] | None) -> dict[str, int]:
+    """``num_rows`` (``{table: rows}`` or None) checked: every value a positive integer (ConfigError)."""
+    out: dict[str, int] = {}
+    for name, rows in (num_rows or {}).items():
+        if not isinstance(rows, (int, np.integer)) or isinstance(rows, bool) or rows <= 0:
+            raise ConfigError(f"num_rows[{name!r}]: rows must be a positive integer, got {rows!r}")
+        out[name] = int(rows)
+    return out
+
+
+def table_size(name: str, counts: np.ndarray, limits: dict[str, int]) -> int:
+    """Rows of table ``name``: its explicit limit, else ``max id + 1`` (at least 1)."""
+    return limits.get(name, max(int(counts.size), 1))
+
+
+def check_ids(
+    tok: Tokens, idx: np.ndarray, ids: np.ndarray, table: str, limit: int | None, path: Path, field_name: str
+) -> None:
+    """Raise DataError on tokens that are not non-negative integers or reach past an explicit table size."""
+    bad = (ids < 0) | (ids >= (MAX_ID if limit is None else limit))
+    if bad.any():
+        k = int(np.argmax(bad))
+        i = int(idx[k])
+        text = tok.text(i)
+        if ids[k] >= 0 and limit is None:
+            problem = f"ids of {MAX_ID:,} and above need remapping to dense ids (or an explicit num_rows)"
+        elif ids[k] >= 0:
+            problem = f"ids outside the table ({table!r} has num_rows {limit})"
+        elif text.lstrip("-").isdigit():
+            problem = "ids < 0 are not allowed"
+        else:
+            problem = "not a non-negative integer id"
+        raise bad_value(path, int(tok.line[i]), field_name, text, problem)
+
+
+def check_max_len(max_len: object) -> int:
+    """``max_len`` as an int when it is a positive integer, else ConfigError."""
+    if not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool) or max_len <= 0:
+        raise ConfigError(f"max_len: must be a positive integer, got {max_len!r}")
+    return int(max_len)
