@@ -1,7 +1,8 @@
 """Record what NVML reports about this host, as JSON (for fake-NVML test fixtures of the probe).
 
-Every call is recorded with its answer or the NVML error it raised, so a fake NVML can replay a
-real host, unsupported queries included. Run on a GPU host:
+Every call is recorded with its answer or the NVML error it raised, so the fake NVML of the tests
+(``tests/topology/fake_nvml.py``, ``from_snapshot``) can replay a real host, unsupported queries
+included. Run on a GPU host:
 
     python experiments/nvml_snapshot.py --out nvml_snapshot.json
 """

@@ -6,7 +6,7 @@ interface (gloo on CPU), so ``flexshard probe --out topo.json`` works on a singl
 
 Each host asks NVML for its GPUs (the first rank of the host; a host without NVML says so in one line and
 the probe falls back to measurements alone), then every rank times point-to-point transfers and
-collectives (:mod:`topology.probe.collective`). Rank 0 builds the topology (the NVML graph of the job
+collectives (:mod:`topology.probe.timing`). Rank 0 builds the topology (the NVML graph of the job
 with measured numbers on its edges, or a graph made from the measurements), writes it atomically and
 prints the groups, a bandwidth table per link class and the slow parts. Every wait is bounded by
 ``--timeout``; a rank that never joins or stops answering ends the probe with one line naming it.
@@ -22,28 +22,22 @@ import os
 import queue as queue_module
 import sys
 import time
+import traceback
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from core.errors import ConfigError, InputError, ProbeError
+from core.osutil import check_writable, free_port
+from core.ranks import RankLayout
 from flexshard.cli_common import first_line, positive_float, positive_int
+from flexshard.progress import Progress
 from topology import cluster_view, summary, write_json
-from topology.probe.collective import (
-    ProbeConfig,
-    ProbeError,
-    all_gather,
-    check_groups,
-    consecutive_groups,
-    free_port,
-    gather_rank_info,
-    host_groups,
-    init_probe_group,
-    measure,
-    measured_graph,
-    rendezvous,
-    report,
-    restrict_to_job,
-)
+from topology.probe.measurements import Measurements, ProbeConfig, RankInfo
+from topology.probe.nominal_graph import merge_hosts
+from topology.probe.nvml import probe_host
+from topology.probe.results import measured_graph, report, restrict_to_job
+from topology.probe.session import all_gather, gather_rank_info, init_probe_group, rendezvous
+from topology.probe.timing import measure
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
 
@@ -93,6 +87,70 @@ def _nvml_notes(hosts: dict[str, Any]) -> list[str]:
     ]
 
 
+def _job_graph(
+    rank: int, infos: Sequence[RankInfo], timeout: float, store: Any, name: str
+) -> tuple[Any, list[str]]:
+    """The job's NVML graph (ranks = torch ranks), or None with one note per reason it cannot be used.
+
+    The first rank of each host asks NVML; any NVML trouble there means: measure instead.
+    """
+    first_of_host: dict[str, int] = {}
+    for info in infos:
+        first_of_host.setdefault(info.host, info.rank)
+    mine: Any = None
+    if first_of_host[infos[rank].host] == rank:
+        try:
+            mine = probe_host(host=infos[rank].host)
+        except Exception as err:  # no driver, no library, a VM that answers oddly: noted, then measured
+            mine = first_line(err)
+    gathered = all_gather(mine, "nvml", timeout, store)
+    probes = {infos[r].host: gathered[r] for r in first_of_host.values()}
+    notes = _nvml_notes(probes)
+    if notes or not probes:
+        return None, notes
+    if not all(i.device.startswith("cuda") for i in infos):
+        return None, ["ranks run on CPU; NVML links are not used, only collective measurements"]
+    base = restrict_to_job(merge_hosts(list(probes.values()), name=name), infos)
+    if base is None:
+        notes.append("NVML GPUs do not match the job's ranks; using collective measurements")
+    return base, notes
+
+
+def _groups(
+    options: dict[str, Any], world_size: int, base: Any, infos: Sequence[RankInfo]
+) -> tuple[RankLayout, list[str]]:
+    """The groups to measure and their names: ``--groups`` G groups of consecutive ranks, else the NVML
+    graph's NVLink domains, else one group per host."""
+    if options.get("groups"):
+        layout = RankLayout.consecutive(world_size, int(options["groups"]), "--groups")
+        return layout, [f"g{k}" for k in range(layout.num_groups)]
+    if base is not None:
+        layout = RankLayout.of(cluster_view(base).groups, world_size)
+        return layout, [base.nodes[_gpu_of(base, g[0])]["group"] for g in layout.groups]
+    layout = RankLayout.by_host([i.host for i in infos])
+    return layout, [infos[g[0]].host for g in layout.groups]
+
+
+def _measure_with_progress(
+    layout: RankLayout, names: list[str], config: ProbeConfig, infos: Sequence[RankInfo], store: Any
+) -> Measurements:
+    """:func:`measure` with a progress bar on rank 0's stderr."""
+    bar: Progress | None = None
+
+    def progress(done: int, total: int, note: str) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = Progress(total, "probe")
+        bar.done = done
+        bar.note(note)
+
+    try:
+        return measure(layout.groups, config, infos=infos, store=store, progress=progress, group_names=names)
+    finally:
+        if bar is not None:
+            bar.__exit__()
+
+
 def run_rank(
     rank: int,
     world_size: int,
@@ -106,9 +164,6 @@ def run_rank(
     """Run the probe as ``rank``; rank 0 writes ``options["out"]`` and returns the report text."""
     import torch.distributed as dist
 
-    from flexshard.progress import Progress
-    from topology.probe.nvml import merge_hosts, probe_host
-
     timeout = float(options["timeout"])
     store = rendezvous(rank, world_size, master_addr, master_port, timeout, client_only=client_only)
     try:
@@ -117,59 +172,16 @@ def run_rank(
         raise ProbeError(f"rank {rank}: cannot start the process group: {str(err).splitlines()[0]}") from None
     try:
         infos = gather_rank_info(timeout, store)
-        first_of_host = {}
-        for info in infos:
-            first_of_host.setdefault(info.host, info.rank)
-        mine: Any = None
-        if first_of_host[infos[rank].host] == rank:
-            try:
-                mine = probe_host(host=infos[rank].host)
-            except Exception as err:  # any NVML trouble means: measure instead
-                mine = first_line(err)
-        gathered = all_gather(mine, "nvml", timeout, store)
-        probes = {infos[r].host: gathered[r] for r in first_of_host.values()}
-        notes = _nvml_notes(probes)
-        base = None
-        on_gpu = all(i.device.startswith("cuda") for i in infos)
-        if not notes and probes:
-            if on_gpu:
-                base = restrict_to_job(merge_hosts(list(probes.values()), name=options["name"]), infos)
-                if base is None:
-                    notes.append("NVML GPUs do not match the job's ranks; using collective measurements")
-            else:
-                notes.append("ranks run on CPU; NVML links are not used, only collective measurements")
-        if options.get("groups"):
-            groups = consecutive_groups(world_size, int(options["groups"]))
-            names = [f"g{k}" for k in range(len(groups))]
-        elif base is not None:
-            view = cluster_view(base)
-            groups = [list(g) for g in view.groups]
-            names = [base.nodes[_gpu_of(base, g[0])]["group"] for g in groups]
-        else:
-            groups = host_groups([i.host for i in infos])
-            names = [infos[g[0]].host for g in groups]
-        groups = check_groups(groups, world_size)
-        if base is not None and options.get("groups"):
-            for k, members in enumerate(groups):
+        base, notes = _job_graph(rank, infos, timeout, store, options["name"])
+        layout, names = _groups(options, world_size, base, infos)
+        if base is not None and options.get("groups"):  # the NVML graph takes the groups asked for
+            for k, members in enumerate(layout.groups):
                 for r in members:
                     base.nodes[_gpu_of(base, r)]["group"] = names[k]
         config = (
             ProbeConfig.quick(timeout_s=timeout) if options.get("quick") else ProbeConfig(timeout_s=timeout)
         )
-        bar: Progress | None = None
-
-        def progress(done: int, total: int, note: str) -> None:
-            nonlocal bar
-            if bar is None:
-                bar = Progress(total, "probe")
-            bar.done = done
-            bar.note(note)
-
-        try:
-            m = measure(groups, config, infos=infos, store=store, progress=progress, group_names=names)
-        finally:
-            if bar is not None:
-                bar.__exit__()
+        m = _measure_with_progress(layout, names, config, infos, store)
     except RuntimeError as err:  # a torch error the probe did not wrap: keep it to one line
         raise ProbeError(f"rank {rank}: {str(err).strip().splitlines()[-1][:200]}") from None
     # after a failure the group is left as is (tearing it down can wait on a dead peer); the process ends
@@ -190,6 +202,8 @@ def _gpu_of(G: Any, rank: int) -> Any:
 
 
 def _child(rank: int, world_size: int, port: int, nproc: int, options: dict[str, Any], results: Any) -> None:
+    """One spawned rank: runs the probe and reports to the parent ("ok", text), ("error", one line) for
+    bad input or a failed probe, or ("bug", traceback) for anything else."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # a peer's failure is reported once, by us
     import torch
 
@@ -202,9 +216,14 @@ def _child(rank: int, world_size: int, port: int, nproc: int, options: dict[str,
     try:
         text = run_rank(rank, world_size, "127.0.0.1", port, options, backend=backend)
         results.put(("ok", rank, text))
-    except BaseException as err:  # report every failure to the parent, in one line
-        message = first_line(err)
-        results.put(("error", rank, message))
+    except InputError as err:
+        results.put(("error", rank, first_line(err)))
+        code = 1
+    except Exception as err:  # a bug: the parent shows its traceback
+        results.put(("bug", rank, "".join(traceback.format_exception(err)).rstrip()))
+        code = 1
+    except BaseException as err:  # interrupted
+        results.put(("error", rank, first_line(err)))
         code = 1
     results.close()
     results.join_thread()
@@ -213,12 +232,16 @@ def _child(rank: int, world_size: int, port: int, nproc: int, options: dict[str,
 
 
 def spawn_local(options: dict[str, Any], nproc: int, world_size: int | None = None) -> str:
-    """Run the probe in ``nproc`` local processes (ranks 0..nproc-1 of ``world_size``); rank 0's report."""
+    """Run the probe in ``nproc`` local processes (ranks 0..nproc-1 of ``world_size``); rank 0's report.
+
+    A rank's bad input or failed probe raises :class:`ProbeError` with its line (the lowest such rank's);
+    a bug in a rank raises ``RuntimeError`` carrying that rank's traceback.
+    """
     import multiprocessing as mp
 
     world_size = world_size or nproc
     if world_size < nproc:
-        raise ProbeError(f"--world-size {world_size}: smaller than --nproc {nproc}")
+        raise ConfigError(f"--world-size {world_size}: smaller than --nproc {nproc}")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -230,6 +253,7 @@ def spawn_local(options: dict[str, Any], nproc: int, world_size: int | None = No
         p.start()
     got: dict[int, tuple[str, Any]] = {}
     errors: dict[int, str] = {}
+    bugs: dict[int, str] = {}
     grace_until: float | None = None
     try:
         while len(got) < nproc:
@@ -248,42 +272,44 @@ def spawn_local(options: dict[str, Any], nproc: int, world_size: int | None = No
                     grace_until = time.monotonic() + min(float(options["timeout"]), 5.0)
                 continue
             got[rank] = (status, payload)
-            if status == "error":
-                errors[rank] = payload
+            if status != "ok":
+                (bugs if status == "bug" else errors)[rank] = payload
                 if grace_until is None:
                     grace_until = time.monotonic() + min(float(options["timeout"]), 5.0)
     finally:
         for p in procs:
-            p.join(timeout=0.5 if errors else 5.0)
+            p.join(timeout=0.5 if errors or bugs else 5.0)
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=2.0)
             if p.is_alive():
                 p.kill()
+    if bugs:
+        raise RuntimeError(f"rank {min(bugs)} of the probe failed:\n{bugs[min(bugs)]}")
     if errors:
         raise ProbeError(errors[min(errors)])
     return str(got[0][1])
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``flexshard probe`` command: under a launcher run this rank, else spawn ``--nproc`` ranks."""
+    """The ``flexshard probe`` command: under a launcher run this rank, else spawn ``--nproc`` ranks.
+
+    Flags and the ``--out`` path are checked before any process starts.
+    """
     options = _options(args)
     if args.out:
-        parent = Path(args.out).resolve().parent
-        if not parent.is_dir():
-            raise ProbeError(f"--out {args.out!r}: folder {str(parent)!r} does not exist")
+        check_writable(args.out, "--out")
     launched = all(k in os.environ for k in LAUNCHER_ENV)
-    if args.groups:  # check before any process starts
-        consecutive_groups(
-            int(os.environ["WORLD_SIZE"]) if launched else args.world_size or args.nproc, args.groups
-        )
+    if args.groups:
+        world = int(os.environ["WORLD_SIZE"]) if launched else args.world_size or args.nproc
+        RankLayout.consecutive(world, args.groups, "--groups")
     if launched:
         if args.world_size is not None:
-            raise ProbeError("--world-size: only for local runs; under a launcher WORLD_SIZE decides")
+            raise ConfigError("--world-size: only for local runs; under a launcher WORLD_SIZE decides")
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
-            raise ProbeError("MASTER_PORT: not set; launch with torchrun or set MASTER_ADDR and MASTER_PORT")
+            raise ConfigError("MASTER_PORT: not set; launch with torchrun or set MASTER_ADDR and MASTER_PORT")
         client_only = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         text = run_rank(rank, world, addr, int(os.environ["MASTER_PORT"]), options, client_only=client_only)
     else:
@@ -294,12 +320,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m flexshard.probe``: bad input prints one line and exits 2; a bug keeps its traceback."""
     args = build_parser().parse_args(argv)
     try:
         return run(args)
-    except (ValueError, OSError) as e:  # ProbeError, TopologyError, unwritable files
-        message = first_line(e)
-        print(f"flexshard probe: error: {message}", file=sys.stderr)
+    except InputError as e:  # ProbeError, ConfigError, OutputError, TopologyError
+        print(f"flexshard probe: error: {first_line(e)}", file=sys.stderr)
         return 2
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from cli_helpers import fails, run
 
+from flexshard import probe as probe_cli
 from flexshard.cli import main
 from topology import cluster_view, read_json
 
@@ -30,6 +31,7 @@ def probed(tmp_path_factory):
     return path, out.getvalue()
 
 
+@pytest.mark.slow
 def test_four_rank_probe_writes_a_topology_the_planner_accepts(probed, capsys):
     path, _ = probed
     G = read_json(path)  # validates
@@ -50,6 +52,7 @@ def test_four_rank_probe_writes_a_topology_the_planner_accepts(probed, capsys):
     assert "4" in out
 
 
+@pytest.mark.slow
 def test_probe_prints_groups_table_and_slow_parts(probed):
     path, out = probed
     assert "NVML" in out  # this machine has none: said in one line, then measured
@@ -59,6 +62,7 @@ def test_probe_prints_groups_table_and_slow_parts(probed):
     assert "slow:" in out and f"wrote {path}" in out
 
 
+@pytest.mark.slow
 def test_rank_that_never_joins_is_named_within_the_timeout(tmp_path, capsys):
     out_path = tmp_path / "never.json"
     start = time.monotonic()
@@ -71,17 +75,51 @@ def test_rank_that_never_joins_is_named_within_the_timeout(tmp_path, capsys):
     assert not out_path.exists()
 
 
-def test_bad_probe_arguments_fail_before_any_process_starts(tmp_path, capsys):
+def test_bad_probe_arguments_fail_before_any_process_starts(capsys):
     start = time.monotonic()
-    assert "do not divide 4 ranks" in fails(capsys, "probe", "--nproc", "4", "--groups", "3")
-    missing = tmp_path / "no" / "topo.json"
-    assert "does not exist" in fails(capsys, "probe", "--out", str(missing))
+    line = fails(capsys, "probe", "--nproc", "4", "--groups", "3")
+    assert line == "flexshard probe: error: --groups: 3 groups do not divide 4 ranks evenly; choose a divisor"
     assert time.monotonic() - start < 60  # bounded by the timeout, with room for a loaded machine
     with pytest.raises(SystemExit):
         main(["probe", "--timeout", "0"])
     capsys.readouterr()
 
 
+def test_bad_out_fails_first_naming_the_path(tmp_path, capsys, monkeypatch):
+    """A bad --out ends the command before any probe process starts, in one line naming the path."""
+    started = []
+    monkeypatch.setattr(probe_cli, "spawn_local", lambda *a, **k: started.append(a) or "")
+    missing = tmp_path / "no" / "topo.json"
+    line = fails(capsys, "probe", "--nproc", "2", "--out", str(missing))
+    assert line.startswith("flexshard probe: error: --out: ")
+    assert str(missing) in line and "does not exist" in line
+    assert probe_cli.main(["--out", str(missing)]) == 2  # python -m flexshard.probe: the same line
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+    folder = fails(capsys, "probe", "--out", str(tmp_path))
+    assert str(tmp_path) in folder and "is a folder" in folder
+    assert started == []  # the probe never ran
+
+
+def test_probe_bug_keeps_its_traceback(monkeypatch, capsys):
+    """Only bad input is one line and exit 2; anything else is a bug and propagates with its traceback."""
+
+    def broken(*args, **kwargs):
+        raise KeyError("not an input error")
+
+    monkeypatch.setattr(probe_cli, "spawn_local", broken)
+    with pytest.raises(KeyError):
+        probe_cli.main(["--nproc", "2"])
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.slow
+def test_a_bug_in_a_spawned_rank_keeps_its_traceback():
+    options = {"out": None, "quick": True, "timeout": 30.0, "groups": None}  # no "name": a bug in every rank
+    with pytest.raises(RuntimeError, match=r"(?s)^rank 0 of the probe failed:\nTraceback.*KeyError: 'name'"):
+        probe_cli.spawn_local(options, 2)
+
+
+@pytest.mark.slow
 def test_partial_probe_output_is_rejected_naming_the_file(probed, tmp_path, capsys):
     # topology.io covers malformed JSON and missing fields in general; here: a probe file cut short, and a
     # measured edge that lost its bandwidth

@@ -12,7 +12,12 @@ import time
 
 import numpy as np
 import pytest
+from fake_nvml import fake_nvswitch_node
 
+from core.errors import ConfigError
+from core.osutil import free_port
+from core.ranks import RankLayout
+from core.vocabulary import LinkClass
 from topology import TopologyError, cluster_view, read_json, slow_links, write_json
 from topology.probe import (
     Fit,
@@ -20,22 +25,19 @@ from topology.probe import (
     ProbeConfig,
     ProbeError,
     RankInfo,
-    consecutive_groups,
     fit_latency_bandwidth,
-    host_groups,
     measured_graph,
     merge_hosts,
     probe_host,
     probe_report,
     rank_links,
-    replica_groups,
+    rendezvous,
     restrict_to_job,
     sample_pairs,
     schedule_rounds,
     slow_parts,
 )
-from topology.probe.collective import check_groups, free_port, rendezvous
-from topology.probe.fake_nvml import fake_nvswitch_node
+from topology.probe.timing import bus_factors, collectives_to_time
 
 GB = 1e9
 SIZES = (8 * 1024, 256 * 1024, 2 * 1024 * 1024)
@@ -99,17 +101,32 @@ def test_fit_flat_or_single_size_falls_back_to_throughput():
 # --- groups and schedules ---------------------------------------------------------------------------
 
 
-def test_groups():
-    assert consecutive_groups(4, 2) == [[0, 1], [2, 3]]
-    assert host_groups(["b", "a", "b", "a"]) == [[0, 2], [1, 3]]
-    assert replica_groups([[0, 1], [2, 3], [4, 5]]) == [[0, 2, 4], [1, 3, 5]]
-    assert replica_groups([[0, 1, 2]]) == []
-    with pytest.raises(ProbeError, match="do not divide 4 ranks"):
-        consecutive_groups(4, 3)
-    with pytest.raises(ProbeError, match="positive"):
-        consecutive_groups(4, 0)
-    with pytest.raises(ProbeError, match="exactly once"):
-        check_groups([[0, 1], [1, 2]], 3)
+def test_collectives_follow_the_groups():
+    """All-to-all in the groups and across the job, all-reduce across the replica groups (the ranks at
+    the same position of every group); the bus factor of each."""
+    three = RankLayout.consecutive(6, 3)
+    timed = dict(collectives_to_time(three, ProbeConfig()))
+    assert timed == {
+        "all_to_all/group": [[0, 1], [2, 3], [4, 5]],
+        "all_to_all/world": [[0, 1, 2, 3, 4, 5]],
+        "all_reduce/replicas": [[0, 2, 4], [1, 3, 5]],
+    }
+    assert bus_factors(list(timed.items())) == pytest.approx(
+        {"all_to_all/group": 1 / 2, "all_to_all/world": 5 / 6, "all_reduce/replicas": 4 / 3}
+    )
+    assert [name for name, _ in collectives_to_time(RankLayout.single(3), ProbeConfig())] == [
+        "all_to_all/group"
+    ]
+    assert collectives_to_time(three, ProbeConfig(collectives=False)) == []
+
+
+def test_bad_groups_are_input_errors_naming_the_flag():
+    with pytest.raises(ConfigError, match=r"^--groups: 3 groups do not divide 4 ranks evenly"):
+        RankLayout.consecutive(4, 3, "--groups")
+    with pytest.raises(ConfigError, match="exactly once"):
+        sample_pairs([[0, 1], [1, 2]], 3, all_pairs_max_ranks=2)
+    with pytest.raises(ConfigError, match="lowest rank"):
+        _measurements(["h"] * 4, [[2, 3], [0, 1]], {"intra": 1.0, "inter": 1.0})
     assert issubclass(ProbeError, TopologyError) and issubclass(ProbeError, ValueError)
 
 
@@ -125,7 +142,7 @@ def test_all_pairs_on_small_worlds_in_disjoint_rounds():
 
 
 def test_sampled_pairs_cover_every_rank_inside_and_outside_its_group():
-    groups = consecutive_groups(256, 32)
+    groups = RankLayout.consecutive(256, 32).to_lists()
     pairs = sample_pairs(groups, 256, all_pairs_max_ranks=16, seed=3)
     assert pairs == sample_pairs(groups, 256, all_pairs_max_ranks=16, seed=3)  # deterministic
     assert len(pairs) <= 2 * 256
@@ -142,7 +159,9 @@ def test_sampled_pairs_cover_every_rank_inside_and_outside_its_group():
 
 def test_measured_graph_reads_back_the_measured_numbers(tmp_path):
     hosts = ["h0"] * 2 + ["h1"] * 2 + ["h2"] * 2 + ["h3"] * 2
-    m = _measurements(hosts, host_groups(hosts), {"intra": 100.0, "inter": 20.0}, slow_ranks={0, 1})
+    m = _measurements(
+        hosts, RankLayout.by_host(hosts).to_lists(), {"intra": 100.0, "inter": 20.0}, slow_ranks={0, 1}
+    )
     G = measured_graph(m, name="synthetic")
     view = cluster_view(G)
     assert view.groups == ((0, 1), (2, 3), (4, 5), (6, 7))
@@ -219,6 +238,7 @@ def test_nvml_graph_restricted_to_the_job_then_measured():
 # --- bounded waits ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_rendezvous_names_the_rank_that_never_joins():
     start = time.monotonic()
     with pytest.raises(ProbeError, match=r"rank 1 of 2 did not join within 1 s \(joined: 0\)"):
@@ -233,13 +253,39 @@ def test_measure_needs_an_initialised_job():
         measure([[0]])
 
 
+def _join(rank: int, world: int, port: int, timeout_s: float, join_s: float = 60.0) -> object:
+    """This spawned rank in a gloo probe job on loopback, the probe's own way (``join_s`` seconds for the
+    others to start, ``timeout_s`` for every later wait); returns the store."""
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    from topology.probe import init_probe_group
+
+    store = rendezvous(rank, world, "127.0.0.1", port, join_s)
+    init_probe_group(rank, world, store, timeout_s, "gloo")
+    return store
+
+
+def _spawn(target, world: int, *args) -> tuple[list, object]:
+    """``world`` spawned processes running ``target(rank, port, results, *args)``; (processes, results)."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(r, port, results, *args), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    return procs, results
+
+
+def _end(procs) -> None:
+    for p in procs:
+        p.kill()
+        p.join(timeout=5)
+
+
 def _silent_after_join(rank: int, port: int, results) -> None:
     """Rank 1 joins and exchanges its info, then never answers; rank 0 measures and must fail naming it."""
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
-    from topology.probe.collective import gather_rank_info, init_probe_group, measure
+    from topology.probe import gather_rank_info, measure
 
-    store = rendezvous(rank, 2, "127.0.0.1", port, 20.0)
-    init_probe_group(rank, 2, store, 2.0, "gloo")
+    store = _join(rank, 2, port, 2.0)
     infos = gather_rank_info(2.0, store)
     if rank == 1:
         time.sleep(30)
@@ -255,52 +301,65 @@ def _silent_after_join(rank: int, port: int, results) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_a_rank_that_stops_answering_is_named_within_the_timeout():
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_silent_after_join, args=(r, port, results), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
+    procs, results = _spawn(_silent_after_join, 2)
     try:
         message, elapsed = results.get(timeout=60)
     finally:
-        for p in procs:
-            p.kill()
-            p.join(timeout=5)
+        _end(procs)
     assert "rank 1 never reached it" in message and "within 2 s" in message, message
     assert "\n" not in message
     assert elapsed < 2 + 60  # the timeout plus room for a loaded machine, never a hang
 
 
-def _sampled_probe(rank: int, world: int):
+def _sampled_probe(rank: int, port: int, results) -> None:
     """Every rank: a real probe of 6 gloo ranks in 3 groups, forced to sample pairs (all pairs only up
-    to 2 ranks), with small messages."""
-    from topology.probe.collective import measure as run_measure
+    to 2 ranks), with small messages; puts (rank, Measurements or traceback). Rank 0 hosts the store, so
+    it leaves last."""
+    import traceback
 
-    config = ProbeConfig(
-        sizes=(4096, 65536), repeats=2, warmup=1, timeout_s=60.0, all_pairs_max_ranks=2, seed=5
-    )
-    return run_measure([[0, 1], [2, 3], [4, 5]], config)
+    from topology.probe import measure
+
+    try:
+        store = _join(rank, 6, port, 60.0)
+        config = ProbeConfig(
+            sizes=(4096, 65536), repeats=2, warmup=1, timeout_s=60.0, all_pairs_max_ranks=2, seed=5
+        )
+        results.put((rank, measure([[0, 1], [2, 3], [4, 5]], config, store=store)))
+        store.set(f"test/done/{rank}", "1")
+        if rank == 0:
+            store.wait([f"test/done/{r}" for r in range(6)])
+    except BaseException:
+        results.put((rank, traceback.format_exc()))
+    results.close()
+    results.join_thread()
+    os._exit(0)
 
 
+@pytest.mark.slow
 def test_sampled_pairs_probe_on_six_real_ranks():
     """The sampled-pairs mode of large clusters, run for real: only the sampled pairs are timed, every
     rank gets an intra- and an inter-group measurement, and the graph made from them has a measured
     bandwidth on every rank's path."""
-    from flexshard.runtime.local import run_on_ranks
-
-    results = run_on_ranks(_sampled_probe, 6, timeout_s=240.0)
+    procs, queue = _spawn(_sampled_probe, 6)
+    try:
+        got = dict(queue.get(timeout=240) for _ in range(6))
+    finally:
+        _end(procs)
+    failed = [text for text in got.values() if isinstance(text, str)]
+    assert not failed, failed[0]
+    results = [got[r] for r in range(6)]
     m = results[0]
     groups = [[0, 1], [2, 3], [4, 5]]
     expected = sample_pairs(groups, 6, all_pairs_max_ranks=2, seed=5)
     assert sorted(m.pairs) == expected and len(expected) < 15  # a sample, not all 15 pairs
     assert all(sorted(r.pairs) == expected for r in results)  # the same measurements on every rank
-    group_of = {r: k for k, g in enumerate(groups) for r in g}
+    layout = RankLayout.of(groups)
     for r in range(6):
         mine = [(a, b) for a, b in expected if r in (a, b)]
-        assert any(group_of[a] == group_of[b] for a, b in mine)
-        assert any(group_of[a] != group_of[b] for a, b in mine)
+        assert any(layout.link_class(a, b) == LinkClass.INTRA_GROUP for a, b in mine)
+        assert any(layout.link_class(a, b) == LinkClass.INTER_GROUP for a, b in mine)
     assert all(f.bandwidth_GBps > 0 for f in m.pairs.values())
     G = measured_graph(m, name="sampled")
     assert all(a["measured"] is True for *_, a in G.edges(data=True))  # no default left on any path

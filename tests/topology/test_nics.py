@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_nvml import fake_nvswitch_node
 
 from topology import cluster_view, read_json, validate, write_json
 from topology.probe import (
@@ -19,9 +20,10 @@ from topology.probe import (
     probe_host,
     real_nic_id,
 )
-from topology.probe.fake_nvml import fake_nvswitch_node
-from topology.probe.nics import pci_path, rate_GBps, speed_GBps, sysfs_bus_id
-from topology.probe.nvml import NIC_GBPS, GpuRecord
+from topology.probe.nics import pci_path, rate_GBps, speed_GBps
+from topology.probe.nominal_graph import NIC_GBPS
+from topology.probe.nvml import GpuRecord
+from topology.probe.pci import sysfs_bus_id
 
 GB = 1e9
 # fake_nvswitch_node's GPU buses, two per PCIe switch (HGX H100 baseboard order).

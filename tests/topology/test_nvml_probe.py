@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import fake_nvml as fk
 import numpy as np
 import pytest
+from fake_nvml import FakeNVML, fake_nvswitch_node, fake_pcie_box, from_snapshot
 
 from topology import TopologyError, cluster_view, read_json, write_json
 from topology.probe import HostProbe, host_graph, merge_hosts, normalize_bus_id, probe_host
-from topology.probe import fake_nvml as fk
-from topology.probe.fake_nvml import FakeNVML, fake_nvswitch_node, fake_pcie_box, from_snapshot
 from topology.probe.nvml import NVLINK_GBPS_PER_LINK, PCIE_GBPS_PER_LANE
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -319,9 +319,11 @@ def test_fake_errors_behave_like_pynvml():
 
 
 def test_probe_package_imports_nothing_heavy():
+    modules = ("measurements", "nics", "nvml", "pci", "results", "session", "timing")
     code = (
-        "import sys, topology.probe, topology.probe.fake_nvml; "
-        "bad = [m for m in ('pynvml', 'torch', 'solvers', 'flexshard') if m in sys.modules]; "
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import fake_nvml, topology.probe; "
+        + "".join(f"import topology.probe.{name}; " for name in modules)
+        + "bad = [m for m in ('pynvml', 'torch', 'solvers', 'flexshard') if m in sys.modules]; "
         "print(','.join(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -331,7 +333,6 @@ def test_probe_package_imports_nothing_heavy():
 def test_basis_survives_a_json_round_trip(tmp_path):
     from topology.io import read_json, write_json
     from topology.probe import merge_hosts, probe_host
-    from topology.probe.fake_nvml import fake_nvswitch_node
 
     graph = merge_hosts(
         [probe_host(fake_nvswitch_node(2), host="h0"), probe_host(fake_nvswitch_node(2), host="h1")]

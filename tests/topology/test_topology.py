@@ -341,7 +341,7 @@ def test_errors_are_value_errors_and_one_line():
 
 
 def test_atomic_open_replaces_on_success_and_keeps_the_old_file_on_error(tmp_path):
-    from topology.io import atomic_open
+    from core.osutil import atomic_open
 
     target = tmp_path / "out.txt"
     target.write_text("old\n")

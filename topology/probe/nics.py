@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from topology.probe.pci import normalize_bus_id, sysfs_bus_id
+
 SYSFS_ROOT = "/sys"
 
 _PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
@@ -98,12 +100,6 @@ def speed_GBps(text: str | None) -> float | None:
     return value / 8000
 
 
-def _bus_id(address: str) -> str | None:
-    from topology.probe.nvml import normalize_bus_id
-
-    return normalize_bus_id(address)
-
-
 def _pci_function(path: str | None) -> str | None:
     """The PCI address of the nearest PCI device on a resolved sysfs path (the device, or the PCI function
     it hangs off: a virtio-net device sits under its virtio PCI function)."""
@@ -140,13 +136,34 @@ def _device_path(entry: str) -> str | None:
     return path if os.path.isdir(path) else None
 
 
+def _record(
+    name: str, kind: str, path: str | None, bandwidth_GBps: float | None, **details: Any
+) -> NicRecord:
+    """The record of NIC ``name`` whose device sysfs resolves to ``path``: its PCI function's bus id and
+    NUMA node read from there; ``details``: the remaining :class:`NicRecord` fields."""
+    address = _pci_function(path)
+    return NicRecord(
+        name=name,
+        kind=kind,
+        bus_id=normalize_bus_id(address) if address else None,
+        bandwidth_GBps=bandwidth_GBps,
+        numa_node=_numa(path),
+        pci_path=path,
+        **details,
+    )
+
+
+def _entries(root: str, cls: str) -> list[tuple[str, str, str | None]]:
+    """(name, sysfs entry, resolved device path or None) of each device in ``<root>/class/<cls>``, by name."""
+    base = os.path.join(root, "class", cls)
+    return [
+        (name, os.path.join(base, name), _device_path(os.path.join(base, name))) for name in _listdir(base)
+    ]
+
+
 def _rdma(root: str) -> list[NicRecord]:
-    base = os.path.join(root, "class", "infiniband")
     out = []
-    for name in _listdir(base):
-        entry = os.path.join(base, name)
-        path = _device_path(entry)
-        address = _pci_function(path)
+    for name, entry, path in _entries(root, "infiniband"):
         ports = []
         for port in _listdir(os.path.join(entry, "ports")):
             number = _int(port)
@@ -161,43 +178,20 @@ def _rdma(root: str) -> list[NicRecord]:
         active = [p for p in ports if p[1] and p[1].upper() == "ACTIVE"]
         number, state, bw, layer = (active or ports or [(None, None, None, None)])[0]
         out.append(
-            NicRecord(
-                name=name,
-                kind="rdma",
-                bus_id=_bus_id(address) if address else None,
-                bandwidth_GBps=bw,
-                numa_node=_numa(path),
-                pci_path=path,
-                link_layer=layer or None,
-                state=state or None,
-                port=number,
-            )
+            _record(name, "rdma", path, bw, link_layer=layer or None, state=state or None, port=number)
         )
     return out
 
 
 def _ethernet(root: str) -> list[NicRecord]:
-    base = os.path.join(root, "class", "net")
     out = []
-    for name in _listdir(base):
-        entry = os.path.join(base, name)
-        path = _device_path(entry)
+    for name, entry, path in _entries(root, "net"):
         if path is None:  # lo, docker0, veth*, bridges, bonds, tunnels
             continue
         if os.path.isdir(os.path.join(entry, "wireless")) or os.path.isdir(os.path.join(entry, "phy80211")):
             continue
-        address = _pci_function(path)
-        out.append(
-            NicRecord(
-                name=name,
-                kind="ethernet",
-                bus_id=_bus_id(address) if address else None,
-                bandwidth_GBps=speed_GBps(_read(os.path.join(entry, "speed"))),
-                numa_node=_numa(path),
-                pci_path=path,
-                state=_read(os.path.join(entry, "operstate")) or None,
-            )
-        )
+        bw = speed_GBps(_read(os.path.join(entry, "speed")))
+        out.append(_record(name, "ethernet", path, bw, state=_read(os.path.join(entry, "operstate")) or None))
     return out
 
 
@@ -229,20 +223,6 @@ def discover_nics(sysfs_root: str | os.PathLike[str] = SYSFS_ROOT) -> list[NicRe
 
 
 # --- GPU -> NIC ---------------------------------------------------------------------------------------
-
-
-def sysfs_bus_id(bus_id: str | None) -> str | None:
-    """The sysfs spelling of a PCI bus id: NVML's "00000000:18:00.0" -> "0000:18:00.0" (lower case, domain
-    at least 4 digits, as ``/sys/bus/pci/devices`` names it)."""
-    if not bus_id:
-        return None
-    m = re.fullmatch(
-        r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])",
-        bus_id.strip().rstrip("\x00"),
-    )
-    if not m:
-        return None
-    return f"{int(m[1] or '0', 16):04x}:{int(m[2], 16):02x}:{int(m[3], 16):02x}.{int(m[4])}"
 
 
 def pci_path(bus_id: str | None, sysfs_root: str | os.PathLike[str] = SYSFS_ROOT) -> str | None:

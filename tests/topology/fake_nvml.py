@@ -1,4 +1,4 @@
-"""A fake NVML module for tests and dry runs: replays a snapshot of what NVML answered on a host.
+"""A fake NVML module for the probe's tests: replays a snapshot of what NVML answered on a host.
 
 The snapshot format is the one ``experiments/nvml_snapshot.py`` records: every query holds
 ``{"value": ...}`` or ``{"error": "Not Supported", "code": 3}``. That script writes NVML structures as
@@ -11,6 +11,9 @@ as a host without that feature would. Values may also be given as plain dicts an
 :class:`FakeNVML` offers the subset of the ``pynvml`` API that :func:`topology.probe.nvml.probe_host` uses:
 the same function names and arguments, error classes (``NVMLError(code)`` gives the matching
 ``NVMLError_*`` subclass, ``err.value`` is the code) and constants.
+
+A test double, not part of the package: tests in this folder import it as ``fake_nvml`` (pytest puts the
+folder on ``sys.path``).
 """
 
 # ruff: noqa: N802, N803  (method and argument names follow pynvml)
