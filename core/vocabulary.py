@@ -65,7 +65,17 @@ class Direction(_Labelled):
     RECV = 1
 
 
-class SyncMode(str, Enum):
+class _Setting(str, Enum):
+    """A setting whose value is its spelling on the command line and in files (``str()`` gives it)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class SyncMode(_Setting):
     """How the gradients of replicated rows are summed after the backward pass."""
 
     SPARSE = "sparse"  # a touched-row mask, then only the touched rows
@@ -81,7 +91,7 @@ class SyncMode(str, Enum):
             ) from None
 
 
-class FetchMode(str, Enum):
+class FetchMode(_Setting):
     """How a rank's remote lookups reach their owners.
 
     ``FLAT``: every rank sends its own (per-rank deduplicated) ids to the owners in one all-to-all.

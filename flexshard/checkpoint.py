@@ -37,18 +37,15 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from core.errors import CheckpointError
+from core.vocabulary import Tier
 from flexshard.runtime import ShardedSequenceEmbedding
-from flexshard.runtime.routing import HOT, TIER_NAMES, WARM
+from flexshard.runtime.agreement import all_ok
 
 SCHEMA = "flexshard-checkpoint/1"
 MANIFEST = "manifest.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be saved or loaded here; the message says why."""
 
 
 def step_dir(directory: str | os.PathLike, step: int) -> Path:
@@ -69,17 +66,14 @@ def layout_fingerprint(module: ShardedSequenceEmbedding) -> str:
 
 
 def _agree(ok: bool, device: torch.device) -> bool:
-    """True when every rank's ``ok`` is True (collective)."""
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(int(flag.item()))
+    return all_ok(ok, device if device.type == "cuda" else None)
 
 
-def _saves(module: ShardedSequenceEmbedding, tier: int) -> bool:
+def _saves(module: ShardedSequenceEmbedding, tier: Tier) -> bool:
     """Whether this rank saves its rows of ``tier`` (each row exactly once over the cluster)."""
-    if tier == HOT:
+    if tier is Tier.HOT:
         return module.rank == 0
-    if tier == WARM:
+    if tier is Tier.WARM:
         return module.pg.group == 0
     return True
 
@@ -129,7 +123,7 @@ def save(
         raise CheckpointError(f"checkpoint save: {error or 'rank 0 could not create ' + str(tmp)}")
     rows: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
     for (name, tier_name), (ids, w, s) in module.shard_rows().items():
-        if _saves(module, TIER_NAMES.index(tier_name)):
+        if _saves(module, Tier.parse(tier_name)):
             rows.setdefault(name, {})[tier_name] = {
                 "ids": torch.as_tensor(ids, dtype=torch.int64),
                 "weights": w.clone(),
@@ -267,8 +261,10 @@ def load(
     groups = module.pg.groups
     try:
         for (name, tier_name), (ids, _w, _s) in module.shard_rows().items():
-            tier = TIER_NAMES.index(tier_name)
-            src = 0 if tier == HOT else groups[0][module.pg.position] if tier == WARM else module.rank
+            tier = Tier.parse(tier_name)
+            src = (
+                0 if tier is Tier.HOT else groups[0][module.pg.position] if tier is Tier.WARM else module.rank
+            )
             entry = shard(src)["rows"].get(name, {}).get(tier_name)
             saved = np.zeros(0, np.int64) if entry is None else entry["ids"].numpy()
             if not np.array_equal(saved, ids):
@@ -279,8 +275,9 @@ def load(
             if entry is None:
                 continue
             t = module.table_names.index(name)
-            module.weights[(t, tier)].copy_(entry["weights"].to(module.device))
-            module.opt_state[(t, tier)].copy_(entry["state"].to(module.device))
+            held = module.shards[(t, tier)]
+            held.weights.copy_(entry["weights"].to(module.device))
+            held.state.copy_(entry["state"].to(module.device))
         if dense_model is not None:
             dense_model.load_state_dict(shard(0)["dense"])
         if dense_optimizer is not None and shard(0).get("dense_optimizer") is not None:

@@ -13,6 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from core.errors import ConfigError, InputError, PlannerError
+from core.osutil import check_writable
+from core.vocabulary import SyncMode
 from flexshard import probe, workloads
 from flexshard.cli_common import first_line, positive_float, positive_int
 from flexshard.plan_file import to_dict, write_plan
@@ -20,7 +23,6 @@ from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
-from solvers.types import PlannerError
 from topology import cluster_view, load_topology, summary, write_json
 
 DEFAULT_TOPOLOGY = "h100:8"
@@ -28,7 +30,12 @@ DEFAULT_BUDGETS = "1,1.5,2,3,4,6,8"
 
 
 def _budgets(text: str) -> list[float]:
-    return [positive_float(x) for x in text.split(",") if x.strip()]
+    budgets = [positive_float(x) for x in text.split(",") if x.strip()]
+    if not budgets:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated multiples of row-wise memory, got {text!r}"
+        )
+    return budgets
 
 
 def _add_inputs(p: argparse.ArgumentParser) -> None:
@@ -42,7 +49,10 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         "--topology", default=DEFAULT_TOPOLOGY, help="topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8"
     )
     p.add_argument(
-        "--sync", choices=("sparse", "dense"), default="sparse", help="replica gradient sync (default sparse)"
+        "--sync",
+        choices=[m.value for m in SyncMode],
+        default=SyncMode.SPARSE.value,
+        help="replica gradient sync (default sparse)",
     )
     p.add_argument(
         "--batch-size",
@@ -63,7 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--format", default="auto", help="auto (by extension, then content), seq, csv, recbole")
     st.add_argument("--dim", type=int, default=64, help="embedding dimension of every table (default 64)")
     st.add_argument(
-        "--batch-size", type=int, default=1024, help="samples per GPU per iteration (default 1024)"
+        "--batch-size",
+        type=int,
+        default=workloads.DEFAULT_BATCH_SIZE_PER_GPU,
+        help=f"samples per GPU per iteration (default {workloads.DEFAULT_BATCH_SIZE_PER_GPU})",
     )
     st.add_argument("--max-len", type=int, default=None, help="truncate each history to its last N ids")
     st.add_argument(
@@ -113,12 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_stats(args: argparse.Namespace) -> int:
     for name in ("dim", "batch_size"):
         if getattr(args, name) <= 0:
-            raise PlannerError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+            raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
+    check_writable(args.out, "--out")
     num_rows = {}
     for item in args.num_rows:
         name, _, rows = item.partition("=")
         if not rows.strip().isdigit() or int(rows) <= 0:
-            raise PlannerError(f"--num-rows: expected TABLE=ROWS with ROWS a positive integer, got {item!r}")
+            raise ConfigError(f"--num-rows: expected TABLE=ROWS with ROWS a positive integer, got {item!r}")
         num_rows[name] = int(rows)
     if num_rows:
         workload, orders = workloads.read_workload(
@@ -134,16 +148,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workload(args: argparse.Namespace) -> workloads.Workload:
-    """``--workload``, with ``--batch-size`` replacing its per-GPU batch when given."""
-    workload = workloads.load_workload(args.workload)
+def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict]:
+    """``--workload`` and its hotness orders, with ``--batch-size`` replacing its per-GPU batch when given."""
+    workload, orders = workloads.load_workload_with_orders(args.workload)
     if args.batch_size is not None:
         workload = dataclasses.replace(workload, batch_size_per_gpu=args.batch_size)
-    return workload
+    return workload, orders
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    workload = _workload(args)
+    if args.out:
+        check_writable(args.out, "--out")
+    workload, orders = _workload(args)
     view = cluster_view(load_topology(args.topology))
     budget = budget_bytes(workload, view, args.budget)
     with Progress(1, "plan") as bar:
@@ -151,7 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             args.strategy, workload, view, budget, not args.no_dedup, args.sync, progress=bar.note
         )
         bar.advance()
-    document = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload))
+    document = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload), orders)
     if args.out:
         write_plan(args.out, document)
     if args.json:
@@ -169,7 +185,7 @@ def simulate_records(
     budgets: Sequence[float],
     dedups: Sequence[bool],
     strategies: Sequence[str],
-    sync: str = "sparse",
+    sync: SyncMode | str = SyncMode.SPARSE,
     config: OptimizerConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One record per (dedup, budget, strategy); infeasible ones have ``feasible: false``."""
@@ -215,8 +231,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for s in strategies:
         if s not in STRATEGIES:
-            raise PlannerError(f"--strategies: unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
-    workload = _workload(args)
+            raise ConfigError(f"--strategies: unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
+    workload, _orders = _workload(args)
     view = cluster_view(load_topology(args.topology))
     dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
     records = simulate_records(workload, view, args.budgets, dedups, strategies, args.sync)
@@ -234,6 +250,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
+    if args.out:
+        check_writable(args.out, "--out")
     graph = load_topology(args.topology)
     cluster_view(graph)  # validates the derived view too
     print(summary(graph))
@@ -261,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (ValueError, OSError) as e:  # PlannerError, TopologyError, unreadable files
+    except InputError as e:  # bad input: one line; anything else is a bug and keeps its traceback
         message = first_line(e)
         print(f"flexshard {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -1,54 +1,117 @@
-"""The plan file: one JSON document a training job loads to shard its tables.
+"""The plan file: one JSON document (schema ``flexshard-plan/2``) a training job loads to shard its tables.
 
-Per table it holds the tier boundaries in hotness rank (the first ``hot_rows`` rows of the
-table's hotness order are hot, the next ``warm_rows`` warm, the rest cold) and a compact owner
-map: each rank's share of the cold rows and each group position's share of the warm rows. Rows are
-dealt to owners by :func:`solvers.placement.interleave_pattern` over ``owner_pattern_period``
-rows, so the file never lists rows. It also records the fingerprints of the workload statistics
-and topology it was made from, and the predicted per-iteration metrics.
+Per table it holds the tier boundaries in hotness rank (the first ``hot_rows`` rows of the table's
+hotness order are hot, the next ``warm_rows`` warm, the rest cold) and a compact owner map: each
+rank's share of the cold rows and each group position's share of the warm rows. Rows are dealt to
+owners by :func:`solvers.placement.interleave_pattern` over ``owner_pattern_period`` rows, so the file
+never lists rows.
+
+The file is a contract (:mod:`flexshard.contract`): it records what the plan was made for and a run
+is checked against it. ``settings`` (dedup, sync, fetch mode, batch per GPU), ``world`` (size and
+groups), per table its size, dim and the fingerprint of the hotness order the tiers refer to, and
+the fingerprints of the workload statistics, the topology and the world. It also carries the
+solver's metadata and the cost model's predicted per-iteration metrics.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from solvers.types import CostReport, Plan, PlannerError, TablePlan, Workload
-from topology.io import atomic_open
+from core.errors import DataError
+from core.osutil import atomic_open
+from core.ranks import RankLayout
+from core.vocabulary import FetchMode, SyncMode
+from flexshard.contract import order_fingerprint, topology_fingerprint
+from solvers.types import CostReport, Plan, TablePlan, Workload
 from topology.views import ClusterView
 
-SCHEMA = "flexshard-plan/1"
+SCHEMA = "flexshard-plan/2"
 OWNER_PATTERN_PERIOD = 4096  # rows per repetition of the weighted owner interleave
+SHARE_TOLERANCE = 1e-6  # shares must sum to 1 within this
 
 
-@dataclass
+@dataclass(frozen=True)
+class PlannedTable:
+    """What the plan assumed of one table: its size, its vectors and the hotness order its tiers index."""
+
+    name: str
+    num_rows: int
+    dim: int
+    element_bytes: int
+    optimizer_bytes_per_row: int
+    order_fingerprint: str
+
+
+@dataclass(frozen=True)
 class PlanFile:
+    """A plan file as loaded: the plan, the world it was made for, and its contract.
+
+    ``overrides`` lists the settings a run changed on purpose (``{"dedup": [made with, run with]}``,
+    from :meth:`with_overrides`); the predicted metrics describe the plan as made, not the override.
+    """
+
     plan: Plan
-    world_size: int
-    groups: list[list[int]]
+    layout: RankLayout
+    batch_size_per_gpu: int
+    tables: tuple[PlannedTable, ...]
     fingerprints: dict[str, str]
     predicted: dict[str, Any]
     owner_pattern_period: int = OWNER_PATTERN_PERIOD
+    overrides: dict[str, list] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.num_ranks
+
+    @property
+    def groups(self) -> list[list[int]]:
+        return self.layout.to_lists()
+
+    def table(self, name: str) -> PlannedTable:
+        return next(t for t in self.tables if t.name == name)
+
+    def restricted_to(self, names: list[str]) -> PlanFile:
+        """The plan for the tables ``names`` only, in that order (a plan made from a whole data set can
+        cover tables a model does not use). Names the plan lacks are left for the run's check."""
+        if not set(names) <= {t.name for t in self.tables} or [t.name for t in self.tables] == names:
+            return self
+        plans = {tp.name: tp for tp in self.plan.tables}
+        metas = {t.name: t for t in self.tables}
+        return replace(
+            self,
+            plan=replace(self.plan, tables=tuple(plans[n] for n in names)),
+            tables=tuple(metas[n] for n in names),
+        )
+
+    def with_overrides(
+        self,
+        dedup: bool | None = None,
+        sync: SyncMode | str | None = None,
+        batch_size_per_gpu: int | None = None,
+    ) -> PlanFile:
+        """The plan run with other settings, recorded in ``overrides`` (None keeps the plan's)."""
+        wanted = {"dedup": dedup, "sync": None if sync is None else SyncMode.parse(sync)}
+        plan, overrides = self.plan, dict(self.overrides)
+        for key, value in wanted.items():
+            if value is not None and value != getattr(plan, key):
+                overrides[key] = [_plain(getattr(plan, key)), _plain(value)]
+                plan = replace(plan, **{key: value})
+        batch = self.batch_size_per_gpu
+        if batch_size_per_gpu is not None and batch_size_per_gpu != batch:
+            overrides["batch_size_per_gpu"] = [batch, int(batch_size_per_gpu)]
+            batch = int(batch_size_per_gpu)
+        return replace(self, plan=plan, batch_size_per_gpu=batch, overrides=overrides)
 
 
-def view_fingerprint(view: ClusterView) -> str:
-    """sha256 over the ranks' groups, link speeds and latencies."""
-    h = hashlib.sha256()
-    for arr in (
-        view.group_of_rank,
-        view.intra_bw_Bps,
-        view.inter_bw_Bps,
-        view.intra_latency_s,
-        view.inter_latency_s,
-    ):
-        h.update(np.ascontiguousarray(arr).tobytes())
-    return h.hexdigest()
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, (SyncMode, FetchMode)) else value
 
 
 def predicted_metrics(report: CostReport) -> dict[str, Any]:
@@ -64,35 +127,50 @@ def predicted_metrics(report: CostReport) -> dict[str, Any]:
 
 
 def to_dict(
-    plan: Plan, workload: Workload, view: ClusterView, report: CostReport, workload_fingerprint: str
+    plan: Plan,
+    workload: Workload,
+    view: ClusterView,
+    report: CostReport,
+    workload_fingerprint: str,
+    orders: dict[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    tables = []
-    for t, tp in zip(workload.tables, plan.tables, strict=True):
-        first_group = list(view.groups[0])
-        tables.append(
-            {
-                "name": t.name,
-                "num_rows": t.num_rows,
-                "dim": t.dim,
-                "element_bytes": t.element_bytes,
-                "optimizer_bytes_per_row": t.optimizer_bytes_per_row,
-                "hot_rows": tp.hot_rows,
-                "warm_rows": tp.warm_rows,
-                "cold_rows": tp.cold_rows,
-                "warm_share_by_position": [float(x) for x in tp.warm_share[first_group]],
-                "cold_share": [float(x) for x in tp.cold_share],
-            }
-        )
+    """The plan file document of ``plan``, made for ``workload`` (whose hotness orders are ``orders``;
+    a table without one is numbered hottest first) on ``view``."""
+    orders = orders or {}
+    first_group = list(view.groups[0])
+    tables = [
+        {
+            "name": t.name,
+            "num_rows": t.num_rows,
+            "dim": t.dim,
+            "element_bytes": t.element_bytes,
+            "optimizer_bytes_per_row": t.optimizer_bytes_per_row,
+            "order_fingerprint": order_fingerprint(orders.get(t.name), t.num_rows),
+            "hot_rows": tp.hot_rows,
+            "warm_rows": tp.warm_rows,
+            "cold_rows": tp.cold_rows,
+            "warm_share_by_position": [float(x) for x in tp.warm_share[first_group]],
+            "cold_share": [float(x) for x in tp.cold_share],
+        }
+        for t, tp in zip(workload.tables, plan.tables, strict=True)
+    ]
     return {
         "schema": SCHEMA,
         "strategy": plan.strategy,
-        "dedup": plan.dedup,
-        "sync": plan.sync,
+        "settings": {
+            "dedup": plan.dedup,
+            "sync": plan.sync.value,
+            "fetch": plan.fetch.value,
+            "batch_size_per_gpu": workload.batch_size_per_gpu,
+        },
         "budget_bytes": plan.budget_bytes,
-        "world_size": view.num_ranks,
-        "groups": [list(g) for g in view.groups],
+        "world": {"size": view.num_ranks, "groups": view.layout.to_lists()},
         "owner_pattern_period": OWNER_PATTERN_PERIOD,
-        "fingerprints": {"workload": workload_fingerprint, "topology": view_fingerprint(view)},
+        "fingerprints": {
+            "workload": workload_fingerprint,
+            "topology": topology_fingerprint(view),
+            "world": view.layout.fingerprint(),
+        },
         "solver": plan.solver,
         "predicted": predicted_metrics(report),
         "tables": tables,
@@ -100,66 +178,113 @@ def to_dict(
 
 
 def write_plan(path: str | os.PathLike, document: dict[str, Any]) -> None:
-    """Write atomically (:func:`topology.io.atomic_open`), so no partial file is left."""
-    text = json.dumps(document, indent=1)
-    with atomic_open(path) as f:
+    """Write atomically (:func:`core.osutil.atomic_open`), so no partial file is left."""
+    text = json.dumps(document, indent=1, allow_nan=False)
+    with atomic_open(path, what="plan file") as f:
         f.write(text + "\n")
 
 
 def read_plan(path: str | os.PathLike) -> PlanFile:
-    """Load and validate a plan file; PlannerError names the field at fault."""
-    path = Path(path)
+    """Load and validate a plan file; :class:`~core.errors.DataError` names the field at fault."""
+    where = f"plan file {str(path)!r}"
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
-        raise PlannerError(f"plan file {str(path)!r}: cannot read ({e.strerror})") from e
+        raise DataError(f"{where}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise DataError(f"{where}: not a text file (a plan file is JSON from `flexshard plan`)") from None
     except json.JSONDecodeError as e:
-        raise PlannerError(
-            f"plan file {str(path)!r}: malformed JSON at line {e.lineno} column {e.colno}"
-        ) from e
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
-        raise PlannerError(f"plan file {str(path)!r}: schema must be {SCHEMA!r}, got {got!r}")
-    try:
-        groups = [[int(r) for r in g] for g in doc["groups"]]
-        world = int(doc["world_size"])
-        group_of = np.empty(world, dtype=np.int64)
-        for k, members in enumerate(groups):
-            group_of[members] = k
-        position = np.empty(world, dtype=np.int64)
-        for members in groups:
-            position[members] = np.arange(len(members))
-        tables = []
-        for i, t in enumerate(doc["tables"]):
-            warm = np.asarray(t["warm_share_by_position"], dtype=np.float64)
-            cold = np.asarray(t["cold_share"], dtype=np.float64)
-            if cold.shape != (world,):
-                raise PlannerError(
-                    f"plan file: tables[{i}].cold_share has {cold.size} entries, world_size is {world}"
-                )
-            hot_rows, warm_rows, cold_rows = int(t["hot_rows"]), int(t["warm_rows"]), int(t["cold_rows"])
-            if min(hot_rows, warm_rows, cold_rows) < 0 or hot_rows + warm_rows + cold_rows != int(
-                t["num_rows"]
-            ):
-                raise PlannerError(f"plan file: tables[{i}] ({t['name']!r}) tiers do not add up to num_rows")
-            tables.append(TablePlan(str(t["name"]), hot_rows, warm_rows, cold_rows, warm[position], cold))
-        plan = Plan(
-            strategy=str(doc["strategy"]),
-            tables=tuple(tables),
-            dedup=bool(doc["dedup"]),
-            sync=str(doc["sync"]),
-            budget_bytes=doc.get("budget_bytes"),
-            solver=dict(doc.get("solver", {})),
+        raise DataError(f"{where}: malformed JSON at line {e.lineno} column {e.colno}") from None
+    schema = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+    if schema == "flexshard-plan/1":
+        raise DataError(
+            f"{where}: format flexshard-plan/1 was written by an older FlexShard; re-run `flexshard plan` "
+            f"to write a {SCHEMA} file"
         )
-        period = int(doc.get("owner_pattern_period", OWNER_PATTERN_PERIOD))
-        if period <= 0:
-            raise PlannerError(
-                f"plan file {str(path)!r}: owner_pattern_period must be positive, got {period}"
-            )
-        return PlanFile(plan, world, groups, dict(doc["fingerprints"]), dict(doc["predicted"]), period)
+    if schema != SCHEMA:
+        raise DataError(f"{where}: schema must be {SCHEMA!r}, got {schema!r}")
+    try:
+        return _parse(doc, where)
     except KeyError as e:
-        raise PlannerError(f"plan file {str(path)!r}: missing field {e.args[0]!r}") from e
-    except (TypeError, ValueError, IndexError) as e:
-        if isinstance(e, PlannerError):
+        raise DataError(f"{where}: missing field {e.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError) as e:
+        if isinstance(e, DataError):
             raise
-        raise PlannerError(f"plan file {str(path)!r}: malformed content ({e})") from e
+        raise DataError(f"{where}: malformed content ({e})") from None
+
+
+def _parse(doc: dict, where: str) -> PlanFile:
+    world = doc["world"]
+    size = int(world["size"])
+    if size <= 0:
+        raise DataError(f"{where}: world.size must be positive, got {size}")
+    try:
+        layout = RankLayout.of(world["groups"], size, what=f"{where}: world.groups")
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    settings = doc["settings"]
+    try:
+        sync, fetch = SyncMode.parse(settings["sync"]), FetchMode.parse(settings["fetch"])
+    except ValueError as e:
+        raise DataError(f"{where}: settings.{e}") from None
+    batch = settings["batch_size_per_gpu"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
+        raise DataError(f"{where}: settings.batch_size_per_gpu must be a positive integer, got {batch!r}")
+    period = int(doc.get("owner_pattern_period", OWNER_PATTERN_PERIOD))
+    if period <= 0:
+        raise DataError(f"{where}: owner_pattern_period must be positive, got {period}")
+    g = layout.uniform_group_size
+    plans, metas = [], []
+    for i, t in enumerate(doc["tables"]):
+        tw = f"{where}: tables[{i}] ({t.get('name')!r})"
+        meta = PlannedTable(
+            name=str(t["name"]),
+            num_rows=_positive(t["num_rows"], f"{tw}.num_rows"),
+            dim=_positive(t["dim"], f"{tw}.dim"),
+            element_bytes=_positive(t["element_bytes"], f"{tw}.element_bytes"),
+            optimizer_bytes_per_row=int(t["optimizer_bytes_per_row"]),
+            order_fingerprint=str(t["order_fingerprint"]),
+        )
+        hot, warm, cold = int(t["hot_rows"]), int(t["warm_rows"]), int(t["cold_rows"])
+        if min(hot, warm, cold) < 0 or hot + warm + cold != meta.num_rows:
+            raise DataError(f"{tw}: tiers {hot}+{warm}+{cold} do not add up to num_rows {meta.num_rows}")
+        cold_share = _shares(t["cold_share"], size, f"{tw}.cold_share", must_sum=cold > 0)
+        if warm > 0 and g is None:
+            raise DataError(f"{tw}: warm rows need groups of equal size, got {layout.to_lists()}")
+        width = g if g is not None else len(t["warm_share_by_position"])
+        warm_pos = _shares(
+            t["warm_share_by_position"], width, f"{tw}.warm_share_by_position", must_sum=warm > 0
+        )
+        warm_share = warm_pos[layout.position_of_rank] if g is not None else 1.0 / layout.group_size_of_rank()
+        plans.append(TablePlan(meta.name, hot, warm, cold, warm_share, cold_share))
+        metas.append(meta)
+    plan = Plan(
+        strategy=str(doc["strategy"]),
+        tables=tuple(plans),
+        dedup=bool(settings["dedup"]),
+        sync=sync,
+        fetch=fetch,
+        budget_bytes=doc.get("budget_bytes"),
+        solver=dict(doc.get("solver", {})),
+    )
+    fingerprints = {str(k): str(v) for k, v in dict(doc["fingerprints"]).items()}
+    return PlanFile(plan, layout, batch, tuple(metas), fingerprints, dict(doc["predicted"]), period)
+
+
+def _positive(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise DataError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _shares(values: Any, size: int, what: str, must_sum: bool) -> np.ndarray:
+    """``size`` finite shares >= 0 that sum to 1 (when the tier has rows)."""
+    shares = np.asarray(values, dtype=np.float64)
+    if shares.shape != (size,):
+        raise DataError(f"{what} has {shares.size} entries, expected {size}")
+    if not np.isfinite(shares).all() or (shares < 0).any():
+        bad = next(x for x in shares.tolist() if not (math.isfinite(x) and x >= 0))
+        raise DataError(f"{what}: every share must be a finite number >= 0, got {bad!r}")
+    if must_sum and abs(float(shares.sum()) - 1.0) > SHARE_TOLERANCE:
+        raise DataError(f"{what}: shares sum to {shares.sum():.9g}, not 1")
+    return shares

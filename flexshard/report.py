@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from solvers.cost_model import table_mass
 from core.vocabulary import Component, LinkClass
+from solvers.cost_model import table_mass
 from solvers.types import MEMORY_PARTS, CostReport, Plan, Workload
 from topology.views import ClusterView
 

@@ -1,11 +1,19 @@
-"""Runtime: execute a FlexShard plan on torch.distributed (hot / warm / cold sequence embeddings)."""
+"""Runtime: execute a FlexShard plan on torch.distributed (hot / warm / cold sequence embeddings).
 
-from flexshard.runtime.groups import ProcessGroups, emulated_groups, make_process_groups
+* ``sharded``: :class:`ShardedSequenceEmbedding`, the module;
+* ``features``: input checks, KeyedJaggedTensor input, jagged-to-padded views;
+* ``exchange``: the flat lookup exchange (ids to owners, embeddings back, gradients back);
+* ``replicas``: gradient sync of replicated rows; ``shards``: the rows a rank holds and their optimizer;
+* ``routing``: tier, owner and slot of every row id (exact and compact layouts);
+* ``groups``: the process groups of a plan; ``initializer``: rows built identically on every rank;
+* ``agreement``: errors agreed over the ranks; ``local``: spawn several local ranks (tests, experiments).
+"""
+
+from flexshard.runtime.features import features_from_kjt, to_padded
+from flexshard.runtime.groups import ProcessGroups, make_process_groups
+from flexshard.runtime.initializer import seeded_initializer
 from flexshard.runtime.routing import (
-    COLD,
-    HOT,
     LAYOUTS,
-    WARM,
     CompactTableRouting,
     TableRouting,
     build_compact_routing,
@@ -13,27 +21,21 @@ from flexshard.runtime.routing import (
     complete_order,
     deal,
 )
-from flexshard.runtime.sharded import (
-    ShardedSequenceEmbedding,
-    features_from_kjt,
-    seeded_initializer,
-    to_padded,
-)
+from flexshard.runtime.sharded import ShardedSequenceEmbedding
+from flexshard.runtime.shards import OPTIMIZERS, Shard
 
 __all__ = [
-    "COLD",
-    "HOT",
     "LAYOUTS",
-    "WARM",
-    "ProcessGroups",
+    "OPTIMIZERS",
     "CompactTableRouting",
+    "ProcessGroups",
+    "Shard",
     "ShardedSequenceEmbedding",
     "TableRouting",
     "build_compact_routing",
     "build_routing",
     "complete_order",
     "deal",
-    "emulated_groups",
     "features_from_kjt",
     "make_process_groups",
     "seeded_initializer",

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from topology.probe.collective import free_port
+from core.osutil import free_port
 
 __all__ = ["free_port", "run_on_ranks", "wait_for_ranks"]
 

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.errors import DataError
+from core.vocabulary import Tier
 from solvers.placement import interleave_pattern
 from solvers.types import TablePlan
 
-HOT, WARM, COLD = 0, 1, 2
-TIER_NAMES = ("hot", "warm", "cold")
 LAYOUTS = ("exact", "compact")
 _OWNER_SHIFT = 40  # hole keys of the compact layout: owner << 40 | raw slot (slots < 2^40)
 
@@ -49,12 +49,12 @@ def complete_order(order: np.ndarray | list[int] | None, num_rows: int, table: s
     order = np.asarray(order, dtype=np.int64).reshape(-1)
     if order.size and (order.min() < 0 or order.max() >= num_rows):
         bad = order[(order < 0) | (order >= num_rows)][0]
-        raise ValueError(f"order of table {table!r}: id {int(bad)} outside [0, {num_rows})")
+        raise DataError(f"order of table {table!r}: id {int(bad)} outside [0, {num_rows})")
     seen = np.zeros(num_rows, dtype=bool)
     seen[order] = True
     if int(seen.sum()) != order.size:
         values, counts = np.unique(order, return_counts=True)
-        raise ValueError(f"order of table {table!r}: id {int(values[counts > 1][0])} listed twice")
+        raise DataError(f"order of table {table!r}: id {int(values[counts > 1][0])} listed twice")
     return np.concatenate([order, np.flatnonzero(~seen)]).astype(np.int64)
 
 
@@ -113,7 +113,7 @@ def deal(num_items: int, shares: np.ndarray, period: int) -> tuple[np.ndarray, n
 class TableRouting:
     """Per-id routing of one table.
 
-    ``tier[id]`` in {HOT, WARM, COLD}; ``owner[id]``: -1 (hot), the group position (warm) or the
+    ``tier[id]``: a :class:`~core.vocabulary.Tier`; ``owner[id]``: -1 (hot), the group position (warm) or the
     rank (cold); ``slot[id]``: the row's index in the owner's shard (the hotness rank for hot rows).
     ``hot_ids``: the hot rows' ids, hottest first (slot order).
     """
@@ -135,7 +135,7 @@ class TableRouting:
     def ids_of(self, tier: int, owner: int = -1) -> np.ndarray:
         """Ids (int64) of ``tier`` held by ``owner`` (a position for warm, a rank for cold), in slot
         order."""
-        if tier == HOT:
+        if tier == Tier.HOT:
             return self.hot_ids.copy()
         sel = np.flatnonzero((self.tier == tier) & (self.owner == owner))
         return sel[np.argsort(self.slot[sel], kind="stable")].astype(np.int64)
@@ -187,10 +187,10 @@ class CompactTableRouting:
         """Ids (int64) of ``tier`` held by ``owner`` (a position for warm, a rank for cold), in slot
         order; the cold ones are enumerated from the deal (memory of the shard, not of the table)."""
         h = self.hot_rows
-        if tier == HOT:
+        if tier == Tier.HOT:
             sel = np.flatnonzero(self.rep_rank < h)
             return self.rep_ids[sel[np.argsort(self.rep_rank[sel])]]
-        if tier == WARM:
+        if tier == Tier.WARM:
             sel = np.flatnonzero(self.rep_rank >= h)
             if self.warm is None or not sel.size:
                 return np.zeros(0, np.int64)
@@ -216,7 +216,7 @@ class CompactTableRouting:
         rep_ids, rep_rank, holes, hole_start = _on_device(
             self, dev, lambda: (self.rep_ids, self.rep_rank, self.holes, self.hole_start)
         )
-        tier = torch.full_like(ids, COLD)
+        tier = torch.full_like(ids, int(Tier.COLD))
         owner = torch.zeros_like(ids)
         slot = torch.zeros_like(ids)
         if rep_ids.numel():
@@ -224,7 +224,7 @@ class CompactTableRouting:
             rep = rep_ids.index_select(0, pos) == ids
             rank = rep_rank.index_select(0, pos).long()
             hot = rep & (rank < self.hot_rows)
-            tier = torch.where(hot, HOT, torch.where(rep, WARM, tier))
+            tier = torch.where(hot, int(Tier.HOT), torch.where(rep, int(Tier.WARM), tier))
             owner = torch.where(hot, -1, owner)
             slot = torch.where(hot, rank, slot)
             if self.warm is not None:
@@ -237,7 +237,7 @@ class CompactTableRouting:
             before = torch.searchsorted(holes, (c_owner << _OWNER_SHIFT) | raw) - hole_start.index_select(
                 0, c_owner
             )
-            cold = tier == COLD
+            cold = tier == Tier.COLD
             owner = torch.where(cold, c_owner, owner)
             slot = torch.where(cold, raw - before, slot)
         return tier, owner, slot
@@ -270,13 +270,13 @@ def build_routing(
     tier = np.empty(num_rows, dtype=np.int8)
     owner = np.empty(num_rows, dtype=np.int32)
     slot = np.empty(num_rows, dtype=np.int32 if num_rows < 2**31 else np.int64)
-    tier[order[:h]] = HOT
+    tier[order[:h]] = Tier.HOT
     owner[order[:h]] = -1
     slot[order[:h]] = np.arange(h)
-    tier[order[h : h + w]] = WARM
+    tier[order[h : h + w]] = Tier.WARM
     owner[order[h : h + w]] = w_owner
     slot[order[h : h + w]] = w_slot
-    tier[order[h + w :]] = COLD
+    tier[order[h + w :]] = Tier.COLD
     owner[order[h + w :]] = c_owner
     slot[order[h + w :]] = c_slot
     hot_ids = order[:h].copy()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from core.errors import PlanMismatchError
+from core.ranks import RankLayout
 from flexshard.plan_file import OWNER_PATTERN_PERIOD, PlanFile, read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding, complete_order, seeded_initializer
 from flexshard.runtime.local import run_on_ranks
@@ -49,7 +52,7 @@ def write_test_plan(
     workload = Workload("runtime-test", tuple(specs), batch_size_per_gpu=4)
     plan = Plan(strategy="flexshard", tables=tuple(plans), dedup=True, sync="sparse")
     report = evaluate(workload, view, plan)
-    write_plan(path, to_dict(plan, workload, view, report, "test"))
+    write_plan(path, to_dict(plan, workload, view, report, "test", make_orders()))
     return path
 
 
@@ -191,7 +194,7 @@ def _train(model, world, rank, steps, seed):
         loss = sum((out[n] * weights[n].to(out[n].device)).sum() for n in out)
         loss.backward()
         model.step()
-        traffic.append(model.traffic.copy())
+        traffic.append(model.traffic.bytes.copy())
     return traffic
 
 
@@ -199,7 +202,7 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
     orders = make_orders()
     res = {"forward": {}, "train": {}, "errors": {}}
     for dedup in (False, True):
-        model = ShardedSequenceEmbedding(plan_file, TABLES, orders, init=SEED, dedup=dedup)
+        model = ShardedSequenceEmbedding(plan_file.with_overrides(dedup=dedup), TABLES, orders, init=SEED)
         feats = random_batch(SEED, 99, rank)
         with torch.no_grad():
             out = model(feats)
@@ -207,7 +210,7 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
         res["padded"] = model.padded(out["b"], feats["b"][1]).cpu()
     for opt, sync in (("sgd", "sparse"), ("adagrad", "sparse"), ("adagrad", "dense")):
         model = ShardedSequenceEmbedding(
-            plan_file, TABLES, orders, init=SEED, optimizer=opt, lr=0.05, sync=sync
+            plan_file.with_overrides(sync=sync), TABLES, orders, init=SEED, optimizer=opt, lr=0.05
         )
         traffic = _train(model, world, rank, 3, SEED)
         key = opt if sync == "sparse" else f"{opt}-{sync}"
@@ -219,7 +222,7 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
     out = model(feats)
     sum(o.sum() for o in out.values()).backward()
     model.step()
-    res["balanced_traffic"] = model.traffic.copy()
+    res["balanced_traffic"] = model.traffic.bytes.copy()
     model = ShardedSequenceEmbedding(plan_file, TABLES, orders, init=SEED)
     # bad input on one rank: every rank raises, and the job goes on afterwards
     for case in ("range", "lengths", "empty", "missing"):
@@ -245,18 +248,22 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
         res["after_error"] = {
             n: o.detach().cpu().clone() for n, o in model(random_batch(SEED, 6, rank)).items()
         }
-    bad_plan = PlanFile(plan_file.plan, world + 1, plan_file.groups, {}, {})
-    try:
-        ShardedSequenceEmbedding(bad_plan, TABLES, orders)
-        res["errors"]["world"] = None
-    except ValueError as e:
-        res["errors"]["world"] = str(e)
-    other_tables = [("a", 120, 4), ("b", 301, 8), ("c", 60, 16)]
-    try:
-        ShardedSequenceEmbedding(plan_file, other_tables, orders)
-        res["errors"]["tables"] = None
-    except ValueError as e:
-        res["errors"]["tables"] = str(e)
+    # a plan made for another world, other tables or other data: refused on every rank, no hang
+    other_world = dataclasses.replace(plan_file, layout=RankLayout.single(world + 1))
+    other_data = {**orders, "b": orders["b"][::-1].copy()}
+    mismatches = {
+        "world": (other_world, TABLES, orders),
+        "tables": (plan_file, [("a", 120, 4), ("b", 301, 8), ("c", 60, 16)], orders),
+        "dim": (plan_file, [("a", 120, 4), ("b", 300, 8), ("c", 60, 8)], orders),
+        "data": (plan_file, TABLES, other_data),
+        "no order": (plan_file, TABLES, {"b": orders["b"]}),
+    }
+    for case, (pf, tables, given) in mismatches.items():
+        try:
+            ShardedSequenceEmbedding(pf, tables, given)
+            res["errors"][case] = None
+        except PlanMismatchError as e:
+            res["errors"][case] = str(e)
     return res
 
 

@@ -14,12 +14,13 @@ import torch
 import torch.distributed as dist
 from runtime_workers import run_function
 
+from core.vocabulary import LinkClass
 from flexshard.plan_file import read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.workloads import sample_ids, zipf_table
 from solvers.cost_model import evaluate
 from solvers.planner import budget_bytes, make_plan
-from solvers.types import LINK_CLASSES, Workload
+from solvers.types import Workload
 from topology.views import uniform_view
 
 GROUPS, GROUP_SIZE = 2, 2
@@ -50,7 +51,7 @@ def measure(rank: int, world: int, plan_path: str) -> np.ndarray:
         out = model(feats)
         sum(o.sum() for o in out.values()).backward()
         model.step()
-        total += model.traffic
+        total += model.traffic.bytes
     dist.barrier()
     return total / ITERATIONS
 
@@ -67,7 +68,7 @@ def test_expected_bytes_match_the_cost_model(tmp_path, dedup):
     write_plan(plan_path, to_dict(planned.plan, wl, view, planned.report, "test"))
     measured = run_function(measure, GROUPS * GROUP_SIZE, str(plan_path))
     predicted = evaluate(wl, view, planned.plan)
-    for li, link in enumerate(LINK_CLASSES):
-        got = np.mean([m[li].sum(axis=0).max() for m in measured])  # max(send, recv), all components
+    for link in LinkClass:
+        got = np.mean([m[link].sum(axis=0).max() for m in measured])  # max(send, recv), all components
         want = predicted.link_bytes(link).mean()
         assert got == pytest.approx(want, rel=0.03), (link, got, want, tiers)

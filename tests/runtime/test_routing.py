@@ -8,16 +8,13 @@ import torch
 from runtime_workers import SEED, TABLES, check_training, random_batch, run, write_test_plan
 from torch.nn.functional import embedding
 
+from core.vocabulary import Tier
 from flexshard.plan_file import read_plan
 from flexshard.runtime import (
-    COLD,
-    HOT,
-    WARM,
     build_compact_routing,
     build_routing,
     complete_order,
     deal,
-    emulated_groups,
     seeded_initializer,
     to_padded,
 )
@@ -51,16 +48,16 @@ def test_build_routing_tiers_and_slots():
     tp = TablePlan("t", 3, 10, 20, np.array([0.7, 0.3, 0.7, 0.3]), np.array([0.1, 0.2, 0.3, 0.4]))
     order = np.random.default_rng(0).permutation(33)
     r = build_routing(tp, groups, order, period=5)
-    assert (r.tier[order[:3]] == HOT).all() and r.slot[order[:3]].tolist() == [0, 1, 2]
-    assert (r.tier[order[3:13]] == WARM).all() and (r.tier[order[13:]] == COLD).all()
+    assert (r.tier[order[:3]] == Tier.HOT).all() and r.slot[order[:3]].tolist() == [0, 1, 2]
+    assert (r.tier[order[3:13]] == Tier.WARM).all() and (r.tier[order[13:]] == Tier.COLD).all()
     w_owner, w_slot, _ = deal(10, np.array([0.7, 0.3]), 5)
     c_owner, c_slot, _ = deal(20, tp.cold_share, 5)
     assert np.array_equal(r.owner[order[3:13]], w_owner) and np.array_equal(r.slot[order[3:13]], w_slot)
     assert np.array_equal(r.owner[order[13:]], c_owner) and np.array_equal(r.slot[order[13:]], c_slot)
     for rank in range(4):  # ids_of lists each shard in slot order
-        ids = r.ids_of(COLD, rank)
+        ids = r.ids_of(Tier.COLD, rank)
         assert r.slot[ids].tolist() == list(range(ids.size)) and (r.owner[ids] == rank).all()
-    assert r.ids_of(HOT).tolist() == order[:3].tolist() and r.ids_of(WARM, 1).dtype == np.int64
+    assert r.ids_of(Tier.HOT).tolist() == order[:3].tolist() and r.ids_of(Tier.WARM, 1).dtype == np.int64
     # what stays per row after the build: tier int8 + owner int32 + slot int32
     assert (r.tier.dtype, r.owner.dtype, r.slot.dtype) == (np.int8, np.int32, np.int32)
     assert r.tier.nbytes + r.owner.nbytes + r.slot.nbytes == 9 * 33
@@ -82,16 +79,16 @@ def test_compact_layout_against_brute_force(hot, warm, listed):
     exact = build_routing(tp, groups, order, period=7)
     compact = build_compact_routing(tp, groups, order, period=7)
     tier, owner, slot = (t.numpy() for t in compact.lookup(torch.arange(n)))
-    rep = exact.tier != COLD
+    rep = exact.tier != Tier.COLD
     assert np.array_equal(tier, exact.tier)
     assert np.array_equal(owner[rep], exact.owner[rep]) and np.array_equal(slot[rep], exact.slot[rep])
     pattern = interleave_pattern(tp.cold_share, 7)
     for rank in range(4):
-        mine = [i for i in range(n) if tier[i] == COLD and pattern[i % 7] == rank]  # brute force
+        mine = [i for i in range(n) if tier[i] == Tier.COLD and pattern[i % 7] == rank]  # brute force
         assert owner[mine].tolist() == [rank] * len(mine) and slot[mine].tolist() == list(range(len(mine)))
-        assert compact.ids_of(COLD, rank).tolist() == mine
+        assert compact.ids_of(Tier.COLD, rank).tolist() == mine
         assert compact.cold_rows_per_rank[rank] == len(mine)
-    for tr, who in [(HOT, -1), (WARM, 0), (WARM, 1)]:
+    for tr, who in [(Tier.HOT, -1), (Tier.WARM, 0), (Tier.WARM, 1)]:
         assert compact.ids_of(tr, who).tolist() == exact.ids_of(tr, who).tolist()
     assert np.array_equal(compact.warm_rows_per_position, exact.warm_rows_per_position)
     # memory: 20 bytes per replicated row (id, rank, hole) and the deals' period-sized patterns
@@ -122,13 +119,6 @@ def test_to_padded_and_its_gradient():
     cut = to_padded(jagged, lengths, max_len=3)
     cut.sum().backward()
     assert jagged.grad[:, 0].tolist() == [1, 1, 1, 1, 1, 0]
-
-
-def test_emulated_groups():
-    assert emulated_groups(8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert emulated_groups(4, 4) == [[0], [1], [2], [3]]
-    with pytest.raises(ValueError, match="do not divide"):
-        emulated_groups(6, 4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (NCCL)")

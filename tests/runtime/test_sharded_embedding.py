@@ -23,9 +23,9 @@ from runtime_workers import (
 )
 from torch.nn.functional import embedding
 
+from core.vocabulary import INDEX_BYTES
 from flexshard.plan_file import read_plan
 from solvers.cost_model import hierarchical_allreduce_bytes, lookup_traffic, split_bytes
-from solvers.types import INDEX_BYTES
 from topology.views import uniform_view
 
 COLD_SHARE_4 = [0.375, 0.125, 0.25, 0.25]
@@ -186,8 +186,12 @@ def test_traffic_equals_cost_model_on_a_balanced_batch(four):
     batches = [balanced_ids(routes, r, 4, BALANCED_WARM, BALANCED_COLD) for r in range(4)]
     for tp, (name, rows, dim) in zip(plan_file.plan.tables, TABLES, strict=True):
         vec = dim * 4
-        want[:, :, :3, :] += lookup_traffic(view, tp.warm_share, v_warm, vec, within_group=True)
-        want[:, :, :3, :] += lookup_traffic(view, tp.cold_share, v_cold, vec, within_group=False)
+        want[:, :, :3, :] += lookup_traffic(view, tp.warm_share, v_warm, vec, within_group=True).bytes[
+            :, :, :3, :
+        ]
+        want[:, :, :3, :] += lookup_traffic(view, tp.cold_share, v_cold, vec, within_group=False).bytes[
+            :, :, :3, :
+        ]
         tier, owner = routes[name]
         touched = np.zeros(rows, dtype=bool)
         for b in batches:
@@ -222,8 +226,17 @@ def test_bad_input_raises_on_every_rank(four):
             "bad input on rank 0:" in res["errors"]["missing"]
             and "'c' is missing" in res["errors"]["missing"]
         )
-        assert "world size 5" in res["errors"]["world"]
-        assert "table 'b': plan covers 300 rows, the model has num_rows=301" in res["errors"]["tables"]
+
+    # plans that do not fit the run: the same one-line error on every rank
+    errors = [res["errors"] for res in results]
+    assert all(e == errors[0] for e in errors)
+    e = errors[0]
+    assert e["world"].startswith("the plan is for 5 ranks, this job has 4: launch 5 ranks")
+    assert e["tables"].startswith("table 'b': the plan covers 300 rows, the model has 301")
+    assert e["dim"].startswith("table 'c': the plan was made for dim 16, the model has dim 8")
+    assert e["data"].startswith("table 'b': the plan was made from other data (hotness order ")
+    assert e["no order"].startswith("table 'c': the plan was made from other data")
+    assert all("\n" not in message for message in e.values())
     w = full_weights()
     for r, res in enumerate(results):  # the job goes on after the error
         feats = random_batch(SEED, 6, r)

@@ -8,6 +8,7 @@ torchrun would); see ``train_workers.py``."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,8 +184,19 @@ def test_two_ranks_real_data_and_world_size_mismatch(four, tmp_path):
 
         npz, plan = tmp_path / "beauty.npz", tmp_path / "plan.json"
         assert cli(["stats", str(BEAUTY), "--dim", "16", "--out", str(npz)]) == 0
-        assert cli(["plan", "--workload", str(npz), "--topology", "h100:2x1", "--out", str(plan)]) == 0
-        guide = ["--data", str(BEAUTY), "--plan", str(plan), "--steps", "2", "--verify", "--batch-size", "64"]
+        make = [
+            "plan",
+            "--workload",
+            str(npz),
+            "--topology",
+            "h100:2x1",
+            "--batch-size",
+            "64",
+            "--out",
+            str(plan),
+        ]
+        assert cli(make) == 0
+        guide = ["--data", str(BEAUTY), "--plan", str(plan), "--steps", "2", "--verify"]
         calls.append((guide, None))
     results = run_main(2, calls, tmp_path / "run")
     mismatch = _call(results, 0)
@@ -221,7 +233,7 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     """--plan: a plan file for this job's tables and world size trains and verifies; one for another
     world size is refused with the module's message."""
     from flexshard.plan_file import to_dict, write_plan
-    from flexshard.train import SyntheticSource
+    from flexshard.training.data import SyntheticSource
     from solvers.planner import budget_bytes, make_plan
     from topology.views import uniform_view
 
@@ -235,7 +247,7 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     assert main(["--plan", str(tmp_path / "w1.json"), "--steps", "2", "--verify", *SMALL]) == 0
     assert "verify: OK (2 steps" in capsys.readouterr().out
     assert main(["--plan", str(tmp_path / "w4.json"), "--steps", "2", *SMALL]) == 2
-    assert "plan is for world size 4, this job has 1 ranks" in capsys.readouterr().err
+    assert "the plan is for 4 ranks, this job has 1: launch 4 ranks" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -243,10 +255,12 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     [
         (["--steps", "0"], "--steps: must be positive"),
         (["--resume"], "--resume and --checkpoint-every need --checkpoint-dir"),
-        (["--groups", "3"], "3 groups do not divide world size 1"),
+        (["--groups", "3"], "--groups: 3 groups do not divide 1 ranks evenly"),
         (["--data", "/nonexistent/x.txt"], "--data: /nonexistent/x.txt: no such file"),
         (["--plan", "p.json", "--strategy", "row_wise"], "--strategy and --plan are exclusive"),
-        (["--metrics-out", "/nonexistent/dir/m.jsonl"], "--metrics-out: /nonexistent/dir/m.jsonl: folder"),
+        (["--metrics-out", "/nonexistent/dir/m.jsonl"], "--metrics-out: '/nonexistent/dir/m.jsonl': folder"),
+        (["--override-plan"], "--override-plan needs --plan"),
+        (["--batch-size", "-3"], "--batch-size: must be positive, got -3"),
     ],
 )
 def test_bad_arguments(monkeypatch, capsys, argv, message):
@@ -259,7 +273,7 @@ def test_bad_arguments(monkeypatch, capsys, argv, message):
 
 
 def test_synthetic_batches_are_deterministic():
-    from flexshard.train import SyntheticSource
+    from flexshard.training.data import SyntheticSource
 
     src = SyntheticSource(16, 20, 4, 8, seed=3)
     x, y = src.batch(5, 1), src.batch(5, 1)
@@ -376,18 +390,70 @@ def test_compact_layout_trains_like_the_reference_and_checkpoints(strategies):
 
 def test_plan_restricted_to_the_model_tables():
     """A plan made from the whole data set (three tables) is cut to the model's two, in its order."""
-    from flexshard.plan_file import PlanFile
-    from flexshard.train import _model_tables
+    from core.ranks import RankLayout
+    from flexshard.plan_file import PlanFile, PlannedTable
     from solvers.types import Plan, TablePlan
 
     def table(name: str, rows: int) -> TablePlan:
         return TablePlan(name, 1, 0, rows - 1, np.full(2, 0.5), np.full(2, 0.5))
 
     tables = (table("item_id", 10), table("item_attribute", 5), table("user_id", 7))
-    plan_file = PlanFile(Plan("flexshard", tables, True), 2, [[0], [1]], {}, {})
-    cut = _model_tables(plan_file, ["user_id", "item_id"])
+    metas = tuple(PlannedTable(t.name, t.hot_rows + t.cold_rows, 16, 4, 4, "fp") for t in tables)
+    plan_file = PlanFile(Plan("flexshard", tables, True), RankLayout.consecutive(2, 2), 64, metas, {}, {})
+    cut = plan_file.restricted_to(["user_id", "item_id"])
     assert [t.name for t in cut.plan.tables] == ["user_id", "item_id"]
+    assert [t.name for t in cut.tables] == ["user_id", "item_id"]
     assert cut.plan.tables[1] is tables[0] and cut.groups == plan_file.groups
     assert [t.name for t in plan_file.plan.tables] == ["item_id", "item_attribute", "user_id"]  # unchanged
-    assert _model_tables(plan_file, ["item_id", "item_attribute", "user_id"]) is plan_file
-    assert _model_tables(plan_file, ["item_id", "genre"]) is plan_file  # the module names the missing table
+    assert plan_file.restricted_to(["item_id", "item_attribute", "user_id"]) is plan_file
+    assert plan_file.restricted_to(["item_id", "genre"]) is plan_file  # the run's check names the table
+
+
+def _histories(path: Path, seed: int) -> Path:
+    """40 users' histories over 50 items (Zipf-like), the largest ids present so every file has the same
+    table sizes; another seed gives other counts, so other hotness orders."""
+    rng = np.random.default_rng(seed)
+    lines = [" ".join(map(str, [u, *(rng.zipf(1.3, rng.integers(3, 12)) % 50)])) for u in range(40)]
+    path.write_text("\n".join([*lines, "39 49 0"]) + "\n")
+    return path
+
+
+def test_plan_contract_under_torchrun(tmp_path):
+    """A plan used with other data, other dedup or another batch fails with one line on every rank; an
+    explicit --override-plan runs the other dedup and says so."""
+    from flexshard.cli import main as cli
+
+    a, b = _histories(tmp_path / "a.txt", 1), _histories(tmp_path / "b.txt", 2)
+    plan = tmp_path / "plan.json"
+    assert cli(["stats", str(a), "--dim", "16", "--out", str(tmp_path / "a.npz")]) == 0
+    make = ["plan", "--workload", str(tmp_path / "a.npz"), "--topology", "h100:1x2", "--batch-size", "16"]
+    assert cli([*make, "--out", str(plan)]) == 0
+    base = ["--plan", str(plan), "--steps", "2", "--quiet"]
+    calls = [
+        ([*base, "--data", str(a), "--verify"], None),
+        ([*base, "--data", str(b)], None),
+        ([*base, "--data", str(a), "--no-dedup"], None),
+        ([*base, "--data", str(a), "--no-dedup", "--override-plan", "--verify"], None),
+        ([*base, "--data", str(a), "--batch-size", "8"], None),
+    ]
+    same, other_data, other_dedup, overridden, other_batch = (
+        _call(run_main(2, calls, tmp_path / "run"), i) for i in range(5)
+    )
+    assert [c["rc"] for c in same] == [0, 0], [c["err"] for c in same]
+    assert "batch 16 per rank" in same[0]["out"]  # the plan's batch, no --batch-size given
+    for result, message in (
+        (other_data, "table 'item_id': the plan was made from other data (hotness order"),
+        (other_dedup, "dedup: the plan was made with dedup on, this run asks for off;"),
+        (
+            other_batch,
+            "batch_size_per_gpu: the plan was made with batch_size_per_gpu 16, this run asks for 8",
+        ),
+    ):
+        assert [c["rc"] for c in result] == [2, 2]
+        for c in result:  # every rank ends with the same single line
+            assert c["err"].startswith(f"flexshard train: error: {message}"), c["err"]
+            assert c["err"].count("\n") == 1
+    assert [c["rc"] for c in overridden] == [0, 0], [c["err"] for c in overridden]
+    out = overridden[0]["out"]
+    assert "dedup off" in out and "override: dedup off (the plan was made with on;" in out
+    assert out.rstrip().endswith("verify: OK (2 steps, all rows of all copies match)")

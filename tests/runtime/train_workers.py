@@ -24,7 +24,7 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 def _corrupt_reference() -> contextlib.AbstractContextManager:
     """Perturb one hot row of the reference's ``item`` table after its second step (a deliberately
     wrong reference: verify must fail on every rank)."""
-    import flexshard.train as train
+    from flexshard.training import reference as train
 
     original = train.Reference.step
     calls = {"n": 0}

@@ -405,7 +405,9 @@ def test_uniform_shares_every_rank_identical(shape):
                 dedup=dedup,
             )
             report = evaluate(workload, view, plan)
-            np.testing.assert_allclose(report.traffic.bytes, np.broadcast_to(report.traffic.bytes[0], report.traffic.bytes.shape))
+            np.testing.assert_allclose(
+                report.traffic.bytes, np.broadcast_to(report.traffic.bytes[0], report.traffic.bytes.shape)
+            )
             np.testing.assert_allclose(report.traffic.bytes[..., 0], report.traffic.bytes[..., 1], rtol=1e-12)
             np.testing.assert_allclose(report.time_s, report.time_s[0], rtol=1e-12)
             np.testing.assert_allclose(report.memory_bytes, report.memory_bytes[0], rtol=1e-12)

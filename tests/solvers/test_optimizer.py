@@ -9,12 +9,12 @@ from functools import cache
 import numpy as np
 import pytest
 
+from core.errors import PlannerError
+from core.vocabulary import INDEX_BYTES
 from solvers import baselines
 from solvers.cost_model import evaluate, row_wise_memory_bytes, table_plan
 from solvers.optimizer import OptimizerConfig, optimize_tiers
 from solvers.placement import balance
-from core.errors import PlannerError
-from core.vocabulary import INDEX_BYTES
 from solvers.types import Plan, RowHistogram, TableSpec, Workload
 from topology.views import uniform_view
 

@@ -1,0 +1,146 @@
+"""The training run's configuration: one typed dataclass whose fields are the command-line flags.
+
+``TrainConfig`` reads like the launch command: every field is a ``--flag`` of ``flexshard train`` (its
+name with dashes), with its default and help text in the field's metadata. :func:`parse_args` builds the
+parser from the fields and checks the values, so the loop never sees an argparse Namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import ConfigError
+from core.vocabulary import SyncMode
+from flexshard.model import OBJECTIVES
+from flexshard.runtime import LAYOUTS, OPTIMIZERS
+from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU
+from solvers.planner import STRATEGIES
+
+
+def _flag(help: str, **argparse_kwargs: Any) -> dict:  # noqa: A002
+    return {"help": help, "argparse": argparse_kwargs}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """``flexshard train`` / ``torchrun -m flexshard.train`` options (see ``--help``)."""
+
+    data: str | None = field(
+        default=None, metadata=_flag("a 'user item ...' sequence file (default: embedded synthetic data)")
+    )
+    plan: str | None = field(default=None, metadata=_flag("a plan file (default: plan on the fly)"))
+    strategy: str | None = field(
+        default=None,
+        metadata=_flag(
+            "strategy when planning on the fly (default flexshard; not with --plan)", choices=STRATEGIES
+        ),
+    )
+    groups: int | None = field(
+        default=None,
+        metadata=_flag("emulated NVLink groups of consecutive ranks (default: the plan's, or 1)"),
+    )
+    budget: float = field(default=2.0, metadata=_flag("per-GPU budget when planning, a multiple of row-wise"))
+    steps: int = field(default=20, metadata=_flag("total training steps"))
+    batch_size: int | None = field(
+        default=None,
+        metadata=_flag(f"samples per rank and step (default: the plan's, else {DEFAULT_BATCH_SIZE_PER_GPU})"),
+    )
+    lr: float = field(default=0.05, metadata=_flag("learning rate, embeddings and dense"))
+    optimizer: str = field(default="adagrad", metadata=_flag("row-wise optimizer", choices=OPTIMIZERS))
+    dedup: bool | None = field(
+        default=None,
+        metadata=_flag(
+            "dedup ids per rank (default: the plan's, else on)", action=argparse.BooleanOptionalAction
+        ),
+    )
+    sync: str | None = field(
+        default=None,
+        metadata=_flag(
+            "replica gradient sync (default: the plan's, else sparse)", choices=[m.value for m in SyncMode]
+        ),
+    )
+    override_plan: bool = field(
+        default=False,
+        metadata=_flag(
+            "let --dedup/--sync/--batch-size differ from the plan's settings (logged; the plan's predicted "
+            "bytes then do not apply)",
+            action="store_true",
+        ),
+    )
+    seed: int = field(default=0, metadata=_flag("seed of the initial rows, the dense model and the batches"))
+    dim: int = field(default=16, metadata=_flag("embedding dim of every table"))
+    max_len: int = field(default=20, metadata=_flag("history positions kept"))
+    negatives: int = field(default=4, metadata=_flag("random negatives per sample"))
+    objective: str = field(default="next-item", metadata=_flag("training objective", choices=OBJECTIVES))
+    verify: bool = field(
+        default=False,
+        metadata=_flag(
+            "compare every step with an unsharded reference (exit 1 on mismatch)", action="store_true"
+        ),
+    )
+    checkpoint_dir: str | None = field(default=None, metadata=_flag("folder of sharded checkpoints"))
+    checkpoint_every: int = field(default=0, metadata=_flag("save every N steps (0: at the end only)"))
+    resume: bool = field(
+        default=False,
+        metadata=_flag("resume from the latest checkpoint in --checkpoint-dir", action="store_true"),
+    )
+    layout: str = field(
+        default="exact",
+        metadata=_flag("routing layout: per-row arrays, or compact for very large tables", choices=LAYOUTS),
+    )
+    quiet: bool = field(default=False, metadata=_flag("no per-step lines", action="store_true"))
+    metrics_out: str | None = field(
+        default=None, metadata=_flag("rank 0 writes per-step loss and bytes here (JSON Lines)")
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "dim", "max_len"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
+        for name in ("batch_size", "groups"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
+        for name in ("negatives", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "budget"):
+            if not 0 < getattr(self, name) < float("inf"):
+                raise ConfigError(f"--{name}: must be a positive number, got {getattr(self, name)}")
+        if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
+            raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir")
+        if self.plan and self.strategy is not None:
+            raise ConfigError("--strategy and --plan are exclusive (--strategy plans on the fly)")
+        if self.override_plan and not self.plan:
+            raise ConfigError("--override-plan needs --plan (without a plan there is nothing to override)")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``flexshard train`` parser, one option per :class:`TrainConfig` field."""
+    p = argparse.ArgumentParser(
+        prog="flexshard train",
+        description="Train a sequence model with its embedding tables sharded by a FlexShard plan.",
+    )
+    types = {"int": int, "float": float, "str": str}
+    for f in dataclasses.fields(TrainConfig):
+        kwargs = dict(f.metadata["argparse"])
+        if "action" not in kwargs:
+            kwargs["type"] = types[str(f.type).split(" ")[0]]
+        default = f"default {f.default}" if f.default is not None and kwargs.get("action") is None else ""
+        help_text = f.metadata["help"] + (
+            f" ({default})" if default and "default" not in f.metadata["help"] else ""
+        )
+        p.add_argument(f"--{f.name.replace('_', '-')}", default=f.default, help=help_text, **kwargs)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """A checked :class:`TrainConfig` from command-line arguments (``--help`` and usage errors exit as
+    argparse does; bad values raise :class:`~core.errors.ConfigError`)."""
+    return TrainConfig(**vars(build_parser().parse_args(argv)))

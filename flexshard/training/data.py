@@ -1,0 +1,150 @@
+"""The batches a training run draws: the embedded synthetic workload, or real histories from a file.
+
+Both sources give, per rank and step, a deterministic :class:`~flexshard.model.Batch` (a function of
+``(seed, step, rank)``), the tables the model looks up (``(name, rows, dim)``), their hotness orders and
+the :class:`~solvers.types.Workload` a plan for them is made from.
+
+* :class:`SyntheticSource`: tables ``item`` (50,000 rows) and ``creator`` (5,000 rows, 10 items each)
+  with a Zipf head (alpha 0.9 over the hottest 10% of items) plus a 5% uniform tail; history lengths
+  uniform in ``1..max_len``. Rows are numbered hottest first, so there are no hotness orders.
+* :class:`SequenceFileSource`: a ``user item ...`` file read by the one workloads parser
+  (:func:`flexshard.workloads.read_sequences`: one line per user, or one line per interaction),
+  tables ``item_id`` (history and candidates) and ``user_id`` (one per sample); the workload and its
+  hotness orders are what ``flexshard stats`` computes from the same file. Sample ``i`` is a user with
+  at least two items, a cut point (the target) and ``negatives`` random touched items.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from core.errors import DataError
+from flexshard.model import Batch
+from flexshard.workloads import (
+    ITEM_TABLE,
+    USER_TABLE,
+    detect_format,
+    load_workload_with_orders,
+    read_sequences,
+)
+from solvers.types import RowHistogram, TableSpec, Workload
+
+SYN_ITEMS, SYN_ITEMS_PER_CREATOR, SYN_ALPHA, SYN_HEAD, SYN_TAIL = 50_000, 10, 0.9, 5_000, 0.05
+
+
+class SyntheticSource:
+    """The embedded synthetic workload (module docstring)."""
+
+    name = "synthetic"
+
+    def __init__(self, dim: int, max_len: int, negatives: int, batch_size: int, seed: int) -> None:
+        self.dim, self.max_len, self.negatives, self.batch_size, self.seed = (
+            dim,
+            max_len,
+            negatives,
+            batch_size,
+            seed,
+        )
+        p = np.full(SYN_ITEMS, SYN_TAIL / SYN_ITEMS)
+        head = np.arange(1, SYN_HEAD + 1, dtype=np.float64) ** -SYN_ALPHA
+        p[:SYN_HEAD] += (1 - SYN_TAIL) * head / head.sum()
+        self.pmf = p / p.sum()
+        self.cdf = np.cumsum(self.pmf)
+        self.seq_tables = ["item", "creator"]
+        self.user_table: str | None = None
+        self.orders: dict[str, np.ndarray] = {}  # rows are numbered hottest first
+        self.tables = [("item", SYN_ITEMS, dim), ("creator", SYN_ITEMS // SYN_ITEMS_PER_CREATOR, dim)]
+
+    def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.minimum(np.searchsorted(self.cdf, rng.random(n), side="right"), SYN_ITEMS - 1)
+
+    def batch(self, step: int, rank: int) -> Batch:
+        rng = np.random.default_rng([self.seed, step, rank, 1])
+        b = self.batch_size
+        lengths = rng.integers(1, self.max_len + 1, b).astype(np.int64)
+        items = self._draw(rng, int(lengths.sum()))
+        cand = np.concatenate(
+            [self._draw(rng, b)[:, None], rng.integers(0, SYN_ITEMS, (b, self.negatives))], axis=1
+        ).astype(np.int64)
+        per = SYN_ITEMS_PER_CREATOR
+        return Batch(
+            lengths, {"item": items, "creator": items // per}, {"item": cand, "creator": cand // per}
+        )
+
+    def workload(self) -> Workload:
+        mean_hist = (self.max_len + 1) / 2
+        ids = mean_hist + 1 + self.negatives
+        mix = ((mean_hist + 1) * self.pmf + self.negatives / SYN_ITEMS) / ids  # history + target + negatives
+        per_creator = mix.reshape(-1, SYN_ITEMS_PER_CREATOR).sum(1)
+        specs = [
+            TableSpec(name, rows, dim, ids, RowHistogram.from_counts(p))
+            for (name, rows, dim), p in zip(self.tables, (mix, per_creator), strict=True)
+        ]
+        return Workload("train-synthetic", tuple(specs), self.batch_size)
+
+    def describe(self) -> str:
+        return "synthetic (" + ", ".join(f"{n} {r:,} x {d}" for n, r, d in self.tables) + ")"
+
+
+class SequenceFileSource:
+    """A ``user item ...`` file: tables ``item_id`` (history, candidates) and ``user_id`` (see the module)."""
+
+    def __init__(self, path: str, dim: int, max_len: int, negatives: int, batch_size: int, seed: int) -> None:
+        self.path, self.max_len, self.negatives = Path(path), max_len, negatives
+        self.batch_size, self.seed, self.name = batch_size, seed, Path(path).name
+        if not self.path.is_file():
+            raise DataError(f"--data: {path}: no such file")
+        fmt = detect_format(self.path)
+        if fmt != "seq":
+            raise DataError(f"--data: {path}: train reads 'user item ...' sequence files, got {fmt!r}")
+        workload, orders = load_workload_with_orders(self.path, dim=dim, batch_size_per_gpu=batch_size)
+        specs = {t.name: t for t in workload.tables}
+        self.seq_tables, self.user_table = [ITEM_TABLE], USER_TABLE
+        keep = [specs[ITEM_TABLE], specs[USER_TABLE]]
+        self._workload = Workload(f"train-{self.path.stem}", tuple(keep), batch_size)
+        self.orders = {t.name: orders[t.name] for t in keep if t.name in orders}
+        self.tables = [(t.name, t.num_rows, t.dim) for t in keep]
+        histories = read_sequences(self.path)
+        histories = histories.subset(histories.lengths >= 2)  # one history item and a target at least
+        if not len(histories):
+            raise DataError(f"--data: {path}: no user with at least two items")
+        self.users, self.items = histories.users, histories.items
+        self.seq_len, self.offsets = histories.lengths, histories.offsets[:-1]
+        touched = self.orders.get(ITEM_TABLE)
+        self.negative_pool = (
+            np.sort(touched) if touched is not None and touched.size else np.unique(self.items)
+        )
+
+    def batch(self, step: int, rank: int) -> Batch:
+        rng = np.random.default_rng([self.seed, step, rank, 2])
+        b = self.batch_size
+        s = rng.integers(0, self.users.size, b)
+        n = self.seq_len[s]
+        cut = 1 + np.floor(rng.random(b) * (n - 1)).astype(np.int64)  # target position, 1..n-1
+        start = np.maximum(cut - self.max_len, 0)
+        lengths = cut - start
+        begin = self.offsets[s] + start
+        hist = self.items[
+            np.repeat(begin - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
+        ]
+        target = self.items[self.offsets[s] + cut]
+        neg = self.negative_pool[rng.integers(0, self.negative_pool.size, (b, self.negatives))]
+        cand = np.concatenate([target[:, None], neg], axis=1).astype(np.int64)
+        item = self.seq_tables[0]
+        return Batch(lengths.astype(np.int64), {item: hist}, {item: cand}, self.users[s])
+
+    def workload(self) -> Workload:
+        return self._workload
+
+    def describe(self) -> str:
+        return f"{self.path} (" + ", ".join(f"{n} {r:,} x {d}" for n, r, d in self.tables) + ")"
+
+
+def make_source(
+    data: str | None, dim: int, max_len: int, negatives: int, batch_size: int, seed: int
+) -> SyntheticSource | SequenceFileSource:
+    """The source of ``--data`` (a sequence file), or the synthetic one without it."""
+    args = (dim, max_len, negatives, batch_size, seed)
+    return SequenceFileSource(data, *args) if data else SyntheticSource(*args)

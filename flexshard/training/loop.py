@@ -1,0 +1,185 @@
+"""One training run: the source's batches through the sharded embeddings and the dense model, step by
+step, with verification, metrics and checkpoints (``flexshard train``; see :mod:`flexshard.train`).
+
+Gradients: each rank's loss is its batch mean divided by the world size; embedding rows get the sum
+over ranks (the module's semantics) and dense gradients are all-reduced with SUM, so both follow the
+mean loss over the global batch. Dense parameters use element-wise SGD / Adagrad
+(:class:`flexshard.model.DenseOptimizer`, ``torch.optim``'s math) with the same learning rate as the
+row-wise embedding optimizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from core.osutil import check_writable
+from flexshard import checkpoint
+from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
+from flexshard.plan_file import PlanFile, read_plan
+from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
+from flexshard.runtime.agreement import agreed_message
+from flexshard.training import metrics
+from flexshard.training.config import TrainConfig
+from flexshard.training.data import make_source
+from flexshard.training.distributed import allreduce_dense_grads, device
+from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
+from flexshard.training.reference import Reference, VerifyError, final_check, step_mismatch
+
+
+def _say(rank: int):
+    return print if rank == 0 else (lambda *a, **k: None)
+
+
+def _prepare(config: TrainConfig, world: int, rank: int) -> tuple:
+    """The source, the plan (checked or made) and the log lines, before any training state exists."""
+    if config.metrics_out:
+        check_writable(config.metrics_out, "--metrics-out")
+    given = read_plan(config.plan) if config.plan else None
+    source = make_source(
+        config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed
+    )
+    names = [name for name, _rows, _dim in source.tables]
+    if given is not None:
+        plan_file, notes = check_plan(config, given, names, world)
+    else:
+        plan_file, notes = plan_on_the_fly(config, source, world, rank), []
+    return source, plan_file, notes
+
+
+def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_file: PlanFile) -> list[str]:
+    plan = plan_file.plan
+    groups = plan_file.layout
+    return [
+        f"train: world {world} ({groups.num_groups} groups of {world // groups.num_groups}), "
+        f"backend {dist.get_backend()}, device {dev}, data {source.describe()}",
+        f"plan ({plan.strategy}): "
+        + ", ".join(f"{t.name} hot/warm/cold {t.hot_rows}/{t.warm_rows}/{t.cold_rows}" for t in plan.tables)
+        + f"; optimizer {config.optimizer}, lr {config.lr}, dedup {'on' if plan.dedup else 'off'}, "
+        f"{plan.sync.value} sync, batch {plan_file.batch_size_per_gpu} per rank, "
+        f"objective {config.objective}, layout {config.layout}",
+    ]
+
+
+def run(config: TrainConfig) -> int:
+    """Train as ``config`` says (collective: every rank of the default process group calls it)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    dev = device()
+    say = _say(rank)
+    source, plan_file, notes = _prepare(config, world, rank)
+
+    torch.manual_seed(config.seed)
+    dense = SequenceRecModel(config.dim, config.max_len, config.objective).to(dev)
+    for p in dense.parameters():  # same initial weights everywhere (already equal by seed)
+        dist.broadcast(p.data, src=0)
+    dense_opt = DenseOptimizer(dense.parameters(), config.optimizer, config.lr)
+    module = ShardedSequenceEmbedding(
+        plan_file,
+        source.tables,
+        source.orders,
+        init=config.seed,
+        optimizer=config.optimizer,
+        lr=config.lr,
+        device=dev,
+        layout=config.layout,
+    )
+    start, resumed_from = 0, None
+    if config.resume:
+        resumed_from = checkpoint.latest(config.checkpoint_dir)
+        if resumed_from is not None:
+            start = checkpoint.load(resumed_from, module, dense, dense_opt)
+            say(f"resume: {resumed_from} (step {start})")
+        else:
+            say(f"resume: no checkpoint in {config.checkpoint_dir}, starting at step 0")
+    for line in [*_describe(config, world, dev, source, plan_file), *notes]:
+        say(line)
+
+    records: list[dict] = []
+    if config.metrics_out:
+        records.append(metrics.header_record(config, world, source.describe(), plan_file, dev, start))
+    reference = (
+        _reference(config, source, module, dense, dense_opt, resumed_from, dev) if config.verify else None
+    )
+
+    for step in range(start, config.steps):
+        batch = source.batch(step, rank)
+        t0 = time.perf_counter()
+        emb = module(lookup_features(batch, source.user_table, dev))
+        logits = batch_logits(dense, emb, batch, source.user_table)
+        loss = dense.loss(logits) / world
+        dense_opt.zero_grad()
+        loss.backward()
+        allreduce_dense_grads(dense, world)
+        dense_opt.step()
+        module.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        elapsed = time.perf_counter() - t0
+        link = module.link_bytes()
+        stats = torch.tensor(
+            [float(loss.detach()), link["intra_group"], link["inter_group"], elapsed], device=dev
+        )
+        loss_sum = stats[:1].clone()
+        dist.all_reduce(loss_sum)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        if config.metrics_out:
+            records.append(metrics.step_record(step + 1, float(loss_sum), elapsed, module.traffic, dev))
+        if not config.quiet:
+            say(
+                f"step {step + 1}/{config.steps} loss {float(loss_sum):.6f} "
+                f"samples/s {world * source.batch_size / max(float(stats[3]), 1e-9):,.0f} "
+                f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks)"
+            )
+        if reference is not None:
+            batches: list = [None] * world
+            dist.all_gather_object(batches, batch)
+            message = agreed_message(
+                step_mismatch(logits, reference.step(batches)[rank], rank, step + 1), _flag(dev)
+            )
+            if message:
+                raise VerifyError(message)
+        if config.checkpoint_dir and (
+            (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)
+            or step + 1 == config.steps
+        ):
+            path = checkpoint.save(
+                module, dense, dense_opt, step + 1, config.checkpoint_dir, {"seed": config.seed}
+            )
+            say(f"checkpoint: saved {path}")
+
+    if reference is not None:
+        message = agreed_message(final_check(module, dense, reference, rank), _flag(dev))
+        if message:
+            raise VerifyError(message)
+        say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
+    if config.metrics_out and rank == 0:
+        records.append(
+            {"kind": "end", "steps": config.steps - start, "verify": "OK" if config.verify else None}
+        )
+        metrics.write_jsonl(config.metrics_out, records)
+        say(f"metrics: wrote {config.metrics_out} ({config.steps - start} steps)")
+    return 0
+
+
+def _flag(dev: torch.device) -> torch.device | None:
+    """Where agreement flags live: the GPU under NCCL, the CPU under gloo."""
+    return dev if dev.type == "cuda" else None
+
+
+def _reference(config, source, module, dense, dense_opt, resumed_from, dev) -> Reference:
+    """The unsharded reference, from the checkpoint resumed from or from the same initializer."""
+    if resumed_from is not None:
+        full = checkpoint.load_full(resumed_from)
+        weights, state = full.weights, full.state
+    else:
+        init = seeded_initializer(config.seed)
+        weights = {n: init(n, np.arange(r), d) for n, r, d in source.tables}
+        state = {n: torch.zeros(r) for n, r, _d in source.tables}
+    return Reference(
+        weights, state, dense, copy.deepcopy(dense_opt.state_dict()), config.optimizer, config.lr,
+        module.eps, source.user_table, dev,
+    )  # fmt: skip

@@ -1,0 +1,96 @@
+"""The plan a training run executes: a plan file checked against the run, or one made on the fly.
+
+With ``--plan``, the plan's settings (dedup, sync, batch per GPU) apply. A flag that asks for another
+value is refused (:func:`flexshard.contract.settings_mismatch`), unless ``--override-plan`` says the
+difference is on purpose; each override is logged. The data, world and tables are checked when the
+sharded module is built (:mod:`flexshard.contract`).
+
+Without ``--plan``, rank 0 plans the source's workload with ``--strategy`` on ``--groups`` emulated
+NVLink groups of consecutive ranks (NVLink-class and 400 Gb/s NIC-class links) at ``--budget`` times
+row-wise memory, and broadcasts the plan document.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch.distributed as dist
+
+from core.errors import InputError, PlanMismatchError, PlannerError
+from core.ranks import RankLayout
+from flexshard.contract import settings_mismatch, world_mismatch
+from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
+from flexshard.training.config import TrainConfig
+from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, fingerprint
+from solvers.planner import budget_bytes, make_plan
+from topology.views import uniform_view
+
+INTRA_BW_BPS = 450e9  # NVLink-class bandwidth per GPU for plans made on the fly, bytes/s
+INTER_BW_BPS = 50e9  # one 400 Gb/s NIC per GPU, bytes/s
+
+
+def batch_size(config: TrainConfig, plan_file: PlanFile | None) -> int:
+    """Samples per rank and step: ``--batch-size``, else the plan's, else the default."""
+    if config.batch_size is not None:
+        return config.batch_size
+    return plan_file.batch_size_per_gpu if plan_file is not None else DEFAULT_BATCH_SIZE_PER_GPU
+
+
+def check_plan(
+    config: TrainConfig, plan_file: PlanFile, table_names: list[str], world: int
+) -> tuple[PlanFile, list[str]]:
+    """The ``--plan`` file restricted to the model's tables, its settings checked against the flags (see
+    the module docstring); with the log lines of any override."""
+    plan_file = plan_file.restricted_to(table_names)
+    if config.groups is not None:
+        message = world_mismatch(plan_file, world, RankLayout.consecutive(world, config.groups, "--groups"))
+        if message:
+            raise PlanMismatchError(f"--groups {config.groups}: {message}")
+    requested = {"dedup": config.dedup, "sync": config.sync, "batch_size_per_gpu": config.batch_size}
+    message = settings_mismatch(plan_file, requested)
+    if not message:
+        return plan_file, []
+    if not config.override_plan:
+        raise PlanMismatchError(message)
+    overridden = plan_file.with_overrides(config.dedup, config.sync, config.batch_size)
+    notes = [
+        f"override: {key} {_show(run)} (the plan was made with {_show(made)}; "
+        "its predicted bytes do not apply)"
+        for key, (made, run) in overridden.overrides.items()
+    ]
+    return overridden, notes
+
+
+def _show(value: object) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanFile:
+    """Plan on rank 0 and broadcast the plan document; every rank reads it back (collective)."""
+    layout = RankLayout.consecutive(world, config.groups or 1, "--groups")
+    doc: list = [None]
+    if rank == 0:
+        try:
+            workload = source.workload()
+            view = uniform_view(layout.num_groups, world // layout.num_groups, INTRA_BW_BPS, INTER_BW_BPS)
+            planned = make_plan(
+                config.strategy or "flexshard",
+                workload,
+                view,
+                budget_bytes(workload, view, config.budget),
+                True if config.dedup is None else config.dedup,
+                config.sync or "sparse",
+            )
+            doc[0] = to_dict(
+                planned.plan, workload, view, planned.report, fingerprint(workload), source.orders
+            )
+        except InputError as e:
+            doc[0] = {"error": str(e)}
+    dist.broadcast_object_list(doc, src=0)
+    if "error" in doc[0]:
+        raise PlannerError(f"plan: {doc[0]['error']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plan.json"
+        write_plan(path, doc[0])
+        return read_plan(path)

@@ -1,0 +1,172 @@
+"""The plan file as a contract: its format, its validation, and the checks that refuse a run it does not
+fit (flexshard.plan_file, flexshard.contract). The multi-rank refusals are in tests/runtime."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.errors import DataError, PlanMismatchError
+from core.ranks import RankLayout
+from core.vocabulary import SyncMode
+from flexshard.contract import (
+    order_fingerprint,
+    require,
+    settings_mismatch,
+    tables_mismatch,
+    world_mismatch,
+)
+from flexshard.plan_file import SCHEMA, read_plan, to_dict, write_plan
+from solvers.planner import budget_bytes, make_plan
+from solvers.types import RowHistogram, TableSpec, Workload
+from topology.views import uniform_view
+
+ORDERS = {"items": np.array([5, 3, 9, 0]), "tags": None}
+
+
+def _workload(batch: int = 32) -> Workload:
+    items = TableSpec("items", 12, 4, 3.0, RowHistogram.from_counts(np.arange(12, 0, -1)))
+    tags = TableSpec("tags", 6, 8, 1.0, RowHistogram.from_counts(np.array([6, 5, 4, 3, 2, 1])))
+    return Workload("contract", (items, tags), batch)
+
+
+@pytest.fixture
+def plan_path(tmp_path) -> Path:
+    workload, view = _workload(), uniform_view(2, 2, 100e9, 10e9)
+    planned = make_plan("row_wise", workload, view, budget_bytes(workload, view, 2.0), dedup=True)
+    orders = {k: v for k, v in ORDERS.items() if v is not None}
+    path = tmp_path / "plan.json"
+    write_plan(path, to_dict(planned.plan, workload, view, planned.report, "wfp", orders))
+    return path
+
+
+def test_round_trip_records_what_the_plan_was_made_for(plan_path):
+    doc = json.loads(plan_path.read_text())
+    assert doc["schema"] == SCHEMA == "flexshard-plan/2"
+    assert doc["settings"] == {"dedup": True, "sync": "sparse", "fetch": "flat", "batch_size_per_gpu": 32}
+    assert doc["world"] == {"size": 4, "groups": [[0, 1], [2, 3]]}
+    assert doc["fingerprints"]["world"] == RankLayout.consecutive(4, 2).fingerprint()
+    pf = read_plan(plan_path)
+    assert pf.world_size == 4 and pf.groups == [[0, 1], [2, 3]] and pf.batch_size_per_gpu == 32
+    assert [t.order_fingerprint for t in pf.tables] == [
+        order_fingerprint(ORDERS["items"], 12),
+        order_fingerprint(None, 6),
+    ]
+    assert [(t.name, t.num_rows, t.dim) for t in pf.tables] == [("items", 12, 4), ("tags", 6, 8)]
+
+
+def test_order_fingerprint_tells_orders_apart():
+    a = order_fingerprint(np.array([1, 0, 2]), 3)
+    assert a == order_fingerprint([1, 0, 2], 3)  # the array type does not matter
+    assert a != order_fingerprint(np.array([0, 1, 2]), 3)  # another order
+    assert a != order_fingerprint(np.array([1, 0, 2]), 4)  # another table size
+    assert order_fingerprint(None, 3) != order_fingerprint(np.array([], dtype=np.int64), 3)
+
+
+def test_world_mismatch_names_both_sides_and_what_to_do(plan_path):
+    pf = read_plan(plan_path)
+    assert world_mismatch(pf, 4) == ""
+    assert world_mismatch(pf, 4, RankLayout.consecutive(4, 2)) == ""
+    assert world_mismatch(pf, 8).startswith("the plan is for 4 ranks, this job has 8: launch 4 ranks")
+    other = world_mismatch(pf, 4, RankLayout.consecutive(4, 4))
+    assert other.startswith("the plan's groups are [[0, 1], [2, 3]], this job's are [[0], [1], [2], [3]]")
+
+
+def test_tables_mismatch_covers_names_rows_dim_and_data(plan_path):
+    pf = read_plan(plan_path)
+    tables = [("items", 12, 4), ("tags", 6, 8)]
+    assert tables_mismatch(pf, tables, {"items": ORDERS["items"]}) == ""
+    assert "the plan's tables are ['items', 'tags'], the model's are ['tags', 'items']" in tables_mismatch(
+        pf, tables[::-1], {"items": ORDERS["items"]}
+    )
+    assert tables_mismatch(pf, [("items", 13, 4), tables[1]], {"items": ORDERS["items"]}).startswith(
+        "table 'items': the plan covers 12 rows, the model has 13"
+    )
+    assert tables_mismatch(pf, [("items", 12, 16), tables[1]], {"items": ORDERS["items"]}).startswith(
+        "table 'items': the plan was made for dim 4, the model has dim 16"
+    )
+    other_data = tables_mismatch(pf, tables, {"items": np.array([3, 5, 9, 0])})
+    assert other_data.startswith("table 'items': the plan was made from other data (hotness order ")
+    assert "\n" not in other_data
+    # an order the plan did not have (its table numbered hottest first) is other data too
+    assert tables_mismatch(pf, tables, {"items": ORDERS["items"], "tags": np.arange(6)}).startswith(
+        "table 'tags': the plan was made from other data"
+    )
+    assert tables_mismatch(pf, tables, {"genre": np.arange(3)}).startswith("orders: no table named 'genre'")
+    with pytest.raises(PlanMismatchError, match="other data"):
+        require(other_data)
+
+
+def test_settings_mismatch_and_explicit_overrides(plan_path):
+    pf = read_plan(plan_path)
+    assert settings_mismatch(pf, {"dedup": None, "sync": None, "batch_size_per_gpu": None}) == ""
+    assert settings_mismatch(pf, {"dedup": True, "sync": "sparse", "batch_size_per_gpu": 32}) == ""
+    message = settings_mismatch(pf, {"dedup": False})
+    assert message.startswith("dedup: the plan was made with dedup on, this run asks for off;")
+    assert "--override-plan" in message
+    assert settings_mismatch(pf, {"batch_size_per_gpu": 64}).startswith(
+        "batch_size_per_gpu: the plan was made with batch_size_per_gpu 32, this run asks for 64"
+    )
+    assert settings_mismatch(pf, {"sync": SyncMode.DENSE}).startswith(
+        "sync: the plan was made with sync sparse"
+    )
+    run = pf.with_overrides(dedup=False, sync="dense", batch_size_per_gpu=64)
+    assert run.overrides == {
+        "dedup": [True, False],
+        "sync": ["sparse", "dense"],
+        "batch_size_per_gpu": [32, 64],
+    }
+    assert run.plan.dedup is False and run.plan.sync is SyncMode.DENSE and run.batch_size_per_gpu == 64
+    assert pf.plan.dedup is True and pf.overrides == {}  # the plan as made is untouched
+    assert pf.with_overrides(dedup=True) == pf  # asking for the plan's own value overrides nothing
+
+
+def _edit(path: Path, change) -> Path:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(schema="flexshard-plan/1"), "format flexshard-plan/1 was written by an older"),
+        (lambda d: d.update(schema="other"), "schema must be 'flexshard-plan/2', got 'other'"),
+        (lambda d: d["tables"][0].update(cold_share=[float("nan")] * 4), "cold_share: every share must be"),
+        (lambda d: d["tables"][0].update(cold_share=[1.5, -0.5, 0.0, 0.0]), "every share must be a finite"),
+        (lambda d: d["tables"][0].update(cold_share=[0.5, 0.5, 0.5, 0.5]), "cold_share: shares sum to 2"),
+        (lambda d: d["tables"][0].update(cold_share=[1.0]), "cold_share has 1 entries, expected 4"),
+        (lambda d: d["world"].update(groups=[[0, 1], [3]]), "must cover ranks 0..3 exactly once"),
+        (lambda d: d["world"].update(size=0), "world.size must be positive, got 0"),
+        (lambda d: d["settings"].update(sync="lazy"), "settings.sync: unknown 'lazy'"),
+        (
+            lambda d: d["settings"].update(batch_size_per_gpu=0),
+            "batch_size_per_gpu must be a positive integer",
+        ),
+        (lambda d: d["tables"][1].update(dim=0), "tables[1] ('tags').dim must be a positive integer, got 0"),
+        (lambda d: d["tables"][0].update(hot_rows=100), "do not add up to num_rows 12"),
+        (lambda d: d.pop("settings"), "missing field 'settings'"),
+    ],
+)
+def test_bad_plan_files_give_one_line(plan_path, change, message):
+    with pytest.raises(DataError) as err:
+        read_plan(_edit(plan_path, change))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"plan file {str(plan_path)!r}")
+
+
+def test_unreadable_plan_files(tmp_path):
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(bytes(range(256)))
+    with pytest.raises(DataError, match="not a text file"):
+        read_plan(binary)
+    broken = tmp_path / "broken.json"
+    broken.write_text("[1, 2")
+    with pytest.raises(DataError, match="malformed JSON at line 1"):
+        read_plan(broken)
+    with pytest.raises(DataError, match="cannot read"):
+        read_plan(tmp_path / "missing.json")
