@@ -219,7 +219,7 @@ def simulate_records(
                             modeled_time_s=rep.modeled_time_s,
                             memory_per_gpu_bytes=rep.memory_per_gpu_bytes,
                         )
-                        for key in ("lower_bound_s", "gap"):
+                        for key in ("objective_s", "lower_bound_s", "gap"):
                             if key in planned.plan.solver:
                                 record[key] = planned.plan.solver[key]
                     records.append(record)

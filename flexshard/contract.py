@@ -15,48 +15,16 @@ run that differs in any of these still executes, and its numbers mean nothing. S
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.errors import PlanMismatchError
 from core.ranks import RankLayout
-from topology.views import ClusterView
+from flexshard.fingerprints import order_fingerprint
+from flexshard.plan_file import PlanFile
 
-if TYPE_CHECKING:
-    from flexshard.plan_file import PlanFile
-
-IDENTITY_ORDER = "identity"  # fingerprint prefix of a table numbered hottest first (no order given)
 REPLAN = "make a plan for this run (flexshard stats, then flexshard plan)"
-
-
-def order_fingerprint(order: np.ndarray | None, num_rows: int) -> str:
-    """sha256 (hex) of a table's hotness order as given (touched row ids, hottest first; the rest follow
-    in id order) and its size. ``None``, rows numbered hottest first, has its own fingerprint."""
-    h = hashlib.sha256(b"flexshard-order-v1")
-    h.update(struct.pack("<q", int(num_rows)))
-    if order is None:
-        h.update(IDENTITY_ORDER.encode())
-    else:
-        h.update(np.ascontiguousarray(np.asarray(order).reshape(-1), dtype="<i8").tobytes())
-    return h.hexdigest()
-
-
-def topology_fingerprint(view: ClusterView) -> str:
-    """sha256 (hex) over the ranks' groups, link speeds and latencies: the cluster a plan was priced on."""
-    h = hashlib.sha256()
-    for arr in (
-        view.group_of_rank,
-        view.intra_bw_Bps,
-        view.inter_bw_Bps,
-        view.intra_latency_s,
-        view.inter_latency_s,
-    ):
-        h.update(np.ascontiguousarray(arr).tobytes())
-    return h.hexdigest()
 
 
 def world_mismatch(plan_file: PlanFile, world_size: int, layout: RankLayout | None = None) -> str:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from core.errors import CheckpointError, ConfigError
 from flexshard.runtime import to_padded
 
 OBJECTIVES = ("next-item", "click")
@@ -75,7 +76,7 @@ class SequenceRecModel(nn.Module):
     def __init__(self, dim: int, max_len: int, objective: str = "next-item") -> None:
         super().__init__()
         if objective not in OBJECTIVES:
-            raise ValueError(f"objective: must be one of {OBJECTIVES}, got {objective!r}")
+            raise ConfigError(f"objective: must be one of {OBJECTIVES}, got {objective!r}")
         self.dim, self.max_len, self.objective = int(dim), int(max_len), objective
         self.position = nn.Parameter(torch.randn(self.max_len, self.dim) * 0.02)
         self.query = nn.Linear(self.dim, self.dim)
@@ -140,7 +141,7 @@ class DenseOptimizer:
 
     def __init__(self, params, kind: str, lr: float, eps: float = 1e-10) -> None:
         if kind not in ("sgd", "adagrad"):
-            raise ValueError(f"optimizer: must be 'sgd' or 'adagrad', got {kind!r}")
+            raise ConfigError(f"optimizer: must be 'sgd' or 'adagrad', got {kind!r}")
         self.params = list(params)
         self.kind, self.lr, self.eps = kind, float(lr), float(eps)
         self.sums = [torch.zeros_like(p) for p in self.params] if kind == "adagrad" else []
@@ -170,7 +171,7 @@ class DenseOptimizer:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != self.kind or len(state.get("sums", [])) != len(self.sums):
-            raise ValueError(
+            raise CheckpointError(
                 f"dense optimizer state is for {state.get('kind')!r} with {len(state.get('sums', []))} "
                 f"accumulators, this optimizer is {self.kind!r} with {len(self.sums)}"
             )

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import DataError
+from core.errors import ConfigError, DataError
 from core.osutil import atomic_open
 from core.ranks import RankLayout
 from core.vocabulary import FetchMode, SyncMode
-from flexshard.contract import order_fingerprint, topology_fingerprint
+from flexshard.fingerprints import order_fingerprint, topology_fingerprint
 from solvers.types import CostReport, Plan, TablePlan, Workload
 from topology.views import ClusterView
 
@@ -220,12 +220,12 @@ def _parse(doc: dict, where: str) -> PlanFile:
         raise DataError(f"{where}: world.size must be positive, got {size}")
     try:
         layout = RankLayout.of(world["groups"], size, what=f"{where}: world.groups")
-    except ValueError as e:
+    except ConfigError as e:
         raise DataError(str(e)) from None
     settings = doc["settings"]
     try:
         sync, fetch = SyncMode.parse(settings["sync"]), FetchMode.parse(settings["fetch"])
-    except ValueError as e:
+    except ConfigError as e:
         raise DataError(f"{where}: settings.{e}") from None
     batch = settings["batch_size_per_gpu"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:

@@ -1,4 +1,11 @@
-"""The issue's acceptance check on the embedded default (8 nodes x 8 H100-class GPUs)."""
+"""FlexShard against every baseline on the embedded default (8 nodes x 8 H100-class GPUs).
+
+``make_plan`` prices every baseline as a FlexShard candidate and keeps the cheapest, so "FlexShard's
+modeled time is at or below every baseline's" holds by construction and is not tested here. What can
+fail is tested instead: the tier optimizer's own plan (before any candidate is priced) reaches every
+baseline, the Lagrangian lower bound is below every baseline (else the bound is wrong), and FlexShard's
+inter-group bytes (which the selection does not minimise first) are at or below every baseline's.
+"""
 
 from __future__ import annotations
 
@@ -28,5 +35,7 @@ def test_flexshard_at_or_below_every_baseline(records, dedup, budget_x):
     assert ours["memory_per_gpu_bytes"] <= ours["budget_bytes"] * (1 + 1e-9)
     for r in group:
         if r["feasible"]:
-            assert ours["modeled_time_s"] <= r["modeled_time_s"] * (1 + 1e-9), r["strategy"]
+            # the optimizer alone: every even-share baseline is a point of its space
+            assert ours["objective_s"] <= r["modeled_time_s"] * (1 + 1e-3), r["strategy"]
+            assert ours["lower_bound_s"] <= r["modeled_time_s"] * (1 + 1e-9), r["strategy"]
             assert ours["inter_group_bytes"] <= r["inter_group_bytes"] * (1 + 1e-9), r["strategy"]

@@ -12,13 +12,8 @@ import pytest
 from core.errors import DataError, PlanMismatchError
 from core.ranks import RankLayout
 from core.vocabulary import SyncMode
-from flexshard.contract import (
-    order_fingerprint,
-    require,
-    settings_mismatch,
-    tables_mismatch,
-    world_mismatch,
-)
+from flexshard.contract import require, settings_mismatch, tables_mismatch, world_mismatch
+from flexshard.fingerprints import order_fingerprint
 from flexshard.plan_file import SCHEMA, read_plan, to_dict, write_plan
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import RowHistogram, TableSpec, Workload

@@ -23,6 +23,8 @@ from solvers.planner import budget_bytes, make_plan
 from solvers.types import Workload
 from topology.views import uniform_view
 
+pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
+
 GROUPS, GROUP_SIZE = 2, 2
 ITERATIONS = 40
 BATCH, LENGTH = 16, 12  # samples per rank, ids per sample

@@ -11,6 +11,8 @@ import torch.distributed as dist
 
 from flexshard.runtime.local import run_on_ranks
 
+pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
+
 
 def _sum_of_ranks(rank: int, world: int, offset: int) -> tuple[int, int]:
     t = torch.tensor([rank + offset])

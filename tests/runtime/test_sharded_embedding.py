@@ -28,6 +28,8 @@ from flexshard.plan_file import read_plan
 from solvers.cost_model import hierarchical_allreduce_bytes, lookup_traffic, split_bytes
 from topology.views import uniform_view
 
+pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
+
 COLD_SHARE_4 = [0.375, 0.125, 0.25, 0.25]
 WARM_SHARE_4 = [0.75, 0.25]
 COLD_SHARE_8 = [0.2, 0.05, 0.1, 0.15, 0.1, 0.2, 0.1, 0.1]

@@ -85,6 +85,7 @@ def _call(results, i):
     return [rank_results[i] for rank_results in results]
 
 
+@pytest.mark.slow
 def test_verify_passes_on_every_rank(four):
     for i in (0, 1):
         calls = _call(four["first"], i)
@@ -103,6 +104,7 @@ def test_verify_passes_on_every_rank(four):
         assert all(c["out"] == "" for c in calls[1:])  # only rank 0 logs
 
 
+@pytest.mark.slow
 def test_corrupted_reference_fails_on_every_rank(four):
     calls = _call(four["first"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
@@ -113,6 +115,7 @@ def test_corrupted_reference_fails_on_every_rank(four):
     assert "verify: OK" not in calls[0]["out"]
 
 
+@pytest.mark.slow
 def test_checkpoint_resume_equals_straight_training(four):
     a, b = four["a"], four["b"]
     resumed = _call(four["second"], 0)
@@ -139,6 +142,7 @@ def test_checkpoint_resume_equals_straight_training(four):
     assert not torch.equal(w3, w6)
 
 
+@pytest.mark.slow
 def test_checkpoint_files_hold_each_row_once(four):
     ckpt = checkpoint.step_dir(four["a"], 6)
     manifest = checkpoint.read_manifest(ckpt)
@@ -153,6 +157,7 @@ def test_checkpoint_files_hold_each_row_once(four):
     assert tiers[2] == tiers[3] == {"cold"}  # group 1: cold rows only
 
 
+@pytest.mark.slow
 def test_interrupted_save_is_never_loaded(four, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(four["a"], ckpt)
@@ -171,6 +176,7 @@ def test_interrupted_save_is_never_loaded(four, tmp_path):
         checkpoint.load_full(broken)
 
 
+@pytest.mark.slow
 def test_two_ranks_real_data_and_world_size_mismatch(four, tmp_path):
     calls = [
         (["--steps", "8", "--checkpoint-dir", str(four["a"]), "--resume", *SMALL], None),
@@ -315,6 +321,7 @@ def _records(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_row_wise_strategy_is_all_cold_and_verifies(strategies):
     calls = _call(strategies["results"], 0)
     assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
@@ -328,6 +335,7 @@ def test_row_wise_strategy_is_all_cold_and_verifies(strategies):
     assert header["plan"]["predicted"]["sync_bytes"] == 0.0  # nothing replicated
 
 
+@pytest.mark.slow
 def test_metrics_out_matches_printed_steps(strategies):
     for i, name in ((0, "rw.jsonl"), (1, "fs.jsonl")):
         out = _call(strategies["results"], i)[0]["out"]
@@ -359,6 +367,7 @@ def test_metrics_out_matches_printed_steps(strategies):
         assert a["loss"] == pytest.approx(b["loss"], rel=0, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_failed_run_writes_no_metrics(strategies):
     calls = _call(strategies["results"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
@@ -366,6 +375,7 @@ def test_failed_run_writes_no_metrics(strategies):
     assert not list(strategies["root"].glob(".bad.jsonl.*"))
 
 
+@pytest.mark.slow
 def test_every_runtime_strategy_verifies(strategies):
     for i, name in enumerate(strategies["others"], start=4):
         calls = _call(strategies["results"], i)
@@ -375,6 +385,7 @@ def test_every_runtime_strategy_verifies(strategies):
         assert out.rstrip().endswith("verify: OK (3 steps, all rows of all copies match)")
 
 
+@pytest.mark.slow
 def test_compact_layout_trains_like_the_reference_and_checkpoints(strategies):
     """The compact routing layout (replicated rows listed, cold rows dealt by id) gives the same training
     as the unsharded reference, and its sharded checkpoint holds every row once."""
@@ -418,6 +429,7 @@ def _histories(path: Path, seed: int) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_plan_contract_under_torchrun(tmp_path):
     """A plan used with other data, other dedup or another batch fails with one line on every rank; an
     explicit --override-plan runs the other dedup and says so."""

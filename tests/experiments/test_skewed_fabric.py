@@ -30,7 +30,17 @@ def test_skew_aware_plan_unloads_the_slow_host_and_is_faster(result):
     assert sum(aware["host_cold_shares"].values()) == pytest.approx(1.0)
 
 
-def test_markdown_table(result):
+def test_markdown_table_shows_the_records(result):
+    """Each row of the table reads back to its record's figures, in the header's column order."""
     module, res = result
-    table = module.markdown(res)
-    assert table.count("\n") == 3 and "| skew-aware |" in table and "| skew-blind |" in table
+    lines = module.markdown(res).splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header[0] == "plan" and header[5].startswith("modeled bottleneck time")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert len(rows) == len(res["records"]) == 2
+    for cells, r in zip(rows, res["records"], strict=True):
+        assert cells[0] == r["plan"]
+        assert float(cells[1].rstrip("%")) == pytest.approx(100 * r["slow_host_cold_share"], abs=0.005)
+        assert float(cells[3]) == pytest.approx(r["slow_inter_bytes"] / 1e6, abs=0.05)
+        assert float(cells[5]) == pytest.approx(r["modeled_time_s"] * 1e3, abs=5e-4)
+        assert cells[6] == f"rank {r['bottleneck_rank']} ({r['bottleneck_host']})"
