@@ -74,21 +74,23 @@ class _Setting(str, Enum):
     def __format__(self, spec: str) -> str:
         return format(str(self.value), spec)
 
+    @classmethod
+    def parse(cls, value: str | _Setting):
+        """The member spelled ``value`` (ConfigError naming the setting and the choices otherwise)."""
+        try:
+            return cls(value)
+        except ValueError:
+            setting = cls.__name__.removesuffix("Mode").lower()
+            raise ConfigError(
+                f"{setting}: unknown {value!r}; choose one of {', '.join(m.value for m in cls)}"
+            ) from None
+
 
 class SyncMode(_Setting):
     """How the gradients of replicated rows are summed after the backward pass."""
 
     SPARSE = "sparse"  # a touched-row mask, then only the touched rows
     DENSE = "dense"  # every replicated row
-
-    @classmethod
-    def parse(cls, value: str | SyncMode) -> SyncMode:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(
-                f"sync: unknown {value!r}; choose one of {', '.join(m.value for m in cls)}"
-            ) from None
 
 
 class FetchMode(_Setting):
@@ -100,15 +102,6 @@ class FetchMode(_Setting):
     """
 
     FLAT = "flat"
-
-    @classmethod
-    def parse(cls, value: str | FetchMode) -> FetchMode:
-        try:
-            return cls(value)
-        except ValueError:
-            raise ConfigError(
-                f"fetch: unknown {value!r}; choose one of {', '.join(m.value for m in cls)}"
-            ) from None
 
 
 TIERS = Tier.labels()  # ("hot", "warm", "cold")

@@ -22,11 +22,8 @@ class ProcessGroups:
     replica_ranks: list[int]
 
     @property
-    def world_size(self) -> int:
-        return self.layout.num_ranks
-
-    @property
     def groups(self) -> list[list[int]]:
+        """Ranks of each group, as lists (the checkpoint manifest's spelling)."""
         return self.layout.to_lists()
 
     @property

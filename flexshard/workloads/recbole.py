@@ -113,13 +113,20 @@ def _dense(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_vocab(
-    path: Path, lines: np.ndarray, first: np.ndarray, tokens: np.ndarray, table: str, limit: int | None
+    paths: list[Path],
+    lines: np.ndarray,
+    first: np.ndarray,
+    tokens: np.ndarray,
+    table: str,
+    limit: int | None,
+    source: np.ndarray | None = None,
 ) -> None:
-    """Raise if a feature has more distinct tokens than an explicit ``num_rows`` allows."""
+    """Raise if a feature has more distinct tokens than an explicit ``num_rows`` allows. ``source[k]``
+    indexes ``paths`` with the file of token ``k`` (every token from ``paths[0]`` when None)."""
     if limit is not None and first.size > limit:
         k = int(first[limit])
         raise bad_value(
-            path,
+            paths[int(source[k])] if source is not None else paths[0],
             int(lines[k]),
             table,
             tokens[k].decode(errors="replace"),
@@ -162,17 +169,9 @@ def read_recbole(
         both = np.concatenate([col, af.column(key)]) if af is not None else col
         dense, first = _dense(both)
         lines = np.concatenate([inter.line, af.line]) if af is not None else inter.line
-        srcs = np.concatenate([np.zeros(n_inter, bool), np.ones(both.size - n_inter, bool)])
-        if key in limits and first.size > limits[key]:
-            k = int(first[limits[key]])
-            src = af.path if srcs[k] and af is not None else inter.path
-            raise bad_value(
-                src,
-                int(lines[k]),
-                key,
-                both[k].decode(errors="replace"),
-                f"ids outside the table ({key!r} has num_rows {limits[key]})",
-            )
+        source = np.concatenate([np.zeros(n_inter, np.int64), np.ones(both.size - n_inter, np.int64)])
+        paths = [inter.path, af.path] if af is not None else [inter.path]
+        _check_vocab(paths, lines, first, both, key, limits.get(key), source)
         ids[key] = dense[:n_inter]
         vocab[key] = limits.get(key, int(first.size))
         if af is not None:
@@ -225,28 +224,20 @@ def read_recbole(
             continue
         col = inter.column(name)[kept]
         lines = inter.line[kept]
-        if kind == "token":
-            present = np.flatnonzero(col != b"")
-            dense, first = _dense(col[present])
-            _check_vocab(inter.path, lines[present], first, col[present], name, limits.get(name))
-            add(
-                name,
-                "inter",
-                np.bincount(dense, minlength=first.size),
-                np.bincount(sample_of[present], minlength=n_samples),
-                first.size,
-            )
-        else:
+        if kind == "token":  # one token per interaction, or none
+            owner = np.flatnonzero(col != b"")
+            words = col[owner]
+        else:  # a space-separated list per interaction
             words, owner = split_cells(col)
-            dense, first = _dense(words)
-            _check_vocab(inter.path, lines[owner], first, words, name, limits.get(name))
-            add(
-                name,
-                "inter",
-                np.bincount(dense, minlength=first.size),
-                np.bincount(sample_of[owner], minlength=n_samples),
-                first.size,
-            )
+        dense, first = _dense(words)
+        _check_vocab([inter.path], lines[owner], first, words, name, limits.get(name))
+        add(
+            name,
+            "inter",
+            np.bincount(dense, minlength=first.size),
+            np.bincount(sample_of[owner], minlength=n_samples),
+            first.size,
+        )
 
     # features of the user (weighted by the user's interactions) and of the item (per interaction)
     item_lookups = np.bincount(it, minlength=vocab[ITEM_TABLE])
@@ -267,7 +258,7 @@ def read_recbole(
             else:
                 words, owner = split_cells(col)
             dense, first = _dense(words)
-            _check_vocab(af.path, af.line[owner], first, words, name, limits.get(name))
+            _check_vocab([af.path], af.line[owner], first, words, name, limits.get(name))
             who = owner_ids[owner]  # user / item dense id of each token
             c = np.bincount(dense, weights=weight[who], minlength=first.size)
             per_owner = np.bincount(who, minlength=n_owner)  # tokens of each user / item
