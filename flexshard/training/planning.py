@@ -6,8 +6,9 @@ difference is on purpose; each override is logged. The data, world and tables ar
 sharded module is built (:mod:`flexshard.contract`).
 
 Without ``--plan``, rank 0 plans the source's workload with ``--strategy`` on ``--groups`` emulated
-NVLink groups of consecutive ranks (NVLink-class and 400 Gb/s NIC-class links) at ``--budget`` times
-row-wise memory, and broadcasts the plan document.
+NVLink groups of consecutive ranks, priced as H100-class hosts (the ``h100:<groups>x<ranks per group>``
+topology preset: NVSwitch and one 400 Gb/s NIC per GPU) at ``--budget`` times row-wise memory, and
+broadcasts the plan document.
 """
 
 from __future__ import annotations
@@ -24,10 +25,8 @@ from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.training.config import TrainConfig
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, fingerprint
 from solvers.planner import budget_bytes, make_plan
-from topology.views import uniform_view
-
-INTRA_BW_BPS = 450e9  # NVLink-class bandwidth per GPU for plans made on the fly, bytes/s
-INTER_BW_BPS = 50e9  # one 400 Gb/s NIC per GPU, bytes/s
+from topology.presets import h100_cluster
+from topology.views import cluster_view
 
 
 def batch_size(config: TrainConfig, plan_file: PlanFile | None) -> int:
@@ -73,7 +72,7 @@ def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanF
     if rank == 0:
         try:
             workload = source.workload()
-            view = uniform_view(layout.num_groups, world // layout.num_groups, INTRA_BW_BPS, INTER_BW_BPS)
+            view = cluster_view(h100_cluster(layout.num_groups, world // layout.num_groups))
             planned = make_plan(
                 config.strategy or "flexshard",
                 workload,
