@@ -11,13 +11,13 @@ tiers are planned. ``--analytic-stats`` skips the counts and plans on the analyt
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import resource
 import sys
 import time
 
 import numpy as np
+import study
 
 from flexshard.workloads import synthetic_workload
 from solvers.planner import budget_bytes, make_plan
@@ -64,7 +64,7 @@ def rebuild_from_counts(workload: Workload, trace_lookups_per_row: float, seed: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = study.arguments(__doc__, write=False)
     p.add_argument("--tables", type=int, default=100)
     p.add_argument("--rows", type=float, default=1e9)
     p.add_argument("--nodes", type=int, default=16, help="8-GPU nodes (16 -> 128 GPUs)")

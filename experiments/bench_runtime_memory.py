@@ -20,7 +20,6 @@ them for scale. Each size runs in fresh processes, one size after another. Run:
 
 from __future__ import annotations
 
-import argparse
 import resource
 import sys
 import tempfile
@@ -28,10 +27,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import study
 import torch
 
 from flexshard.plan_file import read_plan, to_dict, write_plan
-from flexshard.report import format_table, human_bytes
+from flexshard.report import human_bytes
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.local import run_on_ranks
 from flexshard.workloads import sample_ids, zipf_table
@@ -59,7 +59,8 @@ def measure(rank: int, world: int, plan_path: str, rows: int, dim: int, layout: 
     out = module({"items": (ids, torch.full((BATCH,), LENGTH, dtype=torch.int64))})
     out["items"].sum().backward()
     module.step()
-    shard = sum(w.nbytes for w in module.weights.values()) + sum(s.nbytes for s in module.opt_state.values())
+    shards = module.shards.values()
+    shard = sum(s.weights.nbytes + s.state.nbytes for s in shards)
     routing = sum(a.nbytes for r in module.routing for a in r.arrays())
     return {
         "shard": shard,
@@ -83,7 +84,7 @@ def run_size(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = study.arguments(__doc__, write=False)
     p.add_argument("--rows", default="1e6,1e7,3e7", help="comma-separated table sizes (default 1e6,1e7,3e7)")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--world", type=int, default=4)
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         f"ShardedSequenceEmbedding, one table of dim {args.dim}, FlexShard plan at {args.budget:g}x, "
         f"{args.world} gloo ranks in {args.groups} groups (per rank; the rank with the highest peak RSS)"
     )
-    print(format_table(header, table))
+    print(study.md_table(header, table))
     return 0
 
 

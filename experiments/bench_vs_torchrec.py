@@ -65,7 +65,6 @@ only)::
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 import os
@@ -77,19 +76,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import study
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from flexshard.runtime.local import free_port, wait_for_ranks
+from core.osutil import free_port
+from flexshard.runtime.local import wait_for_ranks
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 REFERENCE_RANKS = 8  # the head size is fixed from an 8-rank iteration, so --world does not change the data
 INTRA, INTER = 0, 1
 DEFAULT_TABLES = "item:100000:64,creator:50000:64,category:10000:64"  # EmbeddingCollection: one dim
-OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
-STUDY_COMMAND = ".venv/bin/python experiments/bench_vs_torchrec.py --study"
 STUDY: tuple[tuple[str, dict[str, int]], ...] = (  # (name, Config overrides), in the order they run
     ("world 4 (2 groups of 2), batch 128 per rank", {"world": 4, "batch": 128}),
     ("world 4 (2 groups of 2), batch 256 per rank", {"world": 4, "batch": 256}),
@@ -209,8 +208,9 @@ def make_workload_and_view(cfg: Config):
     return workload, view
 
 
-def write_bench_plan(cfg: Config, path: Path) -> dict:
-    """Plan FlexShard at ``cfg.budget`` x row-wise memory; also price row-wise (no dedup, as TorchRec)."""
+def write_bench_plan(cfg: Config, path: Path, orders: dict[str, np.ndarray]) -> dict:
+    """Plan FlexShard at ``cfg.budget`` x row-wise memory; also price row-wise (no dedup, as TorchRec).
+    The plan files name ``orders``, the hotness orders the ranks route the ids with."""
     from flexshard.plan_file import to_dict, write_plan
     from solvers.planner import budget_bytes, make_plan
 
@@ -219,11 +219,11 @@ def write_bench_plan(cfg: Config, path: Path) -> dict:
     t0 = time.perf_counter()
     planned = make_plan("flexshard", workload, view, budget)
     plan_s = time.perf_counter() - t0
-    write_plan(path, to_dict(planned.plan, workload, view, planned.report, "bench-vs-torchrec"))
+    write_plan(path, to_dict(planned.plan, workload, view, planned.report, "bench-vs-torchrec", orders))
     rw = make_plan("row_wise", workload, view, budget_bytes(workload, view, 1.0), dedup=False)
     rw_dedup = make_plan("row_wise", workload, view, budget_bytes(workload, view, 1.0), dedup=True)
     rw_path = path.with_name("plan_row_wise.json")  # the ablation: FlexShard's runtime, all rows cold
-    write_plan(rw_path, to_dict(rw_dedup.plan, workload, view, rw_dedup.report, "bench-vs-torchrec"))
+    write_plan(rw_path, to_dict(rw_dedup.plan, workload, view, rw_dedup.report, "bench-vs-torchrec", orders))
     tiers = [(tp.name, tp.hot_rows, tp.warm_rows, tp.cold_rows) for tp in planned.plan.tables]
     return {
         "plan_s": plan_s,
@@ -439,7 +439,7 @@ class FlexShardSystem(System):
         self.model.step()
 
     def after_timed_step(self, index: int) -> None:
-        self.own.append(self.model.traffic[:, :, 0].sum(axis=1).copy())  # send side, all components
+        self.own.append(self.model.traffic.bytes[:, :, 0].sum(axis=1))  # send side, all components
 
     def result(self) -> dict:
         res = super().result()
@@ -696,16 +696,13 @@ def report(cfg: Config, plan_info: dict, results: list[dict]) -> tuple[str, dict
         "MB = 1e6 B"
     )
     lines.append("")
-    lines.append(
-        "| system | step time ms (mean ± std / median) | intra-group MB | inter-group MB | total MB |"
-    )
-    lines.append("|---|---|---|---|---|")
+    rows = []
     for label, key in systems:
         s = summary[key]
-        lines.append(
-            f"| {label} | {s['mean_ms']:.1f} ± {s['std_ms']:.1f} / {s['median_ms']:.1f} | {mb(s['intra'])} | "
-            f"{mb(s['inter'])} | {mb(s['intra'] + s['inter'])} |"
-        )
+        step = f"{s['mean_ms']:.1f} ± {s['std_ms']:.1f} / {s['median_ms']:.1f}"
+        rows.append([label, step, mb(s["intra"]), mb(s["inter"]), mb(s["intra"] + s["inter"])])
+    header = ["system", "step time ms (mean ± std / median)", "intra-group MB", "inter-group MB", "total MB"]
+    lines.append(study.md_table(header, rows))
     f = summary["flexshard"]
     names = {
         "torchrec": "TorchRec",
@@ -778,9 +775,10 @@ def run_config(cfg: Config) -> tuple[str, dict]:
     """Plan, count the hotness order, spawn the ranks: the report text and the ``--json`` payload."""
     with tempfile.TemporaryDirectory(prefix="bench_vs_torchrec.") as tmp:
         tmp = Path(tmp)
-        plan_info = write_bench_plan(cfg, tmp / "plan.json")
         dists = [TableDistribution(cfg, i, rows) for i, (_n, rows, _d) in enumerate(cfg.tables)]
-        np.savez(tmp / "orders.npz", **counted_orders(cfg, dists))
+        orders = counted_orders(cfg, dists)
+        np.savez(tmp / "orders.npz", **orders)
+        plan_info = write_bench_plan(cfg, tmp / "plan.json", orders)
         results = launch(cfg, tmp / "plan.json", tmp / "orders.npz", tmp)
     text, summary = report(cfg, plan_info, results)
     payload = {
@@ -811,30 +809,16 @@ def run_study(base: Config) -> list[tuple[str, str, dict]]:
     return runs
 
 
-def versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = [f"Python {sys.version.split()[0]}", f"torch {torch.__version__}"]
-    for name in ("torchrec", "fbgemm_gpu_cpu"):
-        try:
-            found.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            found.append(f"{name} not installed")
-    return ", ".join(found)
-
-
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}" if b else "n/a"
 
 
-def study_table(runs: list[tuple[str, str, dict]]) -> list[str]:
+def study_table(runs: list[tuple[str, str, dict]]) -> str:
     """One row per configuration: bytes of the three systems and FlexShard's ratios to the other two."""
-    lines = [
-        "| configuration | inter-group MB (FlexShard / ablation / TorchRec) | intra-group MB (same) | "
-        "FlexShard / TorchRec: inter, total bytes, step time mean (median) | "
-        "FlexShard / ablation: inter, total bytes, step time mean (median) |",
-        "|---|---|---|---|---|",
-    ]
+    header = ["configuration", "inter-group MB (FlexShard / ablation / TorchRec)", "intra-group MB (same)"]
+    ratios = "inter, total bytes, step time mean (median)"
+    header += [f"FlexShard / TorchRec: {ratios}", f"FlexShard / ablation: {ratios}"]
+    rows = []
     for name, _text, payload in runs:
         s = payload["summary"]
         f = s["flexshard"]
@@ -849,8 +833,8 @@ def study_table(runs: list[tuple[str, str, dict]]) -> list[str]:
             total = _ratio(f["intra"] + f["inter"], t["intra"] + t["inter"])
             step = f"{_ratio(f['mean_ms'], t['mean_ms'])} ({_ratio(f['median_ms'], t['median_ms'])})"
             cells.append(f"{_ratio(f['inter'], t['inter'])}, {total}, {step}")
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+        rows.append(cells)
+    return study.md_table(header, rows)
 
 
 def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, runtime_s: float) -> str:
@@ -864,7 +848,7 @@ def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, r
         "step here. The byte counts do not depend on the hardware. Method and reading: "
         "[docs/torchrec_comparison.md](../torchrec_comparison.md).",
         "",
-        f"Command: `{command}` ({runtime_s:.0f} s on this {os.cpu_count()}-core machine; {versions()}).",
+        study.generated(command, runtime_s, study.versions("torch", "torchrec", "fbgemm_gpu_cpu")),
         "",
         "## Set-up",
         "",
@@ -882,7 +866,7 @@ def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, r
         "",
         "## Summary",
         "",
-        *study_table(runs),
+        study_table(runs),
         "",
         "Ratios are FlexShard's value over the other system's (bytes: per rank per iteration; step time: "
         "of the mean and, in brackets, of the median). Step time ratios are CPU/gloo only, on a machine "
@@ -897,12 +881,7 @@ def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, r
 
 def study_figure(runs: list[tuple[str, str, dict]], path: Path) -> None:
     """Inter- and intra-group MB per iteration and step time (± std) per configuration and system."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+    fig, axes = study.subplots(1, 3, figsize=(16, 5.2))
     x = np.arange(len(runs))
     width = 0.27
     panels = (
@@ -938,15 +917,14 @@ def study_figure(runs: list[tuple[str, str, dict]], path: Path) -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    study.save_figure(fig, path)
 
 
 # --- CLI -----------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = study.arguments(__doc__)  # --no-write: with --study, print only
     p.add_argument("--world", type=int, default=4, help="ranks (4 or 8; 2 emulated groups)")
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--tables", default=DEFAULT_TABLES, help="name:rows:dim,... (default %(default)s)")
@@ -988,7 +966,6 @@ def main(argv: list[str] | None = None) -> int:
         help="run the three documented configurations (--world / --batch are set by each) and write "
         "docs/results/torchrec_runtime.md and .png",
     )
-    p.add_argument("--no-write", action="store_true", help="with --study: print only, write no docs/results")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     cfg = Config(
@@ -1043,11 +1020,9 @@ def main(argv: list[str] | None = None) -> int:
         shown = [
             a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--study", "--no-write")
         ]
-        command = " ".join([STUDY_COMMAND, *shown])
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "torchrec_runtime.md").write_text(render_study(cfg, runs, command, runtime))
-        study_figure(runs, OUT / "torchrec_runtime.png")
-        print(f"wrote {OUT / 'torchrec_runtime.md'} and torchrec_runtime.png", file=sys.stderr)
+        command = study.command(__file__, "--study", *shown)
+        study.write_markdown(study.RESULTS / "torchrec_runtime.md", render_study(cfg, runs, command, runtime))
+        study_figure(runs, study.RESULTS / "torchrec_runtime.png")
     print(f"runtime {runtime:.0f} s", file=sys.stderr)
     return 0
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import sys
 
+import study
+
 from flexshard import workloads
 from flexshard.cli import simulate_records
 from flexshard.report import human_bytes
@@ -26,33 +28,29 @@ def headline() -> str:
     records = simulate_records(
         workloads.default_workload(), view, BUDGETS, (True, False), ("flexshard", "row_wise", "hybrid", "2d")
     )
-    lines = [
-        "| dedup | budget | FlexShard inter-group | of which sync | row-wise inter-group | reduction | "
-        "best other baseline | FlexShard time | row-wise time | gap to bound |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["dedup", "budget", "FlexShard inter-group", "of which sync", "row-wise inter-group"]
+    header += ["reduction", "best other baseline", "FlexShard time", "row-wise time", "gap to bound"]
+    rows = []
     for dedup in (True, False):
         for x in BUDGETS:
             group = {r["strategy"]: r for r in records if r["dedup"] == dedup and r["budget_x"] == x}
             ours, rw = group["flexshard"], group["row_wise"]
             others = [r for s, r in group.items() if s not in ("flexshard", "row_wise") and r["feasible"]]
             best = min(others, key=lambda r: r["inter_group_bytes"])
-            lines.append(
-                f"| {'on' if dedup else 'off'} | {x:g}x | {human_bytes(ours['inter_group_bytes'])} | "
-                f"{human_bytes(ours['sync_bytes'])} | {human_bytes(rw['inter_group_bytes'])} | "
-                f"{1 - ours['inter_group_bytes'] / rw['inter_group_bytes']:.1%} | "
-                f"{best['strategy']} {1 - best['inter_group_bytes'] / rw['inter_group_bytes']:.1%} | "
-                f"{ours['modeled_time_s'] * 1e3:.2f} ms | {rw['modeled_time_s'] * 1e3:.2f} ms | "
-                f"{ours['gap']:.2%} |"
+            rw_inter = rw["inter_group_bytes"]
+            rows.append(
+                ["on" if dedup else "off", f"{x:g}x", human_bytes(ours["inter_group_bytes"])]
+                + [human_bytes(ours["sync_bytes"]), human_bytes(rw_inter)]
+                + [f"{1 - ours['inter_group_bytes'] / rw_inter:.1%}"]
+                + [f"{best['strategy']} {1 - best['inter_group_bytes'] / rw_inter:.1%}"]
+                + [f"{ours['modeled_time_s'] * 1e3:.2f} ms", f"{rw['modeled_time_s'] * 1e3:.2f} ms"]
+                + [f"{ours['gap']:.2%}"]
             )
-    return "\n".join(lines)
+    return study.md_table(header, rows)
 
 
 def sensitivity() -> str:
-    lines = [
-        "| nodes x 8 GPUs | batch per GPU | reduction, dedup on | reduction, dedup off |",
-        "|---|---|---|---|",
-    ]
+    rows = []
     for nodes in (2, 8, 16):
         view = cluster_view(from_preset(f"h100:{nodes}"))
         for batch in (512, 2048, 8192):
@@ -63,11 +61,13 @@ def sensitivity() -> str:
                 ours = make_plan("flexshard", w, view, b, dedup).report.inter_group_bytes
                 rw = make_plan("row_wise", w, view, b, dedup).report.inter_group_bytes
                 cells.append(f"{1 - ours / rw:.1%}")
-            lines.append(f"| {nodes} | {batch} | {cells[0]} | {cells[1]} |")
-    return "\n".join(lines)
+            rows.append([nodes, batch, *cells])
+    header = ["nodes x 8 GPUs", "batch per GPU", "reduction, dedup on", "reduction, dedup off"]
+    return study.md_table(header, rows)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    study.arguments(__doc__, write=False).parse_args(argv)
     print("Embedded default, h100:8 (64 GPUs), bytes per iteration at the bottleneck rank:\n")
     print(headline())
     print("\nInter-group reduction against row-wise at 2x, default tables, other batches and clusters:\n")

@@ -46,7 +46,6 @@ chosen from the earlier window). Writes docs/results/hot_set_drift.md and hot_se
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -55,21 +54,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import study
 
 from flexshard import workloads
 from solvers.cost_model import TierVolumes, evaluate_volumes
-from solvers.optimizer import OptimizerConfig
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import CostReport, Plan, RowHistogram, TableSpec, Workload
 from topology import ClusterView, cluster_view, h100_cluster
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
-COMMAND = ".venv/bin/python experiments/hot_set_drift.py"
 DIM = 64
 BATCH = 512
 NODES = 8
 BUDGET_X = 2.0
-DPI = 120
 
 
 @dataclass
@@ -147,7 +143,7 @@ def data_sets(quick: bool) -> list[tuple[str, str, Callable[[], tuple[Window, Wi
     for name, split, earlier, later in sets:
         missing = [p for p in earlier + later if not p.exists()]
         if missing:
-            print(f"note: {missing[0]} is absent; skipping {name}", file=sys.stderr)
+            study.note_missing(missing[0], name)
             continue
         if name == "ml-100k":
             found.append((name, split, lambda p=earlier[0]: recbole_windows(p)))
@@ -216,7 +212,7 @@ def price_in_order(
     return evaluate_volumes(workload, view, plan, volumes), replicated / total, per_table
 
 
-def study(name: str, early: Window, late: Window, view: ClusterView, dedup: bool, config) -> dict:
+def drift_study(name: str, early: Window, late: Window, view: ClusterView, dedup: bool, quick: bool) -> dict:
     w_early, w_late = workload_of(f"{name}-earlier", early), workload_of(f"{name}-later", late)
     order_early = {t: full_order(c) for t, c in early.counts.items()}
     order_late = {t: full_order(c) for t, c in late.counts.items()}
@@ -224,11 +220,10 @@ def study(name: str, early: Window, late: Window, view: ClusterView, dedup: bool
     rw_early = make_plan("row_wise", w_early, view, budget_bytes(w_early, view, BUDGET_X), dedup).report
     rec: dict = {"rw_inter": rw_late.inter_group_bytes, "rw_time": rw_late.modeled_time_s}
     for strategy in ("flexshard", "hybrid"):
-        cfg = config() if strategy == "flexshard" else None
+        cfg = study.optimizer_config(quick) if strategy == "flexshard" else None
         stale = make_plan(strategy, w_early, view, budget_bytes(w_early, view, BUDGET_X), dedup, config=cfg)
-        oracle = make_plan(
-            strategy, w_late, view, budget_bytes(w_late, view, BUDGET_X), dedup, config=config()
-        )
+        late_budget = budget_bytes(w_late, view, BUDGET_X)
+        oracle = make_plan(strategy, w_late, view, late_budget, dedup, config=study.optimizer_config(quick))
         stale_rep, stale_cov, stale_tables = price_in_order(w_late, view, stale.plan, late, order_early)
         check, oracle_cov, oracle_tables = price_in_order(w_late, view, oracle.plan, late, order_late)
         ref = oracle.report.inter_group_bytes
@@ -265,50 +260,41 @@ def survival(s: dict) -> str:
 
 
 def markdown(results: list[tuple[str, str, bool, dict]]) -> str:
-    lines = [
-        "| data set | windows | dedup | strategy | row-wise inter-group (later) | "
-        "saving predicted on earlier | "
-        "saving achieved on later (stale plan) | oracle saving | share of oracle saving kept | "
-        "later lookups on replicated rows: stale / oracle | modeled time: row-wise / stale / oracle |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["data set", "windows", "dedup", "strategy", "row-wise inter-group (later)"]
+    header += ["saving predicted on earlier", "saving achieved on later (stale plan)", "oracle saving"]
+    header += ["share of oracle saving kept", "later lookups on replicated rows: stale / oracle"]
+    header += ["modeled time: row-wise / stale / oracle"]
+    rows = []
     for name, split, dedup, rec in results:
         for strategy in ("flexshard", "hybrid"):
             s = rec[strategy]
-            lines.append(
-                f"| {name} | {split} | {'on' if dedup else 'off'} | {strategy} | "
-                f"{rec['rw_inter'] / 1e6:.2f} MB | {s['predicted']:.1%} | {s['stale']:.1%} | "
-                f"{s['oracle']:.1%} | "
-                f"{survival(s)} | {s['stale_cov']:.1%} / {s['oracle_cov']:.1%} | "
-                f"{rec['rw_time'] * 1e3:.3f} / {s['stale_time'] * 1e3:.3f} / "
-                f"{s['oracle_time'] * 1e3:.3f} ms |"
+            times = (
+                f"{rec['rw_time'] * 1e3:.3f} / {s['stale_time'] * 1e3:.3f} / {s['oracle_time'] * 1e3:.3f} ms"
             )
-    return "\n".join(lines)
+            rows.append(
+                [name, split, "on" if dedup else "off", strategy, f"{rec['rw_inter'] / 1e6:.2f} MB"]
+                + [f"{s['predicted']:.1%}", f"{s['stale']:.1%}", f"{s['oracle']:.1%}", survival(s)]
+                + [f"{s['stale_cov']:.1%} / {s['oracle_cov']:.1%}", times]
+            )
+    return study.md_table(header, rows)
 
 
 def per_table_markdown(results: list[tuple[str, str, bool, dict]]) -> str:
-    lines = [
-        "| data set | dedup | table | replicated rows: stale / oracle | "
-        "later lookups on replicated rows: stale / oracle |",
-        "|---|---|---|---|---|",
-    ]
+    header = ["data set", "dedup", "table", "replicated rows: stale / oracle"]
+    header += ["later lookups on replicated rows: stale / oracle"]
+    rows = []
     for name, _, dedup, rec in results:
         s = rec["flexshard"]
         for t in s["stale_tables"]:
-            lines.append(
-                f"| {name} | {'on' if dedup else 'off'} | {t} | {s['replicated'][t]:,} / "
-                f"{s['oracle_replicated'][t]:,} | {s['stale_tables'][t]:.1%} / {s['oracle_tables'][t]:.1%} |"
+            rows.append(
+                [name, "on" if dedup else "off", t, f"{s['replicated'][t]:,} / {s['oracle_replicated'][t]:,}"]
+                + [f"{s['stale_tables'][t]:.1%} / {s['oracle_tables'][t]:.1%}"]
             )
-    return "\n".join(lines)
+    return study.md_table(header, rows)
 
 
 def figure(path: Path, results: list[tuple[str, str, bool, dict]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    fig, axes = study.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     bars = (
         ("predicted", "predicted on the earlier window", "tab:gray"),
         ("stale", "achieved on the later window (plan from earlier)", "tab:red"),
@@ -327,26 +313,20 @@ def figure(path: Path, results: list[tuple[str, str, bool, dict]]) -> None:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Hot-set drift: h100:{NODES} (64 GPUs), budget {BUDGET_X:g}x row-wise, batch {BATCH}/GPU")
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    study.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="lastfm, tw_ny, ml-100k; no integer finish")
-    p.add_argument("--no-write", action="store_true", help="print only; do not write docs/results")
+    p = study.arguments(__doc__, quick="lastfm, tw_ny, ml-100k; no integer finish")
     args = p.parse_args(argv)
     start = time.perf_counter()
-
-    def config() -> OptimizerConfig:
-        return OptimizerConfig(integer_rows=False) if args.quick else OptimizerConfig(solver_time_limit_s=2.0)
 
     view = cluster_view(h100_cluster(NODES))
     results = []
     for name, split, load in data_sets(args.quick):
         early, late = load()
         for dedup in (True, False):
-            results.append((name, split, dedup, study(name, early, late, view, dedup, config)))
+            results.append((name, split, dedup, drift_study(name, early, late, view, dedup, args.quick)))
         print(f"{name} done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
     if not results:
         print("no data set found under", workloads.data_root())
@@ -360,15 +340,14 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     print(f"\n{elapsed:.0f} s")
     if not args.no_write:
-        OUT.mkdir(parents=True, exist_ok=True)
-        figure(OUT / "hot_set_drift.png", results)
-        mode = " --quick" if args.quick else ""
+        figure(study.RESULTS / "hot_set_drift.png", results)
+        cmd = study.command(__file__, *(["--quick"] if args.quick else []))
         doc = (__doc__ or "").split("Method, per data set", 1)[1].split("Writes docs/results", 1)[0]
         head = [
             "# Hot-set drift: plan on an earlier window, evaluate on a later one",
             "",
-            f"Generated by `{COMMAND}{mode}` ({elapsed:.0f} s on the 2-core dev machine). Modeled bytes and",
-            "times from the cost model (docs/cost_model.md), not GPU measurements.",
+            study.generated(cmd, elapsed),
+            "Modeled bytes and times from the cost model (docs/cost_model.md), not GPU measurements.",
             "",
             "Windows: lastfm validation -> test (no train split here); tw_ny, go_sf, go_ny train ->",
             "validation + test; ml-100k first 80% -> last 20% of interactions by timestamp. Tables item_id",
@@ -380,8 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             "![hot-set drift](hot_set_drift.png)",
             "",
         ]
-        (OUT / "hot_set_drift.md").write_text("\n".join(head) + "\n" + body + "\n")
-        print(f"wrote {OUT / 'hot_set_drift.md'}", file=sys.stderr)
+        study.write_markdown(study.RESULTS / "hot_set_drift.md", "\n".join(head) + "\n" + body)
     return 0
 
 

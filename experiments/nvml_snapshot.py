@@ -9,10 +9,13 @@ included. Run on a GPU host:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any
+
+import study
+
+from core.osutil import atomic_open
 
 
 def _call(fn, *args) -> dict[str, Any]:
@@ -105,14 +108,14 @@ def snapshot() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = study.arguments(__doc__, write=False)
     p.add_argument("--out", default="-")
     args = p.parse_args(argv)
     text = json.dumps(snapshot(), indent=1)
     if args.out == "-":
         print(text)
     else:
-        with open(args.out, "w") as f:
+        with atomic_open(args.out, what="--out") as f:
             f.write(text + "\n")
     return 0
 

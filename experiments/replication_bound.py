@@ -23,13 +23,12 @@ one makes the same choice. Beside the bound, FlexShard's planned reduction at 2x
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
+import study
 
 from flexshard import workloads
-from flexshard.report import format_table
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import Workload
 from topology import cluster_view, h100_cluster
@@ -59,7 +58,7 @@ def lookup_bytes(workload: Workload, num_ranks: int, group_size: int, dedup: boo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = study.arguments(__doc__, write=False)
     p.add_argument("--nodes", type=int, default=8, help="h100 nodes of 8 GPUs (default 8)")
     p.add_argument("--batches", default="512,2048,8192", help="per-GPU batch sizes (default 512,2048,8192)")
     p.add_argument("--no-planner", action="store_true", help="skip FlexShard's planned reduction")
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "bound: all-reduce sync",
         "FlexShard at 2x (planned)",
     ]
-    print(format_table(header, rows))
+    print(study.md_table(header, rows))
     return 0
 
 

@@ -10,27 +10,25 @@ instead of 50; leaf uplinks 2:1 oversubscribed) the default workload is planned 
 
 Reported per plan: the cold-row share held by the slow host and by an average other host, the inter-group
 bytes per iteration of the slow host's ranks and of the others, and the modeled bottleneck time (slowest
-rank, bandwidth terms) on the skewed view. Writes the table to docs/skewed_fabric.md. Run:
+rank, bandwidth terms) on the skewed view. Writes docs/skewed_fabric.md. Run:
 
     .venv/bin/python experiments/skewed_fabric.py [--nodes 8] [--budget 2] [--no-write]
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
+import study
 
 from flexshard.workloads import default_workload
 from solvers.cost_model import evaluate
 from solvers.planner import budget_bytes, make_plan
 from topology import cluster_view, h100_cluster, skewed_fabric
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "skewed_fabric.md"
-COMMAND = ".venv/bin/python experiments/skewed_fabric.py"
+DOC = study.ROOT / "docs" / "skewed_fabric.md"
 
 
 def host_cold_shares(plan, workload, view) -> dict[str, float]:
@@ -90,43 +88,32 @@ def compare(num_nodes: int = 8, budget_x: float = 2.0, slow_host: str = "node0")
 
 
 def markdown(result: dict) -> str:
-    lines = [
-        "| plan | cold share, slow host | cold share, other host (mean) | inter-group MB/iter, slow host's "
-        "ranks | inter-group MB/iter, other ranks | modeled bottleneck time, skewed view (ms) | bottleneck |",
-        "|---|---:|---:|---:|---:|---:|---|",
+    header = ["plan", "cold share, slow host", "cold share, other host (mean)"]
+    header += ["inter-group MB/iter, slow host's ranks", "inter-group MB/iter, other ranks"]
+    header += ["modeled bottleneck time, skewed view (ms)", "bottleneck"]
+    rows = [
+        [r["plan"], f"{r['slow_host_cold_share']:.2%}", f"{r['other_host_cold_share']:.2%}"]
+        + [f"{r['slow_inter_bytes'] / 1e6:.1f}", f"{r['other_inter_bytes'] / 1e6:.1f}"]
+        + [f"{r['modeled_time_s'] * 1e3:.3f}", f"rank {r['bottleneck_rank']} ({r['bottleneck_host']})"]
+        for r in result["records"]
     ]
-    for r in result["records"]:
-        lines.append(
-            f"| {r['plan']} | {r['slow_host_cold_share']:.2%} | {r['other_host_cold_share']:.2%} | "
-            f"{r['slow_inter_bytes'] / 1e6:.1f} | {r['other_inter_bytes'] / 1e6:.1f} | "
-            f"{r['modeled_time_s'] * 1e3:.3f} | rank {r['bottleneck_rank']} ({r['bottleneck_host']}) |"
-        )
-    return "\n".join(lines)
+    return study.md_table(header, rows, align="lrrrrrl")
 
 
 def host_table(result: dict) -> str:
-    aware, blind = result["records"]
-    lines = [
-        "| host | inter-group GB/s per rank (view) | cold share, skew-aware | cold share, skew-blind |",
-        "|---|---:|---:|---:|",
-    ]
-    for host, bw in result["host_inter_GBps"].items():
-        lines.append(
-            f"| {host} | {bw:.2f} | {aware['host_cold_shares'][host]:.2%} | "
-            f"{blind['host_cold_shares'][host]:.2%} |"
-        )
-    return "\n".join(lines)
+    shares = [r["host_cold_shares"] for r in result["records"]]  # skew-aware, skew-blind
+    header = ["host", "inter-group GB/s per rank (view)", "cold share, skew-aware", "cold share, skew-blind"]
+    rows = [[h, f"{bw:.2f}", *(f"{x[h]:.2%}" for x in shares)] for h, bw in result["host_inter_GBps"].items()]
+    return study.md_table(header, rows, align="lrrr")
 
 
-def document(result: dict, table: str, seconds: float) -> str:
+def document(result: dict, table: str, command: str, seconds: float) -> str:
     aware, blind = result["records"]
     n = result["num_nodes"]
     hosts = host_table(result)
     return f"""# A slow host on the fabric: skew-aware vs skew-blind plans
 
-Command (about {seconds:.0f} s on 2 CPU cores):
-
-    {COMMAND}
+{study.generated(command, seconds)}
 
 Setup: `topology.presets.skewed_fabric({n})`, {result["ranks"]} GPUs on {n} hosts. Host
 `{result["slow_host"]}` has 4x slower NICs: its ranks get {result["slow_inter_GBps"]:.2f} GB/s out of the
@@ -166,10 +153,9 @@ its topology JSON goes straight to `flexshard plan --topology`.
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = study.arguments(__doc__)
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--budget", type=float, default=2.0)
-    parser.add_argument("--no-write", action="store_true", help=f"do not write {DOC.name}")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     result = compare(args.nodes, args.budget)
@@ -177,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown(result)
     print(table)
     if not args.no_write:
-        DOC.write_text(document(result, table, seconds))
-        print(f"\nwrote {DOC}", file=sys.stderr)
+        flags = [] if args.nodes == 8 else ["--nodes", str(args.nodes)]
+        flags += [] if args.budget == 2.0 else ["--budget", f"{args.budget:g}"]
+        study.write_markdown(DOC, document(result, table, study.command(__file__, *flags), seconds))
     return 0
 
 

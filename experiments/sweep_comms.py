@@ -25,28 +25,20 @@ a few small real tables); each plan's gap to the Lagrangian lower bound is in th
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import matplotlib
+import study
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from core.errors import PlannerError
+from flexshard import workloads
+from flexshard.report import human_bytes
+from solvers.planner import STRATEGIES, budget_bytes, make_plan
+from solvers.types import Workload
+from topology import ClusterView, cluster_view, h100_cluster, nvl72_pod
 
-from flexshard import workloads  # noqa: E402
-from flexshard.report import human_bytes  # noqa: E402
-from solvers.optimizer import OptimizerConfig  # noqa: E402
-from solvers.planner import STRATEGIES, budget_bytes, make_plan  # noqa: E402
-from solvers.types import PlannerError, Workload  # noqa: E402
-from topology import ClusterView, cluster_view, h100_cluster, nvl72_pod  # noqa: E402
-
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
-COMMAND = ".venv/bin/python experiments/sweep_comms.py"
-DPI = 120
 LABELS = {
     "flexshard": "FlexShard",
     "table_wise": "table-wise",
@@ -82,19 +74,20 @@ def data_sets() -> list[tuple[str, Path]]:
         if path.exists():
             found.append((label, path))
         else:
-            print(f"note: {path} is absent; skipping data set {label}", file=sys.stderr)
+            study.note_missing(path, f"data set {label}")
     return found
 
 
 def price_all(
-    workload: Workload, view: ClusterView, budget_x: float, dedup: bool, config: Callable[[], OptimizerConfig]
+    workload: Workload, view: ClusterView, budget_x: float, dedup: bool, quick: bool
 ) -> dict[str, dict]:
     """One record per strategy: bytes per iteration at the bottleneck rank and modeled time."""
     budget = budget_bytes(workload, view, budget_x)
     out = {}
     for strategy in STRATEGIES:
         try:
-            planned = make_plan(strategy, workload, view, budget, dedup, config=config())
+            config = study.optimizer_config(quick)
+            planned = make_plan(strategy, workload, view, budget, dedup, config=config)
         except PlannerError:
             out[strategy] = {"feasible": False}
             continue
@@ -121,52 +114,43 @@ def reduction(rec: dict, rw: dict) -> float:
 
 
 def table(title: str, axis: str, rows: list[tuple[str, bool, dict[str, dict]]]) -> str:
-    lines = [
-        f"#### {title}",
-        "",
-        f"| {axis} | dedup | strategy | inter-group | intra-group | sync | modeled time | "
-        "inter-group vs row-wise | gap to bound |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = [axis, "dedup", "strategy", "inter-group", "intra-group", "sync", "modeled time"]
+    header += ["inter-group vs row-wise", "gap to bound"]
+    cells = []
     for value, dedup, recs in rows:
         for s in STRATEGIES:
             r = recs[s]
             if not r["feasible"]:
-                lines.append(f"| {value} | {'on' if dedup else 'off'} | {LABELS[s]} | infeasible | | | | | |")
+                cells.append([value, _onoff(dedup), LABELS[s], "infeasible", "", "", "", "", ""])
                 continue
             red = "n/a" if math.isnan(r["reduction"]) else f"{0.0 - r['reduction'] + 0.0:+.1%}"
             if s == "row_wise":
                 red = "(reference)" if red != "n/a" else red
             gap = f"{r['gap']:.2%}" if r.get("gap") is not None else ""
-            lines.append(
-                f"| {value} | {'on' if dedup else 'off'} | {LABELS[s]} | {human_bytes(r['inter'])} | "
-                f"{human_bytes(r['intra'])} | {human_bytes(r['sync'])} | {r['time_s'] * 1e3:.3f} ms | "
-                f"{red} | {gap} |"
+            cells.append(
+                [value, _onoff(dedup), LABELS[s], human_bytes(r["inter"]), human_bytes(r["intra"])]
+                + [human_bytes(r["sync"]), f"{r['time_s'] * 1e3:.3f} ms", red, gap]
             )
-    return "\n".join(lines)
+    return f"#### {title}\n\n" + study.md_table(header, cells)
 
 
 def summary(title: str, axis: str, rows: list[tuple[str, bool, dict[str, dict]]]) -> str:
     """Inter-group bytes saved vs row-wise by every strategy, and FlexShard's and row-wise's times."""
     others = [s for s in STRATEGIES if s != "row_wise"]
-    lines = [
-        f"#### {title}: summary",
-        "",
-        f"| {axis} | dedup | row-wise inter-group | "
-        + " | ".join(f"{LABELS[s]} saving" for s in others)
-        + " | FlexShard time | row-wise time | speed-up |",
-        "|---" * (len(others) + 6) + "|",
-    ]
+    header = [axis, "dedup", "row-wise inter-group", *(f"{LABELS[s]} saving" for s in others)]
+    header += ["FlexShard time", "row-wise time", "speed-up"]
+    cells = []
     for value, dedup, recs in rows:
         rw, fs = recs["row_wise"], recs["flexshard"]
-        cells = ["infeasible" if not recs[s]["feasible"] else _pct(recs[s]["reduction"]) for s in others]
+        saved = ["infeasible" if not recs[s]["feasible"] else _pct(recs[s]["reduction"]) for s in others]
         speed = f"{rw['time_s'] / fs['time_s']:.2f}x" if fs["time_s"] > 0 else "n/a"
-        lines.append(
-            f"| {value} | {'on' if dedup else 'off'} | {human_bytes(rw['inter'])} | "
-            + " | ".join(cells)
-            + f" | {fs['time_s'] * 1e3:.3f} ms | {rw['time_s'] * 1e3:.3f} ms | {speed} |"
-        )
-    return "\n".join(lines)
+        times = [f"{fs['time_s'] * 1e3:.3f} ms", f"{rw['time_s'] * 1e3:.3f} ms", speed]
+        cells.append([value, _onoff(dedup), human_bytes(rw["inter"]), *saved, *times])
+    return f"#### {title}: summary\n\n" + study.md_table(header, cells)
+
+
+def _onoff(dedup: bool) -> str:
+    return "on" if dedup else "off"
 
 
 def _pct(x: float) -> str:
@@ -177,7 +161,7 @@ def line_figure(
     path: Path, xlabel: str, series: dict[bool, list[tuple[float, dict[str, dict]]]], title: str, logx: bool
 ) -> None:
     """Reduction of inter-group bytes vs row-wise against one axis; a panel per dedup setting."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = study.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, dedup in zip(axes, (True, False), strict=True):
         pts = series[dedup]
         for s in STRATEGIES:
@@ -201,12 +185,11 @@ def line_figure(
     fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    study.save_figure(fig, path)
 
 
 def cluster_figure(path: Path, h100: dict, nvl: dict) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5.0), sharey=True)
+    fig, axes = study.subplots(1, 2, figsize=(11, 5.0), sharey=True)
     for ax, dedup in zip(axes, (True, False), strict=True):
         for s in STRATEGIES:
             if s == "row_wise":
@@ -230,13 +213,12 @@ def cluster_figure(path: Path, h100: dict, nvl: dict) -> None:
         f"Default workload, budget {BASE_BUDGET:g}x row-wise: cluster size (one NVL72 pod has no inter-group)"
     )
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    study.save_figure(fig, path)
 
 
 def dataset_figure(path: Path, rows: dict[bool, list[tuple[str, dict[str, dict]]]]) -> None:
     strategies = [s for s in STRATEGIES if s != "row_wise"]
-    fig, axes = plt.subplots(2, 1, figsize=(12, 7.5), sharex=True)
+    fig, axes = study.subplots(2, 1, figsize=(12, 7.5), sharex=True)
     for ax, dedup in zip(axes, (True, False), strict=True):
         names = [n for n, _ in rows[dedup]]
         width = 0.8 / len(strategies)
@@ -255,21 +237,13 @@ def dataset_figure(path: Path, rows: dict[bool, list[tuple[str, dict[str, dict]]
         f"Real data sets on h100:{BASE_NODES} (64 GPUs), budget {BASE_BUDGET:g}x row-wise, batch 512/GPU"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    study.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="fewer points, no integer finish (about 1 minute)")
-    p.add_argument("--no-write", action="store_true", help="print only; do not write docs/results")
+    p = study.arguments(__doc__, quick="fewer points, no integer finish (about 1 minute)")
     args = p.parse_args(argv)
     start = time.perf_counter()
-
-    def config() -> OptimizerConfig:
-        if args.quick:
-            return OptimizerConfig(integer_rows=False)
-        return OptimizerConfig(solver_time_limit_s=2.0)
 
     budgets = (1.0, 1.5, 2.0, 8.0) if args.quick else (1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
     nodes = (2, 8, 32) if args.quick else (2, 4, 8, 16, 32, 64, 128)
@@ -286,16 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     rows, series = [], {d: [] for d in dedups}
     for dedup in dedups:
         for x in budgets:
-            recs = price_all(default, base_view, x, dedup, config)
+            recs = price_all(default, base_view, x, dedup, args.quick)
             rows.append((f"{x:g}x", dedup, recs))
             series[dedup].append((x, recs))
     title = f"Budget (default workload, h100:{BASE_NODES})"
     summaries.append(summary(title, "budget", rows))
     details.append(table(title, "budget", rows))
     if not args.no_write:
-        OUT.mkdir(parents=True, exist_ok=True)
         line_figure(
-            OUT / "comms_budget.png",
+            study.RESULTS / "comms_budget.png",
             "per-GPU memory budget (x row-wise memory)",
             series,
             f"Default workload on h100:{BASE_NODES} (64 GPUs): memory budget",
@@ -310,14 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     views += [(f"nvl72:{q} ({72 * q} GPUs)", 72 * q, nvl, cluster_view(nvl72_pod(q))) for q in pods]
     for dedup in dedups:
         for label, gpus, bucket, view in views:
-            recs = price_all(default, view, BASE_BUDGET, dedup, config)
+            recs = price_all(default, view, BASE_BUDGET, dedup, args.quick)
             rows.append((label, dedup, recs))
             bucket[dedup].append((gpus, recs))
     title = f"Cluster size (default workload, budget {BASE_BUDGET:g}x)"
     summaries.append(summary(title, "cluster", rows))
     details.append(table(title, "cluster", rows))
     if not args.no_write:
-        cluster_figure(OUT / "comms_cluster.png", h100, nvl)
+        cluster_figure(study.RESULTS / "comms_cluster.png", h100, nvl)
         figures.append(("comms_cluster.png", "inter-group saving vs row-wise against cluster size"))
     print(f"cluster sweep done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
 
@@ -325,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, series = [], {d: [] for d in dedups}
     for dedup in dedups:
         for a in alphas:
-            recs = price_all(workloads.default_workload(alpha=a), base_view, BASE_BUDGET, dedup, config)
+            recs = price_all(workloads.default_workload(alpha=a), base_view, BASE_BUDGET, dedup, args.quick)
             rows.append((f"{a:g}", dedup, recs))
             series[dedup].append((a, recs))
     title = f"Skew (default tables, alpha overridden; h100:{BASE_NODES}, 2x)"
@@ -333,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     details.append(table(title, "alpha", rows))
     if not args.no_write:
         line_figure(
-            OUT / "comms_alpha.png",
+            study.RESULTS / "comms_alpha.png",
             "Zipf exponent alpha of every table",
             series,
             f"Default tables with alpha overridden, h100:{BASE_NODES}, budget {BASE_BUDGET:g}x",
@@ -348,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     loaded = [(label, workloads.load_workload(path)) for label, path in found]
     for dedup in dedups:
         for label, w in loaded:
-            recs = price_all(w, base_view, BASE_BUDGET, dedup, config)
+            recs = price_all(w, base_view, BASE_BUDGET, dedup, args.quick)
             rows.append((label, dedup, recs))
             by_set[dedup].append((label, recs))
     if loaded:
@@ -356,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         summaries.append(summary(title, "data set", rows))
         details.append(table(title, "data set", rows))
         if not args.no_write:
-            dataset_figure(OUT / "comms_datasets.png", by_set)
+            dataset_figure(study.RESULTS / "comms_datasets.png", by_set)
             figures.append(("comms_datasets.png", "inter-group saving vs row-wise per real data set"))
     print(f"data sweep done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
 
@@ -365,11 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     print(f"\n{elapsed:.0f} s")
     if not args.no_write:
-        mode = " --quick" if args.quick else ""
+        cmd = study.command(__file__, *(["--quick"] if args.quick else []))
         head = [
             "# Communication per iteration: FlexShard vs baselines",
             "",
-            f"Generated by `{COMMAND}{mode}` ({elapsed:.0f} s on the 2-core dev machine).",
+            study.generated(cmd, elapsed),
             "Modeled bytes and times from the cost model (docs/cost_model.md), not GPU measurements.",
             "Bytes are per iteration at the bottleneck rank, max(send, recv), sync included in inter/intra;",
             "`sync` is the replica gradient-sync part over both link classes. Modeled time = slowest rank's",
@@ -379,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         head += [f"![{text}]({name})" + "\n" for name, text in figures]
-        (OUT / "comms.md").write_text("\n".join(head) + "\n" + body + "\n")
-        print(f"wrote {OUT / 'comms.md'} and {len(figures)} figures", file=sys.stderr)
+        study.write_markdown(study.RESULTS / "comms.md", "\n".join(head) + "\n" + body)
     return 0
 
 

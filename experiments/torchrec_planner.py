@@ -34,31 +34,25 @@ integer finish.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-import matplotlib
 import numpy as np
+import study
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from core.errors import PlannerError
+from flexshard import workloads
+from flexshard.report import human_bytes
+from solvers.cost_model import evaluate, table_plan, uniform_shares
+from solvers.planner import budget_bytes, make_plan
+from solvers.types import CostReport, Plan, TablePlan, Workload
+from topology import ClusterView, cluster_view, from_preset
 
-from flexshard import workloads  # noqa: E402
-from flexshard.report import human_bytes  # noqa: E402
-from solvers.cost_model import evaluate, table_plan, uniform_shares  # noqa: E402
-from solvers.optimizer import OptimizerConfig  # noqa: E402
-from solvers.planner import budget_bytes, make_plan  # noqa: E402
-from solvers.types import CostReport, Plan, PlannerError, TablePlan, Workload  # noqa: E402
-from topology import ClusterView, cluster_view, from_preset  # noqa: E402
-
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
-COMMAND = ".venv/bin/python experiments/torchrec_planner.py"
 TORCHREC_MISSING = "torchrec is not installed: run scripts/setup_torchrec.sh"
 KERNELS = ("fused", "dense")  # HBM-resident: fused for sharded tables, dense for data-parallel
 MAPPABLE = ("row_wise", "table_wise", "data_parallel")
@@ -68,7 +62,6 @@ LABELS = {"flexshard": "FlexShard", "row_wise": "row-wise", "table_wise": "table
 MS_PER_S = 1e3
 H100_HBM_BYTES = 80 * 2**30
 SWEEP_BUDGETS = (1.0, 1.25, 1.5, 2.0, 4.0, 8.0)
-DPI = 120
 
 
 def import_torchrec() -> SimpleNamespace:
@@ -136,7 +129,7 @@ def scenarios(quick: bool) -> list[Scenario]:
             Scenario("Beauty, h100:8, 80 GiB", str(beauty), "h100:8", 0.0, hbm_bytes=float(H100_HBM_BYTES)),
         ]
     else:
-        print(f"note: {beauty} is absent; skipping the real-data scenarios", file=sys.stderr)
+        study.note_missing(beauty, "the real-data scenarios")
     return out
 
 
@@ -291,16 +284,16 @@ def torchrec_plan_as_ours(
             out.append(TablePlan(t.name, 0, 0, t.num_rows, warm_share, owner))
         else:
             out.append(table_plan(t, view, t.num_rows if kind == "data_parallel" else 0, 0))
-    return Plan("torchrec", tuple(out), dedup, "sparse", budget)
+    return Plan("torchrec", tuple(out), dedup, budget_bytes=budget)
 
 
 def price_ours(workload: Workload, view: ClusterView, budget: float, dedup: bool, quick: bool) -> dict:
     """Plans and CostReports of OURS (None where infeasible)."""
-    cfg = OptimizerConfig(integer_rows=False) if quick else OptimizerConfig(solver_time_limit_s=2.0)
     out = {}
     for strategy in OURS:
         try:
-            out[strategy] = make_plan(strategy, workload, view, budget, dedup, config=replace(cfg))
+            config = study.optimizer_config(quick)
+            out[strategy] = make_plan(strategy, workload, view, budget, dedup, config=config)
         except PlannerError:
             out[strategy] = None
     return out
@@ -403,13 +396,11 @@ def scenario_md(rec: dict) -> str:
     if not res.ok:
         lines += [f"**TorchRec's planner found no plan**: `{res.error}`", ""]
     fs = {d: rec[("ours", d)].get("flexshard") for d in (False, True)}
-    head = "| table | rows | dim | ids/sample | TorchRec type | kernel | ranks |"
-    sep = "|---|---|---|---|---|---|---|"
-    for d in (False, True):
-        if fs[d] is not None:
-            head += f" FlexShard hot / warm / cold rows (dedup {_onoff(d)}) |"
-            sep += "---|"
-    lines += [head, sep]
+    header = ["table", "rows", "dim", "ids/sample", "TorchRec type", "kernel", "ranks"]
+    header += [
+        f"FlexShard hot / warm / cold rows (dedup {_onoff(d)})" for d in (False, True) if fs[d] is not None
+    ]
+    rows = []
     for t in w.tables:
         tt = res.tables.get(t.name, {})
         cells = [tt.get("sharding_type", "-"), tt.get("kernel", "-"), rank_ranges(tt["ranks"]) if tt else "-"]
@@ -417,10 +408,9 @@ def scenario_md(rec: dict) -> str:
             if fs[d] is not None:
                 tp = next(p for p in fs[d].plan.tables if p.name == t.name)
                 cells.append(f"{tp.hot_rows:,} / {tp.warm_rows:,} / {tp.cold_rows:,}")
-        lines.append(
-            f"| {t.name} | {t.num_rows:,} | {t.dim} | {t.ids_per_sample:.1f} | " + " | ".join(cells) + " |"
-        )
-    lines += ["", *summary_md([rec], with_scenario=False)]
+        rows.append([t.name, f"{t.num_rows:,}", t.dim, f"{t.ids_per_sample:.1f}", *cells])
+    lines.append(study.md_table(header, rows))
+    lines += ["", summary_md([rec], with_scenario=False)]
     if res.ok:
         lines += [
             "",
@@ -432,27 +422,23 @@ def scenario_md(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def summary_md(recs: list[dict], with_scenario: bool = True) -> list[str]:
-    head = (
-        "| strategy / planner | estimator | dedup | est. comm time, max rank | mean rank | memory per GPU |"
-    )
-    sep = "|---|---|---|---|---|---|"
-    if with_scenario:
-        head, sep = "| scenario " + head, "|---" + sep
-    lines = [head, sep]
+def summary_md(recs: list[dict], with_scenario: bool = True) -> str:
+    header = ["strategy / planner", "estimator", "dedup", "est. comm time, max rank", "mean rank"]
+    header = (["scenario"] if with_scenario else []) + header + ["memory per GPU"]
+    rows = []
     for rec in recs:
         for plan, est, dedup, mx, mean, mem in summary_rows(rec):
             if mx is None and plan.startswith("our") and "table-wise" in plan:
-                cells = "infeasible (a table is larger than the budget) | | "
+                cells = ["infeasible (a table is larger than the budget)", "", ""]
             elif mx is None and plan == "TorchRec planner's plan":
-                cells = "n/a (column-wise has no equivalent) | | "
+                cells = ["n/a (column-wise has no equivalent)", "", ""]
             elif mx is None:
-                cells = "no plan | | "
+                cells = ["no plan", "", ""]
             else:
-                cells = f"{ms(mx)} | {ms(mean)} | {human_bytes(mem)}"
-            prefix = f"| {rec['scenario'].label} " if with_scenario else ""
-            lines.append(f"{prefix}| {plan} | {est} | {dedup} | {cells} |")
-    return lines
+                cells = [ms(mx), ms(mean), human_bytes(mem)]
+            prefix = [rec["scenario"].label] if with_scenario else []
+            rows.append([*prefix, plan, est, dedup, *cells])
+    return study.md_table(header, rows)
 
 
 def choice_text(res: TorchRecResult) -> str:
@@ -463,12 +449,10 @@ def choice_text(res: TorchRecResult) -> str:
     return ", ".join(f"{c} {k}" for k, c in zip(kinds, counts, strict=True))
 
 
-def sweep_md(recs: list[dict]) -> list[str]:
-    lines = [
-        "| budget | per GPU | TorchRec's choice | TorchRec est., max rank | TorchRec HBM, max rank | "
-        "TorchRec's plan, ours (dedup off / on) | our row-wise (off / on) | FlexShard (off / on) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+def sweep_md(recs: list[dict]) -> str:
+    header = ["budget", "per GPU", "TorchRec's choice", "TorchRec est., max rank", "TorchRec HBM, max rank"]
+    header += ["TorchRec's plan, ours (dedup off / on)", "our row-wise (off / on)", "FlexShard (off / on)"]
+    rows = []
     for r in recs:
         res: TorchRecResult = r["torchrec"]
         est = f"{res.comm_ms.max():.3f} ms" if res.ok else ""
@@ -479,11 +463,9 @@ def sweep_md(recs: list[dict]) -> list[str]:
             (_rep(r, "flexshard", False), _rep(r, "flexshard", True)),
         ]
         cells = [" / ".join(ms(None if rep is None else _t(rep)) for rep in pair) for pair in pairs]
-        head = (
-            f"| {r['scenario'].budget_x:g}x | {human_bytes(r['budget'])} | {choice_text(res)} | {est} | {hbm}"
-        )
-        lines.append(head + " | " + " | ".join(cells) + " |")
-    return lines
+        budget = [f"{r['scenario'].budget_x:g}x", human_bytes(r["budget"])]
+        rows.append([*budget, choice_text(res), est, hbm, *cells])
+    return study.md_table(header, rows)
 
 
 def figure(recs: list[dict], path: Path) -> None:
@@ -498,7 +480,7 @@ def figure(recs: list[dict], path: Path) -> None:
         ("FlexShard, dedup off", "tab:red", lambda r: _t(_rep(r, "flexshard", False))),
         ("FlexShard, dedup on", "salmon", lambda r: _t(_rep(r, "flexshard", True))),
     ]
-    fig, axes = plt.subplots(1, len(recs), figsize=(4.2 * len(recs) + 1, 5.0), squeeze=False)
+    fig, axes = study.subplots(1, len(recs), figsize=(4.2 * len(recs) + 1, 5.0), squeeze=False)
     for ax, r in zip(axes[0], recs, strict=True):  # one panel per scenario: scales differ by 100x
         ys = np.array([get(r) for _, _, get in bars], dtype=np.float64)
         x = np.arange(len(bars))
@@ -520,8 +502,7 @@ def figure(recs: list[dict], path: Path) -> None:
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
     fig.suptitle("TorchRec 1.8 planner vs FlexShard: two estimators, no measurement")
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    study.save_figure(fig, path)
 
 
 def _rep(rec: dict, strategy: str, dedup: bool) -> CostReport | None:
@@ -607,7 +588,7 @@ def render(recs: list[dict], budget_recs: list[dict], command: str, runtime_s: f
             "# TorchRec's planner on FlexShard's tables and topology (issue 5(b))",
             "",
             CAVEAT_MD,
-            f"Command: `{command}` ({runtime_s:.0f} s on the 2-core dev machine; {versions}).",
+            study.generated(command, runtime_s, versions),
             "",
             SETUP_MD,
             ESTIMATOR_MD,
@@ -619,7 +600,7 @@ def render(recs: list[dict], budget_recs: list[dict], command: str, runtime_s: f
             "",
             "## Summary",
             "",
-            *summary_md(recs),
+            summary_md(recs),
             "",
             f"## Budget sweep: default workload on `{preset}`, TorchRec free",
             "",
@@ -627,7 +608,7 @@ def render(recs: list[dict], budget_recs: list[dict], command: str, runtime_s: f
             "input/output buffers to the weights and optimizer state and reserves 15%, so it needs more than "
             "row-wise memory.",
             "",
-            *sweep_md(budget_recs),
+            sweep_md(budget_recs),
             "",
             "## Per scenario",
             "",
@@ -672,31 +653,16 @@ def headline_md(recs: list[dict]) -> str:
 
 
 def print_tables(recs: list[dict], budget_recs: list[dict]) -> None:
-    print("\n".join(summary_md(recs)))
+    print(summary_md(recs))
     print()
-    print("\n".join(sweep_md(budget_recs)))
+    print(sweep_md(budget_recs))
     for r in recs:
         print()
         print(scenario_md(r))
 
 
-def versions() -> str:
-    from importlib.metadata import version
-
-    names = ("torch", "torchrec", "fbgemm_gpu_cpu")
-    found = []
-    for n in names:
-        try:
-            found.append(f"{n} {version(n)}")
-        except Exception:  # a missing distribution name is not an error here
-            continue
-    return "Python " + sys.version.split()[0] + ", " + ", ".join(found)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="h100:2 only, no integer finish (under a minute)")
-    p.add_argument("--no-write", action="store_true", help="print the tables only")
+    p = study.arguments(__doc__, quick="h100:2 only, no integer finish (under a minute)")
     args = p.parse_args(argv)
     try:
         tr = import_torchrec()
@@ -710,11 +676,12 @@ def main(argv: list[str] | None = None) -> int:
     runtime = time.perf_counter() - t0
     print_tables(recs, budget_recs)
     if not args.no_write:
-        command = COMMAND + (" --quick" if args.quick else "")
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "torchrec_planner.md").write_text(render(recs, budget_recs, command, runtime, versions()))
-        figure(recs, OUT / "torchrec_planner.png")
-        print(f"\nwrote {OUT / 'torchrec_planner.md'} and torchrec_planner.png", file=sys.stderr)
+        command = study.command(__file__, *(["--quick"] if args.quick else []))
+        versions = study.versions("torch", "torchrec", "fbgemm_gpu_cpu")
+        study.write_markdown(
+            study.RESULTS / "torchrec_planner.md", render(recs, budget_recs, command, runtime, versions)
+        )
+        figure(recs, study.RESULTS / "torchrec_planner.png")
     print(f"runtime {runtime:.1f} s", file=sys.stderr)
     return 0
 

@@ -1,17 +1,17 @@
 """Cost model vs measured bytes: the runtime's traffic counters on gloo against ``solvers.cost_model``.
 
-Method. For each scenario (workload x cluster shape x strategy x dedup x id source) the parent plans
-the workload with ``solvers.planner.make_plan`` on ``topology.views.uniform_view(G, g, 100 GB/s,
-10 GB/s)`` and writes a plan file; then ``G x g`` gloo processes (``torch.multiprocessing`` spawn,
-``MASTER_ADDR=127.0.0.1``, a free port, CPU, one thread each) build a
-``flexshard.runtime.ShardedSequenceEmbedding`` from it and run forward, backward (loss = sum of the
-outputs) and an SGD ``step()`` for a number of iterations. Each iteration every rank reads the
-module's ``traffic`` array (bytes ``[link class, component, send/recv]`` of that iteration). Measured
-values are means over the iterations; the prediction is ``solvers.cost_model.evaluate`` of the same
-workload, view and plan. Compared per link class (intra / inter group) and component (ids, forward,
+Method. For each scenario (workload x cluster shape x strategy x dedup x id source) the parent plans the
+workload with ``solvers.planner.make_plan`` on ``topology.views.uniform_view(G, g, 100 GB/s, 10 GB/s)``
+and writes a plan file (for real ids, one that names the data set's hotness order); then ``G x g`` gloo
+processes (``torch.multiprocessing`` spawn, ``MASTER_ADDR=127.0.0.1``, a free port, CPU, one thread
+each) build a ``flexshard.runtime.ShardedSequenceEmbedding`` from it and run forward, backward (loss =
+sum of the outputs) and an SGD ``step()`` for a number of iterations. Each iteration every rank reads
+the module's ``traffic`` record (bytes ``[link class, component, send/recv]`` of that iteration).
+Measured values are means over the iterations; the prediction is ``solvers.cost_model.evaluate`` of the
+same workload, view and plan. Compared per link class (intra / inter group) and component (ids, forward,
 backward, sync): the mean over ranks of the bytes each rank sends (equal to the mean received) and the
-bottleneck rank's ``max(send, recv)``. Sampling noise: two standard errors of the measured mean over
-the iterations (every iteration draws fresh ids). One process group per cluster shape runs all its
+bottleneck rank's ``max(send, recv)``. Sampling noise: two standard errors of the measured mean over the
+iterations (every iteration draws fresh ids). One process group per cluster shape runs all its
 scenarios, so the ranks start once per shape.
 
 Id sources:
@@ -49,7 +49,6 @@ validate_bytes.md and validate_bytes.png.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import tempfile
@@ -59,29 +58,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import study
 import torch
 import torch.distributed as dist
 
+from core.errors import PlannerError
+from core.vocabulary import COMPONENTS, LINK_CLASSES
 from flexshard import workloads
 from flexshard.plan_file import read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.local import run_on_ranks
 from flexshard.workloads import sample_ids, zipf_table
-from flexshard.workloads._text import tokenize
 from solvers.cost_model import evaluate
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
-from solvers.types import COMPONENTS, LINK_CLASSES, Plan, PlannerError, RowHistogram, Workload
+from solvers.types import Plan, RowHistogram, Workload
 from topology.views import ClusterView, uniform_view
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "results"
-COMMAND = ".venv/bin/python experiments/validate_bytes.py"
 INTRA_BW, INTER_BW = 100e9, 10e9
 BUDGETS_X = (2.0, 4.0, 8.0)  # a strategy runs at the first budget it can plan under
 FIRST = ("row_wise", "flexshard", "hybrid")  # then the other strategies, in STRATEGIES order
 STRATEGY_ORDER = FIRST + tuple(s for s in STRATEGIES if s not in FIRST)
 SHAPES = {4: (2, 2), 8: (4, 2)}  # world -> (groups, group size)
 SEED = 1
-DPI = 120
 TIMEOUT_S = 900.0
 NOISE_FLOOR = 0.001
 LINK_SHORT = {"intra_group": "intra", "inter_group": "inter"}
@@ -117,34 +115,16 @@ def synthetic(alpha: float, tail: float) -> Workload:
     return Workload(f"zipf{alpha:g}", tables, batch_size_per_gpu=16)
 
 
-def read_sequences(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, items) of a ``user item item ...`` file: user u's items are ``items[off[u]:off[u+1]]``."""
-    tok = tokenize(path.read_bytes())
-    first = tok.line_starts()
-    per_line = np.bincount(np.cumsum(first) - 1)  # tokens per line, the user id included
-    items = tok.values[~first]
-    return np.concatenate([[0], np.cumsum(per_line - 1)]).astype(np.int64), items.astype(np.int64)
-
-
 def real_source(name: str, path: Path, batch: int, sequences) -> Source | None:
     """The ``item_id`` table of a data file as ``flexshard.workloads`` builds it, and its histories."""
     if not path.is_file():
-        print(f"note: {path} is absent; skipping the {name} scenarios", file=sys.stderr)
+        study.note_missing(path, f"the {name} scenarios")
         return None
     wl, orders = workloads.load_workload_with_orders(path, dim=16, batch_size_per_gpu=batch)
     items = next(t for t in wl.tables if t.name == "item_id")
     wl = dataclasses.replace(wl, name=name, tables=(items,))
-    return Source(name, wl, sequences(path), {"item_id": orders["item_id"]})
-
-
-def read_plays(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, items) of a ``user,item,count`` csv: each user's items, each repeated ``count`` times."""
-    user, item, count = np.loadtxt(path, delimiter=",", dtype=np.int64, ndmin=2).T
-    order = np.argsort(user, kind="stable")
-    items = np.repeat(item[order], count[order])
-    per_user = np.bincount(user, weights=count).astype(np.int64)
-    per_user = per_user[per_user > 0]
-    return np.concatenate([[0], np.cumsum(per_user)]).astype(np.int64), items
+    seq = sequences(path)
+    return Source(name, wl, (seq.offsets, seq.items), {"item_id": orders["item_id"]})
 
 
 def sources(quick: bool) -> list[Source]:
@@ -152,9 +132,10 @@ def sources(quick: bool) -> list[Source]:
     if not quick:
         out.append(Source("zipf1.2", synthetic(1.2, 0.02)))
     root = workloads.data_root()
+    beauty, lastfm = root / "amazon-yelp-sequences" / "Beauty.txt", root / "repeat-consumption-uci" / "lastfm"
     real = [
-        real_source("beauty", root / "amazon-yelp-sequences" / "Beauty.txt", 128, read_sequences),
-        real_source("lastfm", root / "repeat-consumption-uci" / "lastfm" / "test.csv", 4, read_plays),
+        real_source("beauty", beauty, 128, workloads.read_sequences),
+        real_source("lastfm", lastfm / "test.csv", 4, workloads.read_count_sequences),
     ]
     return out + [r for r in real if r is not None]
 
@@ -238,9 +219,11 @@ def scenarios(
                     continue
                 report = evaluate(wl, view, plan)
                 stem = f"{src.name}-w{world}-{strategy}-{'dedup' if dedup else 'nodedup'}"
-                path = tmp / f"{stem}.json"
-                write_plan(path, to_dict(plan, wl, view, report, "validate_bytes"))
                 for ids in ("iid", "real") if src.sequences is not None else ("iid",):
+                    # real ids are routed through the data set's hotness order: the plan file names it
+                    orders = src.orders if ids == "real" else None
+                    path = tmp / f"{stem}-{ids}.json"
+                    write_plan(path, to_dict(plan, wl, view, report, "validate_bytes", orders))
                     job = Job(
                         key=f"{stem}-{ids}",
                         plan_path=str(path),
@@ -251,11 +234,10 @@ def scenarios(
                         ids_per_sample=[t.ids_per_sample for t in wl.tables],
                         hists=[t.hist for t in wl.tables],
                         sequences=src.sequences if ids == "real" else None,
-                        orders=src.orders if ids == "real" else None,
+                        orders=orders,
                     )
-                    sc = Scenario(
-                        job.key, src.name, ids, world, strategy, [], bx, dedup, plan, report.bytes, job
-                    )
+                    pred = report.traffic.bytes
+                    sc = Scenario(job.key, src.name, ids, world, strategy, [], bx, dedup, plan, pred, job)
                     out.append(sc)
                     if ids == "iid":
                         seen[tiers_key(plan)] = sc
@@ -290,15 +272,16 @@ def run_job(job: Job, rank: int) -> tuple[np.ndarray, float]:
     dist.barrier()
     start = time.perf_counter()
     model = ShardedSequenceEmbedding(
-        read_plan(job.plan_path), job.tables, job.orders, init=SEED, optimizer="sgd", lr=0.01, dedup=job.dedup
+        read_plan(job.plan_path), job.tables, job.orders, init=SEED, optimizer="sgd", lr=0.01
     )
+    assert model.dedup == job.dedup, "the plan file carries the scenario's dedup setting"
     rng = np.random.default_rng([SEED, rank, zlib.crc32(job.key.encode())])
     traffic = np.zeros((job.iterations, 2, 4, 2))
     for it in range(job.iterations):
         out = model(batch_of(job, rng))
         sum(o.sum() for o in out.values()).backward()
         model.step()
-        traffic[it] = model.traffic
+        traffic[it] = model.traffic.bytes
     dist.barrier()
     return traffic, time.perf_counter() - start
 
@@ -401,12 +384,10 @@ def tier_text(plan: Plan) -> str:
 
 
 def scenario_table(scs: list[Scenario]) -> str:
-    lines = [
-        "| workload | ids | ranks (GxG) | strategy | budget | dedup | tiers h/w/c | "
-        "inter pred / meas KB | err | intra pred / meas KB | err | bottleneck err inter / intra | "
-        "worst component (err, 2SE) | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["workload", "ids", "ranks (GxG)", "strategy", "budget", "dedup", "tiers h/w/c"]
+    header += ["inter pred / meas KB", "err", "intra pred / meas KB", "err", "bottleneck err inter / intra"]
+    header += ["worst component (err, 2SE)", "wall s"]
+    rows = []
     for sc in scs:
         tot = link_totals(sc)
         pi, mi, pbi, mbi = tot["inter_group"]
@@ -414,15 +395,14 @@ def scenario_table(scs: list[Scenario]) -> str:
         worst = max(points(sc), key=lambda p: abs(p.err))
         g, s = SHAPES[sc.world]
         strat = sc.strategy + (f" (= {', '.join(sc.aliases)})" if sc.aliases else "")
-        lines.append(
-            f"| {sc.source} | {sc.ids} | {sc.world} ({g}x{s}) | {strat} | {sc.budget_x:g}x | "
-            f"{'on' if sc.dedup else 'off'} | {tier_text(sc.plan)} | {_kb(pi)} / {_kb(mi)} | "
-            f"{_pct(rel_err(mi, pi))} | {_kb(pa)} / {_kb(ma)} | {_pct(rel_err(ma, pa))} | "
-            f"{_pct(rel_err(mbi, pbi))} / {_pct(rel_err(mba, pba))} | "
-            f"{LINK_SHORT[worst.link]} {worst.comp} ({_pct(worst.err)}, ±{100 * worst.noise:.1f}%) | "
-            f"{sc.wall_s:.1f} |"
-        )
-    return "\n".join(lines)
+        shape = f"{sc.world} ({g}x{s})"
+        setup = [sc.source, sc.ids, shape, strat, f"{sc.budget_x:g}x", "on" if sc.dedup else "off"]
+        inter = [f"{_kb(pi)} / {_kb(mi)}", _pct(rel_err(mi, pi))]
+        intra = [f"{_kb(pa)} / {_kb(ma)}", _pct(rel_err(ma, pa))]
+        bottleneck = f"{_pct(rel_err(mbi, pbi))} / {_pct(rel_err(mba, pba))}"
+        where = f"{LINK_SHORT[worst.link]} {worst.comp} ({_pct(worst.err)}, ±{100 * worst.noise:.1f}%)"
+        rows.append([*setup, tier_text(sc.plan), *inter, *intra, bottleneck, where, f"{sc.wall_s:.1f}"])
+    return study.md_table(header, rows)
 
 
 def within_noise(p: Point) -> bool:
@@ -440,11 +420,9 @@ def _med_max(errs: list[float]) -> str:
 
 def summary_table(pts: list[Point]) -> str:
     """Per id source, workload and dedup: median / max |error| per component (both link classes)."""
-    lines = [
-        "| ids | workload | dedup | points | ids | forward | backward | sync | all (mean over ranks) | "
-        "within noise | all (bottleneck rank) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ["ids", "workload", "dedup", "points", *COMPONENTS, "all (mean over ranks)", "within noise"]
+    header += ["all (bottleneck rank)"]
+    rows = []
     names = list(dict.fromkeys(p.sc.source for p in pts))
     for ids in ("iid", "real"):
         for name in names:
@@ -452,14 +430,13 @@ def summary_table(pts: list[Point]) -> str:
                 sel = [p for p in pts if p.sc.ids == ids and p.sc.source == name and p.sc.dedup == dedup]
                 if not sel:
                     continue
-                comps = " | ".join(_med_max([p.err for p in sel if p.comp == c]) for c in COMPONENTS)
+                comps = [_med_max([p.err for p in sel if p.comp == c]) for c in COMPONENTS]
                 share = 100 * np.mean([within_noise(p) for p in sel])
-                lines.append(
-                    f"| {ids} | {name} | {'on' if dedup else 'off'} | {len(sel)} | {comps} | "
-                    f"{_med_max([p.err for p in sel])} | {share:.0f}% | "
-                    f"{_med_max([p.err_max for p in sel])} |"
+                rows.append(
+                    [ids, name, "on" if dedup else "off", len(sel), *comps, _med_max([p.err for p in sel])]
+                    + [f"{share:.0f}%", _med_max([p.err_max for p in sel])]
                 )
-    return "\n".join(lines)
+    return study.md_table(header, rows)
 
 
 def _where(p: Point) -> str:
@@ -509,14 +486,10 @@ def _range(errs: list[float]) -> str:
 
 
 def figure(path: Path, pts: list[Point]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
     panels = [ids for ids in ("iid", "real") if any(p.sc.ids == ids for p in pts)]
-    fig, axes = plt.subplots(2, len(panels), figsize=(6.5 * len(panels), 10), squeeze=False)
+    fig, axes = study.subplots(2, len(panels), figsize=(6.5 * len(panels), 10), squeeze=False)
     titles = {
         "iid": "ids drawn i.i.d. from the row distribution (model's assumption)",
         "real": "real user histories (Beauty: no repeats; lastfm: repeated plays)",
@@ -575,14 +548,11 @@ def figure(path: Path, pts: list[Point]) -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    study.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="4 ranks, fewer workloads, strategies, iterations")
-    p.add_argument("--no-write", action="store_true", help="print only; do not write docs/results")
+    p = study.arguments(__doc__, quick="4 ranks, fewer workloads, strategies, iterations")
     args = p.parse_args(argv)
     start = time.perf_counter()
     iterations = 15 if args.quick else 30
@@ -639,15 +609,13 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     print(f"\n{elapsed:.0f} s")
     if not args.no_write:
-        OUT.mkdir(parents=True, exist_ok=True)
-        figure(OUT / "validate_bytes.png", pts)
-        mode = " --quick" if args.quick else ""
+        figure(study.RESULTS / "validate_bytes.png", pts)
+        cmd = study.command(__file__, *(["--quick"] if args.quick else []))
         doc = (__doc__ or "").split("Method. ", 1)[1].split("\n\nRun:", 1)[0]
         head = [
             "# Cost model vs measured bytes (gloo runs of the runtime)",
             "",
-            f"Generated by `{COMMAND}{mode}` ({elapsed:.0f} s on the 2-core dev machine, "
-            f"{iterations} iterations per scenario).",
+            study.generated(cmd, elapsed, f"{iterations} iterations per scenario"),
             "",
             "What is measured: bytes are counted by the runtime's own counters "
             "(`ShardedSequenceEmbedding.traffic`) on the send side of each all-to-all (ids incl. split "
@@ -665,8 +633,7 @@ def main(argv: list[str] | None = None) -> int:
             "![predicted vs measured bytes](validate_bytes.png)",
             "",
         ]
-        (OUT / "validate_bytes.md").write_text("\n".join(head) + "\n" + body + "\n")
-        print(f"wrote {OUT / 'validate_bytes.md'} and validate_bytes.png", file=sys.stderr)
+        study.write_markdown(study.RESULTS / "validate_bytes.md", "\n".join(head) + "\n" + body)
     return 0
 
 

@@ -1,0 +1,161 @@
+"""experiments/study.py, the helper every study script uses: markdown tables, atomic writes, arguments,
+commands and figures."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from experiment_module import EXPERIMENTS, load_experiment
+
+from core.errors import OutputError
+
+study = load_experiment("study")
+
+
+def test_md_table_renders_header_rule_and_rows_exactly():
+    text = study.md_table(["name", "rows", "share"], [["a", 1, "50.0%"], ["b | c", 20, ""]], align="lrr")
+    assert text == (
+        "| name | rows | share |\n"  # header
+        "|---|---:|---:|\n"  # rule: l -> ---, r -> ---:
+        "| a | 1 | 50.0% |\n"  # cells through str()
+        "| b | c | 20 |  |"  # cells are not escaped; an empty cell keeps its two spaces
+    )
+
+
+def test_md_table_defaults_to_left_alignment_and_allows_no_rows():
+    assert study.md_table(["a", "b"], []) == "| a | b |\n|---|---|"
+
+
+@pytest.mark.parametrize(
+    ("rows", "align"),
+    [([["only one"]], None), ([["1", "2", "3"]], None), ([["1", "2"]], "lc"), ([["1", "2"]], "l")],
+)
+def test_md_table_refuses_rows_or_alignment_that_do_not_fit_the_header(rows, align):
+    with pytest.raises(ValueError, match="md_table"):
+        study.md_table(["x", "y"], rows, align=align)
+
+
+def test_write_markdown_replaces_the_file_and_ends_with_one_newline(tmp_path):
+    path = tmp_path / "new" / "result.md"
+    study.write_markdown(path, "# title\n\nbody\n\n\n")
+    assert path.read_text() == "# title\n\nbody\n"
+    study.write_markdown(path, "second")
+    assert path.read_text() == "second\n"
+    assert [p.name for p in path.parent.iterdir()] == ["result.md"]  # no temporary file left
+
+
+class FigureError(Exception):
+    pass
+
+
+def test_write_markdown_leaves_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+    """The text goes to a temporary file that replaces the result only at the end: when that last step
+    fails, the old result is intact and the temporary file is gone."""
+    import core.osutil
+
+    path = tmp_path / "result.md"
+    path.write_text("old\n")
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(core.osutil.os, "replace", refuse)
+    with pytest.raises(OutputError, match="result.md"):
+        study.write_markdown(path, "new text")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["result.md"]
+
+
+def test_write_markdown_to_a_folder_is_an_output_error(tmp_path):
+    (tmp_path / "result.md").mkdir()
+    with pytest.raises(OutputError, match="folder"):
+        study.write_markdown(tmp_path / "result.md", "text")
+
+
+def test_save_figure_writes_a_png_atomically_and_closes_the_figure(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    fig, ax = study.subplots(1, 1, figsize=(2, 1))
+    ax.plot([0, 1], [1, 0])
+    study.save_figure(fig, tmp_path / "f.png")
+    data = (tmp_path / "f.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not plt.fignum_exists(fig.number)
+    assert [p.name for p in tmp_path.iterdir()] == ["f.png"]
+
+
+def test_save_figure_keeps_the_old_file_and_closes_the_figure_on_error(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    path = tmp_path / "f.png"
+    path.write_bytes(b"old")
+    fig, _ax = study.subplots()
+
+    def fail(f, **kwargs):
+        f.write(b"partial")  # half a figure, then an error
+        raise FigureError
+
+    fig.savefig = fail
+    with pytest.raises(FigureError):
+        study.save_figure(fig, path)
+    assert path.read_bytes() == b"old"
+    assert not plt.fignum_exists(fig.number)
+    assert [p.name for p in tmp_path.iterdir()] == ["f.png"]
+
+
+DOC = """First line of the study,
+continued on a second line.
+
+Details that are not the description.
+"""
+
+
+def test_arguments_parse_quick_and_no_write_with_the_docstring_as_description():
+    p = study.arguments(DOC, quick="fewer points")
+    assert p.description == "First line of the study, continued on a second line."
+    args = p.parse_args([])
+    assert (args.quick, args.no_write) == (False, False)
+    args = p.parse_args(["--quick", "--no-write"])
+    assert (args.quick, args.no_write) == (True, True)
+
+
+def test_arguments_leave_out_what_a_script_does_not_take(capsys):
+    p = study.arguments(DOC, write=False)
+    assert vars(p.parse_args([])) == {}
+    with pytest.raises(SystemExit):
+        p.parse_args(["--quick"])
+    assert "unrecognized arguments: --quick" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        p.parse_args(["--no-write"])
+
+
+def test_command_and_generated_line():
+    cmd = study.command(EXPERIMENTS / "sweep_comms.py", "--quick")
+    assert cmd == ".venv/bin/python experiments/sweep_comms.py --quick"
+    assert study.command("solver_scaling") == ".venv/bin/python experiments/solver_scaling.py"
+    line = study.generated(cmd, 26.6, "30 iterations")
+    assert line.startswith("Generated by `.venv/bin/python experiments/sweep_comms.py --quick` (27 s on a ")
+    assert line.endswith("-core CPU machine; 30 iterations).")
+    assert study.generated(cmd, 3.2).endswith("-core CPU machine).")
+
+
+def test_results_folder_and_note_missing(capsys):
+    assert EXPERIMENTS.parent / "docs" / "results" == study.RESULTS
+    study.note_missing("/nowhere/Beauty.txt", "the Beauty scenarios")
+    assert capsys.readouterr().err == "note: /nowhere/Beauty.txt is absent; skipping the Beauty scenarios\n"
+
+
+def test_optimizer_config_follows_quick():
+    full, quick = study.optimizer_config(False), study.optimizer_config(True)
+    assert full.solver_time_limit_s == 2.0 and full.integer_rows
+    assert not quick.integer_rows
+    assert study.optimizer_config(False) is not full  # a fresh object per call
+
+
+def test_versions_names_python_and_says_when_a_distribution_is_absent():
+    text = study.versions("numpy", "no-such-distribution-xyz")
+    assert text.startswith(f"Python {sys.version.split()[0]}, numpy ")
+    assert text.endswith("no-such-distribution-xyz not installed")
