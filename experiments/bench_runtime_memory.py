@@ -37,10 +37,10 @@ from flexshard.runtime.local import run_on_ranks
 from flexshard.workloads import sample_ids, zipf_table
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import Workload
-from topology.views import uniform_view
+from topology.presets import h100_cluster
+from topology.views import cluster_view
 
 BATCH, LENGTH = 64, 20  # samples per rank, ids per sample of the smoke step
-INTRA_BW_BPS, INTER_BW_BPS = 450e9, 50e9
 
 
 def table_workload(rows: int, dim: int) -> Workload:
@@ -74,7 +74,7 @@ def run_size(
     rows: int, dim: int, world: int, groups: int, budget_x: float, layout: str, tmp: Path
 ) -> list[dict]:
     wl = table_workload(rows, dim)
-    view = uniform_view(groups, world // groups, INTRA_BW_BPS, INTER_BW_BPS)
+    view = cluster_view(h100_cluster(groups, world // groups))  # H100-class NVLink and NICs
     planned = make_plan("flexshard", wl, view, budget_bytes(wl, view, budget_x))
     plan_path = tmp / f"plan-{rows}.json"
     write_plan(plan_path, to_dict(planned.plan, wl, view, planned.report, "bench-runtime-memory"))
