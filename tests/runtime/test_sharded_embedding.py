@@ -25,7 +25,7 @@ from torch.nn.functional import embedding
 
 from core.vocabulary import INDEX_BYTES
 from flexshard.plan_file import read_plan
-from solvers.cost_model import hierarchical_allreduce_bytes, lookup_traffic, split_bytes
+from solvers.cost_model import Exchanges, hierarchical_allreduce_bytes, lookup_traffic, split_bytes
 from topology.views import uniform_view
 
 pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
@@ -202,7 +202,7 @@ def test_traffic_equals_cost_model_on_a_balanced_batch(four):
         for r in range(4):
             mine = (tier == 1) & (owner == view.local_index[r])
             warm_payload[r] += touched[mine].sum() * vec + mine.sum()
-    want[:, :, 0, :] += split_bytes(view, len(TABLES), True, True)[:, :, None]
+    want[:, :, 0, :] += split_bytes(view, len(TABLES), Exchanges(warm=True, cold_flat=True))[:, :, None]
     hot = hierarchical_allreduce_bytes(view, hot_payload)
     want[:, :, 3, :] += hot[:, :, None]
     want[:, 1, 3, :] += (2 * (2 - 1) / 2 * warm_payload)[:, None]
