@@ -260,6 +260,8 @@ def _parse(doc: dict, where: str) -> PlanFile:
             fetch = FetchMode.parse(t["fetch"])
         except ConfigError as e:
             raise DataError(f"{tw}.{e}") from None
+        if fetch is FetchMode.GROUP and cold > 0 and g is None:
+            raise DataError(f"{tw}: a group fetch needs groups of equal size, got {layout.to_lists()}")
         plans.append(TablePlan(meta.name, hot, warm, cold, warm_share, cold_share, fetch))
         metas.append(meta)
     plan = Plan(

@@ -144,6 +144,10 @@ def _edit(path: Path, change) -> Path:
         ),
         (lambda d: d["tables"][1].update(dim=0), "tables[1] ('tags').dim must be a positive integer, got 0"),
         (lambda d: d["tables"][0].update(hot_rows=100), "do not add up to num_rows 12"),
+        (
+            lambda d: (d["world"].update(groups=[[0, 1, 2], [3]]), d["tables"][0].update(fetch="group")),
+            "tables[0] ('items'): a group fetch needs groups of equal size, got [[0, 1, 2], [3]]",
+        ),
         (lambda d: d.pop("settings"), "missing field 'settings'"),
     ],
 )
