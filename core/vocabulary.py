@@ -94,14 +94,17 @@ class SyncMode(_Setting):
 
 
 class FetchMode(_Setting):
-    """How a rank's remote lookups reach their owners.
+    """How a table's cold lookups reach their owners (warm lookups never leave the group; hot are local).
 
-    ``FLAT``: every rank sends its own (per-rank deduplicated) ids to the owners in one all-to-all.
-    A group-level mode (ids gathered and deduplicated per NVLink group, one fetch per group) is the
-    next one to arrive; plan files already record the mode.
+    ``FLAT``: every rank sends its own (per-rank deduplicated) ids straight to the owners, in one
+    all-to-all over the cluster. ``GROUP``: every rank sends each id to the GPU of its own group at the
+    owner's position (its *rail peer*) over NVLink; that GPU deduplicates the ids of the whole group and
+    fetches each row once per group from the owner, across the fabric between rail peers only, then
+    scatters the rows back over NVLink. Gradients are summed in the group before they cross.
     """
 
     FLAT = "flat"
+    GROUP = "group"
 
 
 TIERS = Tier.labels()  # ("hot", "warm", "cold")

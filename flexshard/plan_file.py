@@ -7,8 +7,8 @@ owners by :func:`solvers.placement.interleave_pattern` over ``owner_pattern_peri
 never lists rows.
 
 The file is a contract (:mod:`flexshard.contract`): it records what the plan was made for and a run
-is checked against it. ``settings`` (dedup, sync, fetch mode, batch per GPU), ``world`` (size and
-groups), per table its size, dim and the fingerprint of the hotness order the tiers refer to, and
+is checked against it. ``settings`` (dedup, sync, batch per GPU), ``world`` (size and groups), per
+table its size, dim, cold fetch mode and the fingerprint of the hotness order the tiers refer to, and
 the fingerprints of the workload statistics, the topology and the world. It also carries the
 solver's metadata and the cost model's predicted per-iteration metrics.
 """
@@ -149,6 +149,7 @@ def to_dict(
             "hot_rows": tp.hot_rows,
             "warm_rows": tp.warm_rows,
             "cold_rows": tp.cold_rows,
+            "fetch": tp.fetch.value,
             "warm_share_by_position": [float(x) for x in tp.warm_share[first_group]],
             "cold_share": [float(x) for x in tp.cold_share],
         }
@@ -160,7 +161,6 @@ def to_dict(
         "settings": {
             "dedup": plan.dedup,
             "sync": plan.sync.value,
-            "fetch": plan.fetch.value,
             "batch_size_per_gpu": workload.batch_size_per_gpu,
         },
         "budget_bytes": plan.budget_bytes,
@@ -224,7 +224,7 @@ def _parse(doc: dict, where: str) -> PlanFile:
         raise DataError(str(e)) from None
     settings = doc["settings"]
     try:
-        sync, fetch = SyncMode.parse(settings["sync"]), FetchMode.parse(settings["fetch"])
+        sync = SyncMode.parse(settings["sync"])
     except ConfigError as e:
         raise DataError(f"{where}: settings.{e}") from None
     batch = settings["batch_size_per_gpu"]
@@ -256,14 +256,19 @@ def _parse(doc: dict, where: str) -> PlanFile:
             t["warm_share_by_position"], width, f"{tw}.warm_share_by_position", must_sum=warm > 0
         )
         warm_share = warm_pos[layout.position_of_rank] if g is not None else 1.0 / layout.group_size_of_rank()
-        plans.append(TablePlan(meta.name, hot, warm, cold, warm_share, cold_share))
+        try:
+            fetch = FetchMode.parse(t["fetch"])
+        except ConfigError as e:
+            raise DataError(f"{tw}.{e}") from None
+        if fetch is FetchMode.GROUP and cold > 0 and g is None:
+            raise DataError(f"{tw}: a group fetch needs groups of equal size, got {layout.to_lists()}")
+        plans.append(TablePlan(meta.name, hot, warm, cold, warm_share, cold_share, fetch))
         metas.append(meta)
     plan = Plan(
         strategy=str(doc["strategy"]),
         tables=tuple(plans),
         dedup=bool(settings["dedup"]),
         sync=sync,
-        fetch=fetch,
         budget_bytes=doc.get("budget_bytes"),
         solver=dict(doc.get("solver", {})),
     )

@@ -58,7 +58,7 @@ def plan_report(
     rows = []
     for t, tp in zip(workload.tables, plan.tables, strict=True):
         mass = table_mass(t, workload.lookups_per_gpu(t), n)
-        cum = mass.at(np.array([0.0, tp.hot_rows, tp.hot_rows + tp.warm_rows, t.num_rows]))[0]
+        cum = mass.at(np.array([0.0, tp.hot_rows, tp.hot_rows + tp.warm_rows, t.num_rows]))["lookups"]
         share = np.diff(cum) / max(cum[-1], 1e-300)
         rows.append(
             [

@@ -1,7 +1,9 @@
 """Baseline sharding strategies, expressed as tier plans so one cost model prices them all.
 
 * ``table_wise``: each table whole on one GPU (greedy, heaviest table to the least loaded GPU);
-* ``row_wise``: every table's rows split evenly over all GPUs (TorchRec's sequence sharding);
+* ``row_wise``: every table's rows split evenly over all GPUs (TorchRec's sequence sharding; with dedup
+  off, TorchRec's default);
+* ``row_wise_group_dedup``: row-wise, each row fetched once per group that looks it up;
 * ``2d``: TorchRec-style 2D: a table's rows split inside each group and the table replicated
   across groups, for the tables the budget allows (greedy by time saved per byte), the rest row-wise;
 * ``hybrid``: HugeCTR-style hybrid embedding: rows whose expected accesses per iteration reach
@@ -21,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from core.errors import PlannerError
-from core.vocabulary import SyncMode, Tier
+from core.vocabulary import FetchMode, SyncMode, Tier
 from solvers.coefficients import TableCoefficients, table_coefficients
 from solvers.cost_model import evaluate, table_plan, uniform_shares
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, TablePlan, Workload
@@ -31,6 +33,18 @@ from topology.views import ClusterView
 def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
     tables = tuple(table_plan(t, view, 0, 0) for t in workload.tables)
     return _checked(Plan("row_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
+
+
+def row_wise_group_dedup(
+    workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode
+) -> Plan:
+    """Row-wise with the group-level exchange: every row cold, fetched once per group that looks it up
+    (ids gathered and deduplicated in the group, across the fabric between rail peers). Plain row-wise
+    where the groups differ in size or there is only one."""
+    fetch = FetchMode.GROUP if view.num_groups > 1 and view.uniform_group_size is not None else FetchMode.FLAT
+    tables = tuple(table_plan(t, view, 0, 0, fetch) for t in workload.tables)
+    plan = Plan("row_wise_group_dedup", tables, dedup, sync, budget_bytes)
+    return _checked(plan, workload, view, budget_bytes)
 
 
 def table_wise(
@@ -174,6 +188,7 @@ def _renamed(plan: Plan, strategy: str) -> Plan:
 BASELINES: dict[str, Callable[[Workload, ClusterView, float, bool, SyncMode], Plan]] = {
     "table_wise": table_wise,
     "row_wise": row_wise,
+    "row_wise_group_dedup": row_wise_group_dedup,
     "2d": two_d,
     "hybrid": hybrid,
     "data_parallel": data_parallel,

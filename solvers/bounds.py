@@ -12,6 +12,10 @@ is a lower bound on every plan's linear-model time for every ``lam >= 0`` (weak 
 maximum equals the optimum of the bucket-level program with fractional rows (the per-table
 constraint system, monotone prefix shares, has integral vertices). Vectorised over tables padded to
 a common number of buckets.
+
+When a table may fetch its cold rows in several ways (:class:`core.vocabulary.FetchMode`), each way is
+one set of coefficients, and the table takes the cheapest priced plan over all of them: the bound then
+covers every per-table choice of fetch mode.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class LagrangeBound:
     bound_s: float  # max over lam of L(lam), seconds per iteration
     lam_s_per_byte: float
     iterations: int
+    choice: np.ndarray | None = None  # int[T]: per table, the option (fetch mode) cheapest at lam
 
 
 class _PrefixPricer:
@@ -53,8 +58,8 @@ class _PrefixPricer:
     def _cum(x: np.ndarray) -> np.ndarray:
         return np.concatenate([np.zeros(x.shape[:-1] + (1,)), np.cumsum(x, axis=-1)], axis=-1)
 
-    def price(self, lam: float) -> tuple[float, float]:
-        """(sum over tables of the cheapest priced plan, its memory in bytes)."""
+    def price(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per table (the cheapest priced plan, its memory in bytes)."""
         priced = self.time + lam * self.mem
         cum = self._cum(priced)  # [3, T, K+1]
         cum_mem = self._cum(self.mem)
@@ -95,7 +100,7 @@ class _PrefixPricer:
                 better = whole < cost
                 cost = np.where(better, whole, cost)
                 mem = np.where(better, whole_mem, mem)
-        return float(cost.sum()), float(mem.sum())
+        return cost, mem
 
 
 def _running_argmin(f: np.ndarray) -> np.ndarray:
@@ -107,21 +112,35 @@ def _running_argmin(f: np.ndarray) -> np.ndarray:
 
 
 def lagrange_bound(
-    coeffs: list[TableCoefficients], budget_bytes: float, allowed: np.ndarray, iterations: int = 100
+    coeffs: list[TableCoefficients] | list[list[TableCoefficients]],
+    budget_bytes: float,
+    allowed: np.ndarray,
+    iterations: int = 100,
 ) -> LagrangeBound:
     """Maximise L(lam) over lam >= 0 by bisection on its supergradient (memory - budget).
 
-    ``allowed``: bool[3], which tiers (hot, warm, cold) may be used.
+    ``coeffs``: per table its coefficients, or one list per option (e.g. per fetch mode), each with
+    every table; a table takes its cheapest option at each price. ``allowed``: bool[3], which tiers
+    (hot, warm, cold) may be used.
     """
-    pricer = _PrefixPricer(coeffs, np.asarray(allowed, dtype=bool))
+    options = [coeffs] if isinstance(coeffs[0], TableCoefficients) else coeffs
+    pricers = [_PrefixPricer(c, np.asarray(allowed, dtype=bool)) for c in options]
+
+    def priced(lam: float) -> tuple[float, float, np.ndarray]:
+        prices = [p.price(lam) for p in pricers]
+        costs = np.stack([c for c, _ in prices])  # [options, tables]
+        mems = np.stack([m for _, m in prices])
+        choice = np.argmin(costs, axis=0)
+        tables = np.arange(costs.shape[1])
+        return float(costs[choice, tables].sum()), float(mems[choice, tables].sum()), choice
 
     def evaluate(lam: float) -> tuple[float, float]:
-        cost, mem = pricer.price(lam)
+        cost, mem, _ = priced(lam)
         return cost - lam * budget_bytes, mem
 
     value0, mem0 = evaluate(0.0)
     if mem0 <= budget_bytes:
-        return LagrangeBound(bound_s=value0, lam_s_per_byte=0.0, iterations=1)
+        return LagrangeBound(bound_s=value0, lam_s_per_byte=0.0, iterations=1, choice=priced(0.0)[2])
     lo, hi = 0.0, 1e-18
     while evaluate(hi)[1] > budget_bytes and hi < 1e6:
         lo, hi = hi, hi * 4.0
@@ -137,4 +156,5 @@ def lagrange_bound(
             hi = mid
         if hi - lo <= 1e-12 * hi:
             break
-    return LagrangeBound(bound_s=best, lam_s_per_byte=0.5 * (lo + hi), iterations=it + 1)
+    lam = 0.5 * (lo + hi)
+    return LagrangeBound(bound_s=best, lam_s_per_byte=lam, iterations=it + 1, choice=priced(lam)[2])

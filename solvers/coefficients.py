@@ -8,19 +8,21 @@ per-tier coefficients. ``tests/solvers/test_optimizer.py`` checks that these sum
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core.vocabulary import LinkClass, SyncMode
+from core.vocabulary import FetchMode, LinkClass, SyncMode, Tier
 from solvers import wire
 from solvers.cost_model import (
+    Exchanges,
     collective_latency_s,
+    group_lookup_traffic,
     hierarchical_allreduce_bytes,
     lookup_traffic,
     split_bytes,
-    table_mass,
     uniform_shares,
+    view_mass,
     warm_sync_bytes,
 )
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Workload
@@ -49,6 +51,17 @@ class LinkTimes:
         share = warm_share if within_group else cold_share
         per_link = lookup_traffic(self.view, share, 1.0, vector_bytes, within_group).per_link().max(axis=0)
         return float(per_link @ self.inv_bw_s_per_byte)
+
+    def group_lookup_s(self, vector_bytes: int) -> tuple[float, float]:
+        """Seconds per cold lookup of a GPU (its NVLink hop to the rail peer) and per distinct row of a
+        group (the rail peer's fetch across the fabric) in a group fetch, at even shares
+        (:func:`solvers.cost_model.group_lookup_traffic` at one unit of each volume)."""
+        _, share = uniform_shares(self.view)
+        out = []
+        for volume, group_volume in ((1.0, 0.0), (0.0, 1.0)):
+            traffic = group_lookup_traffic(self.view, share, volume, group_volume, vector_bytes)
+            out.append(float(traffic.per_link().max(axis=0) @ self.inv_bw_s_per_byte))
+        return out[0], out[1]
 
 
 def link_times(view: ClusterView) -> LinkTimes:
@@ -83,6 +96,18 @@ class TableCoefficients:
     time_s: np.ndarray  # modeled seconds per iteration contributed by the bucket in each tier
     memory_bytes: np.ndarray  # per-GPU bytes of the bucket in each tier, routing metadata included
     whole_table_credit_bytes: float = 0.0  # metadata not needed when one tier holds the whole table
+    cold_group_time_s: np.ndarray | None = None  # [K]: the bucket cold, fetched once per group
+    fetch: FetchMode = FetchMode.FLAT  # the cold fetch mode ``time_s`` prices
+
+    def for_fetch(self, mode: FetchMode) -> TableCoefficients:
+        """These coefficients with the cold row priced for ``mode``."""
+        if mode is self.fetch:
+            return self
+        if mode is not FetchMode.GROUP or self.cold_group_time_s is None:
+            raise ValueError(f"coefficients: no cold prices for fetch mode {mode}")
+        time_s = self.time_s.copy()
+        time_s[Tier.COLD] = self.cold_group_time_s
+        return replace(self, time_s=time_s, fetch=mode)
 
 
 def table_coefficients(
@@ -92,13 +117,15 @@ def table_coefficients(
     sync: SyncMode,
     routing_metadata: bool = True,
 ) -> list[TableCoefficients]:
-    """Coefficients of every table's histogram buckets."""
+    """Coefficients of every table's histogram buckets (cold priced flat; :meth:`TableCoefficients.for_fetch`
+    gives the group fetch's prices where the cluster has several groups of equal size)."""
     lt = link_times(view)
     g, n = lt.group_size, lt.num_ranks
     meta = ROUTING_BYTES_PER_REPLICATED_ROW if routing_metadata else 0
+    groups_of_equal_size = view.num_groups > 1 and view.uniform_group_size is not None
     out = []
     for t in workload.tables:
-        mass = table_mass(t, workload.lookups_per_gpu(t), n)
+        mass = view_mass(workload, view, t)
         rows = np.diff(mass.rows)
         volume = np.diff(mass.unique if dedup else mass.lookups)
         touched = np.diff(mass.touched)
@@ -113,7 +140,11 @@ def table_coefficients(
         memory = np.stack(
             [rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n]
         )
-        out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows)))
+        cold_group = None
+        if groups_of_equal_size:
+            per_lookup_s, per_group_row_s = lt.group_lookup_s(t.vector_bytes)
+            cold_group = per_lookup_s * volume + per_group_row_s * np.diff(mass.group)
+        out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows), cold_group))
     return out
 
 
@@ -121,18 +152,17 @@ def fixed_time_s(
     view: ClusterView,
     num_tables: int,
     hot: bool,
-    warm: bool,
-    cold: bool,
+    uses: Exchanges,
     sync: SyncMode,
     include_latency: bool = False,
 ) -> float:
-    """Seconds per iteration that do not scale with rows, for a plan that uses the given tiers (on
-    the symmetric cluster, slowest rank per link class): the split-size exchange, and with
-    ``include_latency`` the collective latency."""
+    """Seconds per iteration that do not scale with rows, for a plan that runs the given exchanges (on
+    the symmetric cluster, slowest rank per link class): the split sizes, and with ``include_latency``
+    the collective latency."""
     lt = link_times(view)
-    splits = split_bytes(view, num_tables, warm, cold).max(axis=0)
+    splits = split_bytes(view, num_tables, uses).max(axis=0)
     bandwidth = float(splits @ lt.inv_bw_s_per_byte)
     if not include_latency:
         return bandwidth
-    warm_sync = warm and view.num_groups > 1
-    return bandwidth + collective_latency_s(view, warm, cold, hot, warm_sync, sync)
+    warm_sync = uses.warm and view.num_groups > 1
+    return bandwidth + collective_latency_s(view, uses, hot, warm_sync, sync)

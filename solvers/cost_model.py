@@ -26,7 +26,7 @@ import numpy as np
 
 from core.errors import PlannerError
 from core.traffic import Traffic
-from core.vocabulary import Component, LinkClass, SyncMode
+from core.vocabulary import Component, FetchMode, LinkClass, SyncMode
 from solvers import wire
 from solvers.types import (
     ROUTING_BYTES_PER_REPLICATED_ROW,
@@ -46,35 +46,44 @@ class TableMass:
     """Cumulative per-row quantities of one table along hotness rank, at histogram bucket edges.
 
     ``rows[k]`` rows precede edge k; ``lookups`` the expected lookups per GPU per iteration of
-    those rows, ``unique`` their expected distinct rows per GPU batch (dedup volume), ``touched``
-    their expected rows touched anywhere in the cluster per iteration.
+    those rows, ``unique`` their expected distinct rows per GPU batch (per-rank dedup volume),
+    ``group`` their expected distinct rows per group batch (group fetch volume), ``touched`` their
+    expected rows touched anywhere in the cluster per iteration.
     """
 
     rows: np.ndarray  # float64[K+1]
     lookups: np.ndarray
     unique: np.ndarray
+    group: np.ndarray
     touched: np.ndarray
 
-    def at(self, row: float | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(lookups, unique, touched) of the first ``row`` rows, linear inside a bucket (rows in a
-        bucket are identical)."""
+    def at(self, row: float | np.ndarray) -> dict[str, np.ndarray]:
+        """``{"lookups", "unique", "group", "touched"}`` of the first ``row`` rows, linear inside a
+        bucket (rows in a bucket are identical)."""
         x = np.asarray(row, dtype=np.float64)
-        return tuple(np.interp(x, self.rows, arr) for arr in (self.lookups, self.unique, self.touched))
+        return {
+            name: np.interp(x, self.rows, getattr(self, name))
+            for name in ("lookups", "unique", "group", "touched")
+        }
 
 
-def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int) -> TableMass:
-    """Cumulative masses of ``table`` for ``lookups_per_gpu`` draws per GPU on ``num_ranks`` GPUs."""
+def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int, group_size: int = 1) -> TableMass:
+    """Cumulative masses of ``table`` for ``lookups_per_gpu`` draws per GPU on ``num_ranks`` GPUs in
+    groups of ``group_size``. A row of probability ``p`` is in a GPU's batch with probability
+    ``1 - (1 - p)^n``, in a group's with ``1 - (1 - p)^(g n)``, somewhere with ``1 - (1 - p)^(N n)``."""
     rows = table.hist.rows.astype(np.float64)
     p = table.hist.prob
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))  # log(1 - p), finite
-    per_row_unique = -np.expm1(lookups_per_gpu * log_miss)
-    per_row_touched = -np.expm1(lookups_per_gpu * num_ranks * log_miss)
-    zero = np.zeros(1)
+
+    def cumulative(per_row: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(rows * per_row)])
+
     return TableMass(
-        rows=np.concatenate([zero, np.cumsum(rows)]),
-        lookups=np.concatenate([zero, np.cumsum(rows * p) * lookups_per_gpu]),
-        unique=np.concatenate([zero, np.cumsum(rows * per_row_unique)]),
-        touched=np.concatenate([zero, np.cumsum(rows * per_row_touched)]),
+        rows=np.concatenate([[0.0], np.cumsum(rows)]),
+        lookups=cumulative(p * lookups_per_gpu),
+        unique=cumulative(-np.expm1(lookups_per_gpu * log_miss)),
+        group=cumulative(-np.expm1(lookups_per_gpu * group_size * log_miss)),
+        touched=cumulative(-np.expm1(lookups_per_gpu * num_ranks * log_miss)),
     )
 
 
@@ -86,21 +95,33 @@ class TierVolumes:
     cold_volume: float
     hot_touched: float  # rows touched cluster-wide per iteration
     warm_touched: float
+    cold_group_volume: float | None = None  # distinct cold rows per group per iteration (group fetch)
 
 
 def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
     edges = np.array([0.0, plan.hot_rows, plan.hot_rows + plan.warm_rows, mass.rows[-1]])
-    lookups, unique, touched = mass.at(edges)
-    vol = np.diff(unique if dedup else lookups)
-    tch = np.diff(touched)
-    return TierVolumes(warm_volume=vol[1], cold_volume=vol[2], hot_touched=tch[0], warm_touched=tch[1])
+    at = mass.at(edges)
+    vol = np.diff(at["unique"] if dedup else at["lookups"])
+    tch = np.diff(at["touched"])
+    return TierVolumes(
+        warm_volume=vol[1],
+        cold_volume=vol[2],
+        hot_touched=tch[0],
+        warm_touched=tch[1],
+        cold_group_volume=float(np.diff(at["group"])[2]),
+    )
+
+
+def view_mass(workload: Workload, view: ClusterView, table: TableSpec) -> TableMass:
+    """:func:`table_mass` of ``table`` at the workload's batch on ``view`` (its largest group)."""
+    return table_mass(table, workload.lookups_per_gpu(table), view.num_ranks, int(view.group_sizes.max()))
 
 
 def lookup_traffic(
     view: ClusterView, share: np.ndarray, volume: float, vector_bytes: int, within_group: bool
 ) -> Traffic:
-    """Expected bytes per rank of one tier's lookups (:func:`solvers.wire.lookups_by_link` priced by
-    :func:`solvers.wire.lookup_messages`).
+    """Expected bytes per rank of one tier's flat lookups (:func:`solvers.wire.lookups_by_link` priced
+    by :func:`solvers.wire.lookup_messages`).
 
     ``share[r]``: share of the tier's rows (and accesses) owned by rank r, summing to 1 over the
     owners' scope (each group when ``within_group``, else the cluster); ``volume``: lookups (or
@@ -114,6 +135,29 @@ def lookup_traffic(
     ]
     gsize = view.group_size_of_rank().astype(np.float64)
     asked, served = wire.lookups_by_link(share, group_share, gsize, view.num_ranks, volume, within_group)
+    return _priced(out, asked, served, vector_bytes)
+
+
+def group_lookup_traffic(
+    view: ClusterView, share: np.ndarray, volume: float, group_volume: float, vector_bytes: int
+) -> Traffic:
+    """Expected bytes per rank of one tier's lookups in a group fetch
+    (:func:`solvers.wire.group_lookups_by_link`): ``volume`` lookups per GPU (per-rank dedup or not),
+    ``group_volume`` distinct rows per group, ``share[r]`` rank r's share of the tier's rows."""
+    out = Traffic.zeros(view.num_ranks)
+    if volume <= 0 and group_volume <= 0:
+        return out
+    position = view.local_index
+    position_share = np.bincount(position, weights=share)[position]
+    gsize = view.group_size_of_rank().astype(np.float64)
+    asked, served = wire.group_lookups_by_link(
+        share, position_share, gsize, view.num_groups, volume, group_volume
+    )
+    return _priced(out, asked, served, vector_bytes)
+
+
+def _priced(out: Traffic, asked: dict, served: dict, vector_bytes: int) -> Traffic:
+    """``out`` plus the lookup messages of ``asked`` and ``served`` lookups per link class."""
     for link in LinkClass:
         for (component, direction), b in wire.lookup_messages(
             asked[link], served[link], vector_bytes
@@ -175,14 +219,15 @@ def check_plan(workload: Workload, view: ClusterView, plan: Plan) -> None:
                 raise PlannerError(f"plan table {t.name!r}: warm_share must sum to 1 in every group")
             if view.uniform_group_size is None:
                 raise PlannerError(f"plan table {t.name!r}: warm rows need groups of equal size")
+        if tp.fetch is FetchMode.GROUP and tp.cold_rows > 0 and view.uniform_group_size is None:
+            raise PlannerError(f"plan table {t.name!r}: a group fetch needs groups of equal size")
 
 
 def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
     """Modeled per-iteration bytes, time and memory of ``plan`` (see the module docstring)."""
     check_plan(workload, view, plan)
-    n = view.num_ranks
     volumes = [
-        tier_volumes(table_mass(t, workload.lookups_per_gpu(t), n), tp, plan.dedup)
+        tier_volumes(view_mass(workload, view, t), tp, plan.dedup)
         for t, tp in zip(workload.tables, plan.tables, strict=True)
     ]
     return evaluate_volumes(workload, view, plan, volumes)
@@ -197,29 +242,30 @@ def evaluate_volumes(
     memory = np.zeros((n, 4))  # hot, warm, cold, routing
     hot_payload = 0.0
     warm_payload = np.zeros(n)
-    uses_warm = uses_cold = False
     for t, tp, vol in zip(workload.tables, plan.tables, volumes, strict=True):
         vec = t.vector_bytes
         traffic += lookup_traffic(view, tp.warm_share, vol.warm_volume, vec, within_group=True)
-        traffic += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
+        if tp.fetch is FetchMode.GROUP:
+            if vol.cold_group_volume is None:
+                raise PlannerError(f"table {t.name!r}: a group fetch needs the cold rows' group volume")
+            traffic += group_lookup_traffic(view, tp.cold_share, vol.cold_volume, vol.cold_group_volume, vec)
+        else:
+            traffic += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
         hot_payload += wire.sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
         warm_payload += tp.warm_share * wire.sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
         memory[:, 0] += t.row_bytes * tp.hot_rows
         memory[:, 1] += t.row_bytes * tp.warm_rows * tp.warm_share
         memory[:, 2] += t.row_bytes * tp.cold_rows * tp.cold_share
         memory[:, 3] += routing_bytes(tp)
-        uses_warm |= tp.warm_rows > 0
-        uses_cold |= tp.cold_rows > 0
-    splits = split_bytes(view, len(workload.tables), uses_warm, uses_cold)
+    uses = exchanges(plan)
+    splits = split_bytes(view, len(workload.tables), uses)
     hot_sync = hierarchical_allreduce_bytes(view, hot_payload)
     warm_sync = warm_sync_bytes(view, warm_payload)
     for link in LinkClass:
         traffic.add(link, Component.IDS, splits[:, link], splits[:, link])
         traffic.add(link, Component.SYNC, hot_sync[:, link], hot_sync[:, link])
     traffic.add(LinkClass.INTER_GROUP, Component.SYNC, warm_sync, warm_sync)
-    latency = collective_latency_s(
-        view, uses_warm, uses_cold, hot_payload > 0, bool(warm_payload.any()), plan.sync
-    )
+    latency = collective_latency_s(view, uses, hot_payload > 0, bool(warm_payload.any()), plan.sync)
     return CostReport(
         traffic=traffic, time_s=link_time_s(view, traffic), memory_by_part_bytes=memory, latency_s=latency
     )
@@ -232,24 +278,46 @@ def link_time_s(view: ClusterView, traffic: Traffic) -> np.ndarray:
     return np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1)
 
 
-def split_bytes(view: ClusterView, num_tables: int, warm: bool, cold: bool) -> np.ndarray:
-    """Per-rank bytes [N, 2 links] (each direction) of the split sizes sent before each tier's
-    exchange (:func:`solvers.wire.split_bytes`): warm to the peers of the group, cold to every peer."""
+@dataclass(frozen=True)
+class Exchanges:
+    """Which lookup exchanges a plan runs each iteration (each has fixed costs: split sizes, rounds)."""
+
+    warm: bool = False  # warm lookups, within the group
+    cold_flat: bool = False  # cold lookups straight to their owners
+    cold_group: bool = False  # cold lookups through the rail peers, once per group
+
+
+def exchanges(plan: Plan) -> Exchanges:
+    return Exchanges(
+        warm=any(tp.warm_rows > 0 for tp in plan.tables),
+        cold_flat=plan.cold_fetch(FetchMode.FLAT),
+        cold_group=plan.cold_fetch(FetchMode.GROUP),
+    )
+
+
+def split_bytes(view: ClusterView, num_tables: int, uses: Exchanges) -> np.ndarray:
+    """Per-rank bytes [N, 2 links] (each direction) of the split sizes sent before each exchange
+    (:func:`solvers.wire.split_bytes`, every table in every exchange): warm to the peers of the group,
+    flat cold to every peer, group cold to the peers of the group and then to the rail peers."""
     peers = view.layout.peers_by_link().astype(np.float64)  # [N, 2]: in the group, outside it
     out = np.zeros((view.num_ranks, 2))
-    if warm:
+    if uses.warm:
         out[:, LinkClass.INTRA_GROUP] += wire.split_bytes(peers[:, LinkClass.INTRA_GROUP], num_tables)
-    if cold:
+    if uses.cold_flat:
         out += wire.split_bytes(peers, num_tables)
+    if uses.cold_group:
+        out[:, LinkClass.INTRA_GROUP] += wire.split_bytes(peers[:, LinkClass.INTRA_GROUP], num_tables)
+        out[:, LinkClass.INTER_GROUP] += wire.split_bytes(view.num_groups - 1.0, num_tables)
     return out
 
 
 def collective_latency_s(
-    view: ClusterView, warm: bool, cold: bool, hot_sync: bool, warm_sync: bool, sync: SyncMode
+    view: ClusterView, uses: Exchanges, hot_sync: bool, warm_sync: bool, sync: SyncMode
 ) -> float:
-    """Latency part of an iteration, in seconds: one hop per all-to-all; an all-reduce over k ranks
-    takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for latency-bound sizes) while its
-    bandwidth term is the ring's."""
+    """Latency part of an iteration, in seconds: one hop per all-to-all (``A2A_PER_TIER`` per exchange
+    stage); an all-reduce over k ranks takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for
+    latency-bound sizes) while its bandwidth term is the ring's. A group fetch has two stages: within
+    the group, then between rail peers."""
     g = int(view.group_sizes.max())
     big_g = view.num_groups
     lat_intra = float(view.intra_latency_s.max())
@@ -258,10 +326,12 @@ def collective_latency_s(
     hops_inter = 2 * int(np.ceil(np.log2(big_g))) if big_g > 1 else 0
     rounds = 2 if SyncMode(sync) is SyncMode.SPARSE else 1  # the touched mask, then the rows
     total = 0.0
-    if warm:
+    if uses.warm:
         total += A2A_PER_TIER * lat_intra
-    if cold:
+    if uses.cold_flat:
         total += A2A_PER_TIER * lat_inter
+    if uses.cold_group:
+        total += A2A_PER_TIER * (lat_intra + lat_inter)
     if hot_sync:
         total += rounds * (hops_intra * lat_intra + hops_inter * lat_inter)
     if warm_sync:
@@ -274,8 +344,10 @@ def uniform_shares(view: ClusterView) -> tuple[np.ndarray, np.ndarray]:
     return 1.0 / view.group_size_of_rank().astype(np.float64), np.full(view.num_ranks, 1.0 / view.num_ranks)
 
 
-def table_plan(table: TableSpec, view: ClusterView, hot_rows: int, warm_rows: int) -> TablePlan:
-    """A TablePlan with the given tier sizes and even (uniform) owner shares."""
+def table_plan(
+    table: TableSpec, view: ClusterView, hot_rows: int, warm_rows: int, fetch: FetchMode = FetchMode.FLAT
+) -> TablePlan:
+    """A TablePlan with the given tier sizes, even (uniform) owner shares and cold ``fetch`` mode."""
     warm_share, cold_share = uniform_shares(view)
     hot_rows, warm_rows = int(hot_rows), int(warm_rows)
     return TablePlan(
@@ -285,6 +357,7 @@ def table_plan(table: TableSpec, view: ClusterView, hot_rows: int, warm_rows: in
         cold_rows=table.num_rows - hot_rows - warm_rows,
         warm_share=warm_share,
         cold_share=cold_share,
+        fetch=fetch,
     )
 
 

@@ -1,18 +1,15 @@
-"""The tier optimizer: a PuLP linear program over CDF segments of each table, refined adaptively.
+"""The tier optimizer: which tiers, exchanges and fetch modes to use, and where the tier boundaries fall.
 
-For every table the rows are in hotness order and the plan is two boundaries: the first ``h``
-rows hot, the next ``w`` warm, the rest cold. Rows are grouped into segments at CDF breakpoints
-(mass quantiles and a geometric grid of row counts), so the model has ``tables x segments``
-variables, never one per row. Per segment two prefix variables, ``H`` (share of the segment that
-is hot) and ``W`` (share that is hot or warm), with ``H_k >= H_k+1``, ``W_k >= W_k+1``, ``H <= W``:
+Using a tier or an exchange at all has a fixed cost (split sizes; latency when asked), so the tier
+program (:mod:`solvers.tier_program`) is solved once per candidate: a set of tiers in use (hot, warm,
+cold) and, where the cluster has several groups of equal size, whether cold rows may be fetched once
+per group (:attr:`core.vocabulary.FetchMode.GROUP`). Candidates are taken cheapest lower bound first
+(:mod:`solvers.bounds`), and skipped once their bound cannot beat the best plan found.
 
-    minimise   sum  c_cold + (c_warm - c_cold) W + (c_hot - c_warm) H       (seconds/iteration)
-    subject to sum  m_cold + (m_warm - m_cold) W + (m_hot - m_warm) H <= budget   (bytes/GPU)
-
-CBC (bundled with PuLP) solves it; the segments that hold a boundary are then split into finer
-segments and the program solved again, until the boundaries sit inside single histogram buckets
-(rows of equal probability, so a fractional share is exact) or the gap to the Lagrangian lower
-bound (:mod:`solvers.bounds`) is below the target.
+A group candidate also picks each table's fetch mode: first the one the Lagrangian bound prices
+cheaper, then, on the solved boundaries, whichever mode is cheaper for the table's cold rows (memory
+does not depend on the mode, so the plan stays feasible), solving again while a mode changes.
+Finally whole tables move into the hot or warm tier where that saves time and fits.
 """
 
 from __future__ import annotations
@@ -22,37 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import pulp
 
 from core.errors import PlannerError
-from core.vocabulary import SyncMode, Tier
+from core.vocabulary import FetchMode, Tier
 from solvers.bounds import lagrange_bound
 from solvers.coefficients import TableCoefficients, fixed_time_s, table_coefficients
-from solvers.cost_model import row_wise_memory_bytes, table_plan
+from solvers.cost_model import Exchanges, row_wise_memory_bytes, table_plan
+from solvers.tier_program import OptimizerConfig, linear_time, prefix_sum, refined_solve
 from solvers.types import Plan, Workload
 from topology.views import ClusterView
 
-INTEGER_ROWS_MAX = 64  # segments this small get whole-row variables in the final (integer) solve
-
-
-@dataclass
-class OptimizerConfig:
-    """Knobs of :func:`optimize_tiers`; the defaults suit clusters of up to thousands of GPUs."""
-
-    dedup: bool = True  # per-rank id dedup before the exchange
-    sync: SyncMode = SyncMode.SPARSE  # replica gradient sync: touched rows, or every replicated row
-    allow_hot: bool = True
-    allow_warm: bool = True
-    initial_segments: int = 24  # mass-quantile breakpoints per table (plus a geometric row grid)
-    split_factor: int = 8  # a refined segment is cut into this many
-    max_rounds: int = 8
-    target_gap: float = 1e-3  # stop refining below this relative gap to the lower bound
-    solver_time_limit_s: float = 120.0
-    routing_metadata: bool = True
-    integer_rows: bool = True  # finish with whole-row counts in small segments (a MILP)
-    integer_time_limit_s: float = 5.0  # CBC stops here with its best whole-row plan
-    full_integer_max_vars: int = 400  # above this, only segments near the LP's boundaries are integer
-    include_latency: bool = False  # also minimise collective latency (a fixed cost per tier in use)
+__all__ = ["OptimizerConfig", "OptimizerResult", "optimize_tiers"]
+MODE_PASSES = 3  # solves per group candidate while table fetch modes change
 
 
 @dataclass
@@ -67,40 +45,19 @@ class OptimizerResult:
     history: list[dict] = field(default_factory=list)
 
 
-def _initial_edges(coeffs: TableCoefficients, time_share: np.ndarray, segments: int) -> np.ndarray:
-    """Bucket indices where segments start: CDF quantiles of access mass plus a geometric row grid."""
-    k = coeffs.rows.size
-    cum_rows = np.cumsum(coeffs.rows)
-    cum_mass = np.cumsum(time_share)
-    total = cum_mass[-1] if cum_mass[-1] > 0 else 1.0
-    by_mass = np.searchsorted(cum_mass / total, np.linspace(0, 1, segments + 1)[1:-1], side="right")
-    grid = 2.0 ** np.arange(0, np.log2(max(cum_rows[-1], 2)) + 1, 1.0)
-    by_rows = np.searchsorted(cum_rows, grid, side="left")
-    return np.unique(np.concatenate([[0, k], by_mass, by_rows]).clip(0, k))
+@dataclass
+class _Candidate:
+    """One set of tiers and exchanges to solve the program for, with its lower bound."""
 
+    allowed: np.ndarray  # bool[3]: hot, warm, cold
+    group: bool  # cold rows may be fetched once per group
+    bound_s: float  # Lagrangian bound of the program's linear time
+    fixed_s: float  # the least fixed cost of any plan of this candidate
+    modes: list[FetchMode]  # per table, the fetch mode the bound priced cheaper
 
-def _refine(edges: np.ndarray, seg_index: set[int], factor: int) -> tuple[np.ndarray, bool]:
-    """Split the listed segments (by index into ``edges``) into up to ``factor`` pieces each."""
-    new = [edges]
-    changed = False
-    for s in seg_index:
-        if s < 0 or s >= edges.size - 1:
-            continue
-        lo, hi = edges[s], edges[s + 1]
-        if hi - lo > 1:
-            new.append(np.unique(np.linspace(lo, hi, factor + 1).round().astype(np.int64)))
-            changed = True
-    return np.unique(np.concatenate(new)), changed
-
-
-def _boundary_segments(h: np.ndarray, tol: float = 1e-7) -> set[int]:
-    """Segments holding the boundary of a prefix share vector (fractional, or either side of a 1->0 step)."""
-    frac = np.flatnonzero((h > tol) & (h < 1 - tol))
-    if frac.size:
-        return {int(s) for s in frac}
-    full = np.flatnonzero(h >= 1 - tol)
-    last = int(full[-1]) if full.size else -1
-    return {last, last + 1}
+    @property
+    def total_bound_s(self) -> float:
+        return self.bound_s + self.fixed_s
 
 
 def optimize_tiers(
@@ -110,16 +67,12 @@ def optimize_tiers(
     config: OptimizerConfig | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> OptimizerResult:
-    """Choose every table's hot/warm/cold boundaries minimising modeled time under ``budget_bytes`` per GPU.
-
-    Using a tier at all has a fixed cost (split sizes; latency if asked), so the program is solved
-    for each set of tiers in use, cheapest lower bound first, skipping sets whose bound cannot beat
-    the best plan found. Raises PlannerError when no plan fits (naming the smallest feasible budget).
-    """
+    """Choose every table's hot/warm/cold boundaries and cold fetch mode, minimising modeled time under
+    ``budget_bytes`` per GPU (see the module docstring). Raises PlannerError when no plan fits (naming
+    the smallest feasible budget)."""
     cfg = config or OptimizerConfig()
     t0 = time.perf_counter()
     coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata)
-    warm_possible = cfg.allow_warm and view.num_groups > 1 and view.uniform_group_size not in (None, 1)
     floor_bytes = float(sum(c.memory_bytes[Tier.COLD].sum() for c in coeffs))
     if budget_bytes < floor_bytes * (1 - 1e-12):
         rw = row_wise_memory_bytes(workload, view)
@@ -128,45 +81,22 @@ def optimize_tiers(
             f"the smallest feasible budget is {floor_bytes:,.0f} bytes ({floor_bytes / rw:.3g}x row-wise) "
             f"per GPU (every row cold, split over {view.num_ranks} GPUs)"
         )
-    ntab = len(workload.tables)
-    candidates = []
-    for hot in (False, True) if cfg.allow_hot else (False,):
-        for warm in (False, True) if warm_possible else (False,):
-            for cold in (True, False):
-                allowed = np.array([hot, warm, cold])
-                if not allowed.any():
-                    continue
-                if not cold and _min_memory(coeffs, allowed) > budget_bytes:
-                    continue
-                bound = lagrange_bound(coeffs, budget_bytes, allowed).bound_s
-                fixed = fixed_time_s(view, ntab, hot, warm, cold, cfg.sync, cfg.include_latency)
-                candidates.append((bound + fixed, bound, fixed, allowed))
-    candidates.sort(key=lambda c: c[0])
+    candidates = sorted(_candidates(workload, view, coeffs, budget_bytes, cfg), key=lambda c: c.total_bound_s)
     best: dict | None = None
     history: list[dict] = []
-    for total_bound, bound, _fixed, allowed in candidates:
-        if best is not None and total_bound >= best["total_s"]:
+    for cand in candidates:
+        if best is not None and cand.total_bound_s >= best["total_s"]:
             continue
-        solved = _refined_solve(coeffs, budget_bytes, allowed, bound, cfg, history, progress)
-        if solved is None:
-            continue
-        rows, linear_s, nvars, rounds = solved
-        rows = _whole_table_moves(coeffs, rows, budget_bytes, allowed)
-        linear_s = _linear_time(coeffs, rows)
-        used = _tiers_used(rows, workload)
-        total = linear_s + fixed_time_s(view, ntab, *used, cfg.sync, cfg.include_latency)
-        if best is None or total < best["total_s"]:
-            best = {
-                "total_s": total,
-                "rows": rows,
-                "linear_s": linear_s,
-                "variables": nvars,
-                "rounds": rounds,
-            }
+        solved = _solve_candidate(workload, view, coeffs, budget_bytes, cand, cfg, history, progress)
+        if solved is not None and (best is None or solved["total_s"] < best["total_s"]):
+            best = solved
     assert best is not None
-    lower = min(c[0] for c in candidates)
+    lower = min(c.total_bound_s for c in candidates)
     gap = max((best["total_s"] - lower) / lower, 0.0) if lower > 0 else 0.0  # >= 0 up to rounding
-    tables = tuple(table_plan(t, view, h, w) for t, (h, w) in zip(workload.tables, best["rows"], strict=True))
+    tables = tuple(
+        table_plan(t, view, h, w, mode)
+        for t, (h, w), mode in zip(workload.tables, best["rows"], best["modes"], strict=True)
+    )
     solve_time = time.perf_counter() - t0
     solver = {
         "objective_s": best["total_s"],
@@ -182,12 +112,81 @@ def optimize_tiers(
     )
 
 
+def _candidates(
+    workload: Workload,
+    view: ClusterView,
+    coeffs: list[TableCoefficients],
+    budget: float,
+    cfg: OptimizerConfig,
+) -> list[_Candidate]:
+    """Every set of tiers (and of cold fetch modes) a plan may use, with its lower bound."""
+    warm_possible = cfg.allow_warm and view.num_groups > 1 and view.uniform_group_size not in (None, 1)
+    group_possible = FetchMode.GROUP in cfg.fetch_modes and all(
+        c.cold_group_time_s is not None for c in coeffs
+    )
+    ntab = len(workload.tables)
+    out = []
+    for hot in (False, True) if cfg.allow_hot else (False,):
+        for warm in (False, True) if warm_possible else (False,):
+            for cold in (True, False):
+                allowed = np.array([hot, warm, cold])
+                if not allowed.any() or (not cold and _min_memory(coeffs, allowed) > budget):
+                    continue
+                for group in (False, True) if cold and group_possible else (False,):
+                    options = [coeffs, [c.for_fetch(FetchMode.GROUP) for c in coeffs]] if group else [coeffs]
+                    bound = lagrange_bound(options, budget, allowed)
+                    modes = [FetchMode.GROUP if k else FetchMode.FLAT for k in bound.choice]
+                    uses = Exchanges(warm=warm, cold_flat=cold and not group, cold_group=group)
+                    fixed = fixed_time_s(view, ntab, hot, uses, cfg.sync, cfg.include_latency)
+                    out.append(_Candidate(allowed, group, bound.bound_s, fixed, modes))
+    return out
+
+
+def _solve_candidate(
+    workload: Workload,
+    view: ClusterView,
+    coeffs: list[TableCoefficients],
+    budget: float,
+    cand: _Candidate,
+    cfg: OptimizerConfig,
+    history: list[dict],
+    progress: Callable[[str], None] | None,
+) -> dict | None:
+    """The candidate's best plan (rows and modes per table, total seconds), or None when none fits."""
+    modes = cand.modes
+    for _ in range(MODE_PASSES):
+        priced = [c.for_fetch(m) for c, m in zip(coeffs, modes, strict=True)]
+        solved = refined_solve(priced, budget, cand.allowed, cand.bound_s, cfg, history, progress)
+        if solved is None:
+            return None
+        rows, _linear, nvars, rounds = solved
+        rows = _whole_table_moves(priced, rows, budget, cand.allowed)
+        if not cand.group:
+            break
+        cheaper = [_cheaper_mode(c, r) for c, r in zip(coeffs, rows, strict=True)]
+        if cheaper == modes:
+            break
+        modes = cheaper
+    priced = [c.for_fetch(m) for c, m in zip(coeffs, modes, strict=True)]
+    linear_s = linear_time(priced, rows)
+    hot, uses = _exchanges_used(rows, modes, workload)
+    total = linear_s + fixed_time_s(view, len(workload.tables), hot, uses, cfg.sync, cfg.include_latency)
+    return {
+        "total_s": total,
+        "rows": rows,
+        "modes": modes,
+        "linear_s": linear_s,
+        "variables": nvars,
+        "rounds": rounds,
+    }
+
+
 def _plan_memory(c: TableCoefficients, h: int, w: int) -> float:
     """Per-GPU bytes of one table's (hot, warm) boundaries, without metadata if one tier holds it all."""
     total = float(c.rows.sum())
-    mem = _prefix_sum(c, h, Tier.HOT, "memory_bytes") + _prefix_sum(c, h + w, Tier.WARM, "memory_bytes")
-    mem += -_prefix_sum(c, h, Tier.WARM, "memory_bytes") + c.memory_bytes[Tier.COLD].sum()
-    mem -= _prefix_sum(c, h + w, Tier.COLD, "memory_bytes")
+    mem = prefix_sum(c, h, Tier.HOT, "memory_bytes") + prefix_sum(c, h + w, Tier.WARM, "memory_bytes")
+    mem += -prefix_sum(c, h, Tier.WARM, "memory_bytes") + c.memory_bytes[Tier.COLD].sum()
+    mem -= prefix_sum(c, h + w, Tier.COLD, "memory_bytes")
     if h == total or w == total:
         mem -= c.whole_table_credit_bytes
     return float(mem)
@@ -200,7 +199,7 @@ def _whole_table_moves(
     time and fits; the segment program sees only partial tiers with metadata."""
     rows = list(rows)
     mem = [_plan_memory(c, h, w) for c, (h, w) in zip(coeffs, rows, strict=True)]
-    time_now = [_linear_time([c], [r]) for c, r in zip(coeffs, rows, strict=True)]
+    time_now = [linear_time([c], [r]) for c, r in zip(coeffs, rows, strict=True)]
     while True:
         slack = budget - sum(mem)
         best = None
@@ -209,7 +208,7 @@ def _whole_table_moves(
             for tier, plan in ((Tier.HOT, (total, 0)), (Tier.WARM, (0, total))):
                 if not allowed[tier] or rows[i] == plan:
                     continue
-                t_new = _linear_time([c], [plan])
+                t_new = linear_time([c], [plan])
                 m_new = _plan_memory(c, *plan)
                 gain = time_now[i] - t_new
                 if gain > 1e-15 and m_new - mem[i] <= slack and (best is None or gain > best[0]):
@@ -232,225 +231,26 @@ def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
     return float(total)
 
 
-def _tiers_used(rows: list[tuple[int, int]], workload: Workload) -> tuple[bool, bool, bool]:
-    hot = any(h > 0 for h, _ in rows)
-    warm = any(w > 0 for _, w in rows)
-    cold = any(h + w < t.num_rows for (h, w), t in zip(rows, workload.tables, strict=True))
-    return hot, warm, cold
+def _cheaper_mode(c: TableCoefficients, rows: tuple[int, int]) -> FetchMode:
+    """The fetch mode under which the table's plan ``rows`` costs less. On a tie (no cold rows, so the
+    mode does not matter here), the one whose cold rows are cheaper: it is the mode that lets the next
+    solve keep rows cold where that pays."""
+
+    modes = (FetchMode.FLAT, FetchMode.GROUP)
+    times = {m: linear_time([c.for_fetch(m)], [rows]) for m in modes}
+    least = min(times.values())
+    tied = [m for m in modes if times[m] <= least * (1 + 1e-12)]
+    return min(tied, key=lambda m: float(c.for_fetch(m).time_s[Tier.COLD].sum()))
 
 
-def _refined_solve(
-    coeffs: list[TableCoefficients],
-    budget_bytes: float,
-    allowed: np.ndarray,
-    bound_s: float,
-    cfg: OptimizerConfig,
-    history: list[dict],
-    progress: Callable[[str], None] | None,
-) -> tuple[list[tuple[int, int]], float, int, int] | None:
-    """Solve the segment LP for one set of allowed tiers, refining segments around the boundaries
-    (None when no plan with these tiers fits)."""
-    edges = [_initial_edges(c, c.time_s[Tier.COLD], cfg.initial_segments) for c in coeffs]
-    best: tuple[float, list[tuple[int, int]]] | None = None
-    solved: tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
-    nvars = rounds = 0
-    tiers = "+".join(tier.label for tier, a in zip(Tier, allowed, strict=True) if a)
-    for rounds in range(1, cfg.max_rounds + 1):  # noqa: B007
-        try:
-            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s)
-        except PlannerError:
-            break  # fits only with whole-table tiers: left to the integer solve
-        solved = ([e.copy() for e in edges], shares)
-        rows = [_shares_to_rows(c, e, hs, ws) for c, e, (hs, ws) in zip(coeffs, edges, shares, strict=True)]
-        linear = _linear_time(coeffs, rows)
-        if best is None or linear < best[0]:
-            best = (linear, rows)
-        gap = (best[0] - bound_s) / bound_s if bound_s > 0 else 0.0
-        segments = int(sum(e.size - 1 for e in edges))
-        history.append(
-            {"tiers": tiers, "round": rounds, "segments": segments, "linear_s": linear, "gap": gap}
-        )
-        if progress:
-            progress(f"{tiers}: round {rounds}, {nvars} variables, gap {gap:.1e}")
-        if gap <= cfg.target_gap:
-            break
-        changed_any = False
-        for i, (hs, ws) in enumerate(shares):
-            edges[i], changed = _refine(
-                edges[i], _boundary_segments(hs) | _boundary_segments(ws), cfg.split_factor
-            )
-            changed_any |= changed
-        if not changed_any:
-            break
-    if cfg.integer_rows and (best is None or best[0] > bound_s * (1 + 1e-9)):
-        if solved is not None:
-            edges = solved[0]
-        fixed = None
-        if solved is not None and _integer_vars(coeffs, edges, allowed) > cfg.full_integer_max_vars:
-            fixed = [_fix_far_segments(hs, ws) for hs, ws in solved[1]]
-        try:
-            limit = min(cfg.solver_time_limit_s, cfg.integer_time_limit_s)
-            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, limit, integer=True, fixed=fixed)
-        except PlannerError:
-            shares = None  # keep the rounded LP solution
-        if shares is not None:
-            rows = [_shares_to_rows(c, e, h, w) for c, e, (h, w) in zip(coeffs, edges, shares, strict=True)]
-            linear = _linear_time(coeffs, rows)
-            history.append({"tiers": tiers, "round": "integer", "linear_s": linear})
-            if best is None or linear < best[0]:
-                best = (linear, rows)
-    if best is None:
-        return None
-    return best[1], best[0], nvars, rounds
-
-
-def _integer_vars(coeffs: list[TableCoefficients], edges: list[np.ndarray], allowed: np.ndarray) -> int:
-    """Integer variables of the full integer finish: small segments times the prefix tiers in use."""
-    tiers = int(allowed[Tier.HOT]) + int(allowed[Tier.WARM])
-    small = sum(
-        int((np.add.reduceat(c.rows, e[:-1]) <= INTEGER_ROWS_MAX).sum())
-        for c, e in zip(coeffs, edges, strict=True)
+def _exchanges_used(
+    rows: list[tuple[int, int]], modes: list[FetchMode], workload: Workload
+) -> tuple[bool, Exchanges]:
+    """Whether a plan with these boundaries and modes has hot rows, and which exchanges it runs."""
+    cold = [h + w < t.num_rows for (h, w), t in zip(rows, workload.tables, strict=True)]
+    uses = Exchanges(
+        warm=any(w > 0 for _, w in rows),
+        cold_flat=any(c and m is FetchMode.FLAT for c, m in zip(cold, modes, strict=True)),
+        cold_group=any(c and m is FetchMode.GROUP for c, m in zip(cold, modes, strict=True)),
     )
-    return small * tiers
-
-
-def _fix_far_segments(hs: np.ndarray, ws: np.ndarray) -> tuple[dict[int, float], dict[int, float]]:
-    """Per share vector, the LP values of segments more than one segment away from its boundary:
-    the integer finish keeps them, so it only decides whole rows where the LP was fractional."""
-    out = []
-    for share in (hs, ws):
-        near = set()
-        for s in _boundary_segments(share):
-            near |= {s - 1, s, s + 1}
-        out.append({j: float(v) for j, v in enumerate(share) if j not in near})
-    return out[0], out[1]
-
-
-def _segment_sums(c: TableCoefficients, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    starts = edges[:-1]
-    return np.add.reduceat(c.time_s, starts, axis=1), np.add.reduceat(c.memory_bytes, starts, axis=1)
-
-
-def _share(
-    name: str, rows: float, low: int, integer: bool, fixed: float | None = None
-) -> tuple[pulp.LpVariable, float]:
-    """A segment's prefix share as (variable, scale), share = scale * variable: a whole row count
-    for small segments in integer mode, else a fraction in [low, 1]; ``fixed`` pins the share."""
-    if fixed is not None:
-        value = min(max(fixed, float(low)), 1.0)
-        return pulp.LpVariable(name, value, value), 1.0
-    if integer and rows <= INTEGER_ROWS_MAX:
-        return pulp.LpVariable(name, low * rows, rows, cat=pulp.LpInteger), 1.0 / float(rows)
-    return pulp.LpVariable(name, low, 1), 1.0
-
-
-def _solve_lp(
-    coeffs: list[TableCoefficients],
-    edges: list[np.ndarray],
-    budget: float,
-    allowed: np.ndarray,
-    time_limit_s: float,
-    integer: bool = False,
-    fixed: list[tuple[dict[int, float], dict[int, float]]] | None = None,
-) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
-    """Solve the segment program; with ``integer`` the shares of small segments (at most
-    ``INTEGER_ROWS_MAX`` rows) become whole row counts, so single hot rows are not split.
-    ``fixed``: per table, (hot, warm) shares held at given values (segment index -> share)."""
-    prob = pulp.LpProblem("flexshard_tiers", pulp.LpMinimize)
-    objective: dict[pulp.LpVariable, float] = {}
-    memory: dict[pulp.LpVariable, float] = {}
-    const_mem = 0.0
-    handles = []
-    # scale to well-conditioned units: microseconds and MiB
-    ts, ms = 1e6, 1.0 / 2**20
-    for i, (c, e) in enumerate(zip(coeffs, edges, strict=True)):
-        seg_t, seg_m = _segment_sums(c, e)
-        seg_rows = np.add.reduceat(c.rows, e[:-1])
-        k = seg_t.shape[1]
-        const_mem += seg_m[Tier.COLD].sum()
-
-        cold_ok = bool(allowed[Tier.COLD])
-        fix_h, fix_w = fixed[i] if fixed is not None else ({}, {})
-        wv = (
-            [_share(f"w_{i}_{j}", seg_rows[j], 0 if cold_ok else 1, integer, fix_w.get(j)) for j in range(k)]
-            if allowed[Tier.WARM]
-            else None
-        )
-        hv = None
-        if allowed[Tier.HOT]:
-            low = 0 if (cold_ok or wv is not None) else 1
-            hv = [_share(f"h_{i}_{j}", seg_rows[j], low, integer, fix_h.get(j)) for j in range(k)]
-        for j in range(k):
-            if wv is not None:
-                var, sc = wv[j]
-                objective[var] = (seg_t[Tier.WARM, j] - seg_t[Tier.COLD, j]) * ts * sc
-                memory[var] = (seg_m[Tier.WARM, j] - seg_m[Tier.COLD, j]) * ms * sc
-                if j:
-                    prob += sc * var <= wv[j - 1][1] * wv[j - 1][0]
-            if hv is not None:
-                var, sc = hv[j]
-                lower = Tier.WARM if wv is not None else Tier.COLD
-                objective[var] = (seg_t[Tier.HOT, j] - seg_t[lower, j]) * ts * sc
-                memory[var] = (seg_m[Tier.HOT, j] - seg_m[lower, j]) * ms * sc
-                if j:
-                    prob += sc * var <= hv[j - 1][1] * hv[j - 1][0]
-                if wv is not None:
-                    prob += sc * var <= wv[j][1] * wv[j][0]
-        credit = c.whole_table_credit_bytes * ms
-        if integer and credit > 0:  # whole-table tiers need no routing metadata (binary, exact)
-            if hv is not None:
-                whole_hot = pulp.LpVariable(f"whole_hot_{i}", cat=pulp.LpBinary)
-                prob += whole_hot <= hv[-1][1] * hv[-1][0]
-                memory[whole_hot] = -credit
-            if wv is not None:
-                whole_warm = pulp.LpVariable(f"whole_warm_{i}", cat=pulp.LpBinary)
-                prob += whole_warm <= wv[-1][1] * wv[-1][0]
-                if hv is not None:
-                    prob += whole_warm <= 1 - hv[0][1] * hv[0][0]
-                memory[whole_warm] = -credit
-        handles.append((hv, wv, k))
-    prob += pulp.LpAffineExpression(objective)
-    prob += pulp.LpAffineExpression(memory) <= (budget - const_mem) * ms, "memory_budget"
-    solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-5 if integer else None)
-    status = prob.solve(solver)
-    if pulp.LpStatus[status] != "Optimal":
-        raise PlannerError(f"optimizer: CBC ended with status {pulp.LpStatus[status]!r}; try a larger budget")
-
-    def values(vs: list[tuple[pulp.LpVariable, float]] | None) -> np.ndarray | None:
-        return None if vs is None else np.clip(np.array([(v.value() or 0.0) * sc for v, sc in vs]), 0.0, 1.0)
-
-    shares = []
-    for hv, wv, k in handles:
-        hs = values(hv)
-        hs = np.zeros(k) if hs is None else hs
-        ws = values(wv)
-        shares.append((hs, hs.copy() if ws is None else np.maximum(ws, hs)))
-    return shares, len(objective)
-
-
-def _shares_to_rows(
-    c: TableCoefficients, edges: np.ndarray, hs: np.ndarray, ws: np.ndarray
-) -> tuple[int, int]:
-    """Integer (hot_rows, warm_rows) from prefix shares: a fractional segment keeps its hottest part."""
-    seg_rows = np.add.reduceat(c.rows, edges[:-1])
-    hot = int(np.floor(float(np.dot(hs, seg_rows)) + 1e-6))
-    hot_or_warm = int(np.floor(float(np.dot(ws, seg_rows)) + 1e-6))
-    return hot, max(hot_or_warm - hot, 0)
-
-
-def _linear_time(coeffs: list[TableCoefficients], rows: list[tuple[int, int]]) -> float:
-    """Linear-model time of integer tier boundaries (rows inside a bucket are identical)."""
-    total = 0.0
-    for c, (h, w) in zip(coeffs, rows, strict=True):
-        total += _prefix_sum(c, h, Tier.HOT) + (
-            _prefix_sum(c, h + w, Tier.WARM) - _prefix_sum(c, h, Tier.WARM)
-        )
-        total += c.time_s[Tier.COLD].sum() - _prefix_sum(c, h + w, Tier.COLD)
-    return total
-
-
-def _prefix_sum(c: TableCoefficients, nrows: float, tier: int, arr: str = "time_s") -> float:
-    """Sum of a tier's coefficient over the first ``nrows`` rows (linear inside a bucket)."""
-    cum_rows = np.concatenate([[0.0], np.cumsum(c.rows)])
-    cum = np.concatenate([[0.0], np.cumsum(getattr(c, arr)[tier])])
-    return float(np.interp(nrows, cum_rows, cum))
+    return any(h > 0 for h, _ in rows), uses

@@ -17,15 +17,16 @@ import numpy as np
 import pulp
 
 from core.errors import PlannerError
-from core.vocabulary import Direction, LinkClass
+from core.vocabulary import Direction, FetchMode, LinkClass
 from solvers import wire
 from solvers.cost_model import (
     evaluate,
+    exchanges,
     hierarchical_allreduce_bytes,
     routing_bytes,
     split_bytes,
-    table_mass,
     tier_volumes,
+    view_mass,
 )
 from solvers.types import Plan, TablePlan, Workload
 from topology.views import ClusterView
@@ -59,29 +60,32 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
     """Plan with owner shares balanced by link speed (returns ``plan`` unchanged on a homogeneous cluster).
 
     The program's traffic is :mod:`solvers.wire`'s formulas applied to the share variables: a rank's
-    cold share ``a[r]`` (its group's ``sum a``) and its position's warm share ``b[j]``.
+    cold share ``a[r]`` (its group's and its position's ``sum a``) and its position's warm share ``b[j]``.
     """
     if is_homogeneous(view) or view.uniform_group_size is None:
         return plan
     n, g = view.num_ranks, view.uniform_group_size
     grp, loc = view.group_of_rank, view.local_index
-    volume = {"warm": 0.0, "cold": 0.0}  # lookups per GPU per iteration, all tables
-    vector_volume = {"warm": 0.0, "cold": 0.0}  # the same weighted by vector bytes
+    # per exchange, lookups per GPU per iteration over all tables, and the same weighted by vector bytes
+    volume = {"warm": 0.0, "cold": 0.0, "group": 0.0, "group rows": 0.0}
+    vector_volume = dict.fromkeys(volume, 0.0)
     hot_payload = warm_payload = 0.0
     mem_fixed = mem_cold = mem_warm = 0.0
     for t, tp in zip(workload.tables, plan.tables, strict=True):
-        v = tier_volumes(table_mass(t, workload.lookups_per_gpu(t), n), tp, plan.dedup)
-        for tier, vol in (("warm", v.warm_volume), ("cold", v.cold_volume)):
-            volume[tier] += vol
-            vector_volume[tier] += vol * t.vector_bytes
+        v = tier_volumes(view_mass(workload, view, t), tp, plan.dedup)
+        if tp.fetch is FetchMode.GROUP:
+            cold = (("group", v.cold_volume), ("group rows", v.cold_group_volume or 0.0))
+        else:
+            cold = (("cold", v.cold_volume),)
+        for key, vol in (("warm", v.warm_volume), *cold):
+            volume[key] += vol
+            vector_volume[key] += vol * t.vector_bytes
         hot_payload += wire.sync_payload(v.hot_touched, tp.hot_rows, t.vector_bytes, plan.sync)
         warm_payload += wire.sync_payload(v.warm_touched, tp.warm_rows, t.vector_bytes, plan.sync)
         mem_fixed += t.row_bytes * tp.hot_rows + routing_bytes(tp)
         mem_cold += t.row_bytes * tp.cold_rows
         mem_warm += t.row_bytes * tp.warm_rows
-    uses_warm = any(tp.warm_rows > 0 for tp in plan.tables)
-    uses_cold = any(tp.cold_rows > 0 for tp in plan.tables)
-    fixed = split_bytes(view, len(workload.tables), uses_warm, uses_cold)
+    fixed = split_bytes(view, len(workload.tables), exchanges(plan))
     fixed += hierarchical_allreduce_bytes(view, hot_payload)  # [N, 2], each direction
     mean_vector = {k: vector_volume[k] / volume[k] if volume[k] > 0 else 0.0 for k in volume}
 
@@ -94,17 +98,31 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
     prob += pulp.lpSum(b) == 1
     mb = 1e-6  # constraints in MB
     group_a = [pulp.lpSum(a[o] for o in members) for members in view.groups]
+    position_a = [pulp.lpSum(a[o] for o in np.flatnonzero(loc == j)) for j in range(g)]
     for r in range(n):
-        k, br = int(grp[r]), b[int(loc[r])]
+        k, j, br = int(grp[r]), int(loc[r]), b[int(loc[r])]
         sent = {link: float(fixed[r, link]) for link in LinkClass}
         received = dict(sent)
-        # cold rows over the cluster (the group holds sum a), warm rows inside the group (b sums to 1)
-        for share, group_share, tier, within in ((a[r], group_a[k], "cold", False), (br, 1.0, "warm", True)):
-            asked, served = wire.lookups_by_link(share, group_share, g, n, volume[tier], within)
+        # flat cold rows over the cluster (the group holds sum a), warm rows inside the group (b sums
+        # to 1), group-fetched cold rows through the rail peers (the position holds sum a)
+        lookups = [
+            (*wire.lookups_by_link(a[r], group_a[k], g, n, volume["cold"], False), mean_vector["cold"]),
+            (*wire.lookups_by_link(br, 1.0, g, n, volume["warm"], True), mean_vector["warm"]),
+        ]
+        # the group fetch's NVLink hop (per-GPU volume) and fabric hop (per-group volume), each with
+        # its own mean vector size (the function is linear and separable in the two volumes)
+        for key, per_gpu, per_group in (
+            ("group", volume["group"], 0.0),
+            ("group rows", 0.0, volume["group rows"]),
+        ):
+            asked, served = wire.group_lookups_by_link(
+                a[r], position_a[j], g, view.num_groups, per_gpu, per_group
+            )
+            lookups.append((asked, served, mean_vector[key]))
+        for asked, served, vector_bytes in lookups:
             for link in LinkClass:
-                for (_, direction), nbytes in wire.lookup_messages(
-                    asked[link], served[link], mean_vector[tier]
-                ).items():
+                messages = wire.lookup_messages(asked[link], served[link], vector_bytes)
+                for (_, direction), nbytes in messages.items():
                     (sent if direction is Direction.SEND else received)[link] += nbytes
         warm_sync = wire.ring_allreduce_bytes(view.num_groups, warm_payload * br)
         sent[LinkClass.INTER_GROUP] += warm_sync

@@ -190,7 +190,8 @@ class TablePlan:
     the rest cold. ``warm_share[r]`` is the share of the warm rows rank ``r`` holds within its
     group (sums to 1 over each group); ``cold_share[r]`` the share of cold rows it holds (sums to
     1 over the cluster). Rows are dealt to owners by a weighted interleave over hotness rank, so a
-    rank's share of rows is also its share of accesses.
+    rank's share of rows is also its share of accesses. ``fetch``: how the cold rows' lookups reach
+    their owners (:class:`core.vocabulary.FetchMode`).
     """
 
     name: str
@@ -199,6 +200,10 @@ class TablePlan:
     cold_rows: int
     warm_share: np.ndarray  # float64[N]
     cold_share: np.ndarray  # float64[N]
+    fetch: FetchMode = FetchMode.FLAT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fetch", FetchMode.parse(self.fetch))
 
 
 @dataclass(frozen=True)
@@ -206,8 +211,8 @@ class Plan:
     """A sharding plan for a workload on a cluster (one strategy, one budget).
 
     ``dedup``: ids deduplicated per rank before the exchange; ``sync``: how replica gradients are
-    summed; ``fetch``: how lookups reach their owners. Plans are immutable: derive variants with
-    ``dataclasses.replace``.
+    summed. Each table's cold fetch mode is in its :class:`TablePlan`. Plans are immutable: derive
+    variants with ``dataclasses.replace``.
     """
 
     strategy: str
@@ -216,12 +221,14 @@ class Plan:
     sync: SyncMode = SyncMode.SPARSE
     budget_bytes: float | None = None  # per-GPU memory budget the plan was made for
     solver: dict = field(default_factory=dict)  # solver metadata (bounds, gap, iterations, seconds)
-    fetch: FetchMode = FetchMode.FLAT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple(self.tables))
         object.__setattr__(self, "sync", SyncMode.parse(self.sync))
-        object.__setattr__(self, "fetch", FetchMode.parse(self.fetch))
+
+    def cold_fetch(self, mode: FetchMode) -> bool:
+        """Whether some table has cold rows fetched in ``mode``."""
+        return any(tp.cold_rows > 0 and tp.fetch is mode for tp in self.tables)
 
 
 @dataclass

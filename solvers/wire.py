@@ -9,7 +9,8 @@ share variables, and the runtime (:mod:`flexshard.runtime`) to the counts of eac
 Formulas (docs/cost_model.md, sections 2-4):
 
 * a remote lookup moves one id requester -> owner (``INDEX_BYTES``), one embedding owner -> requester
-  and one gradient requester -> owner (``vector_bytes`` each);
+  and one gradient requester -> owner (``vector_bytes`` each); in a group fetch the same three travel
+  requester -> rail peer (NVLink) and, once per group, rail peer -> owner (the fabric);
 * before a tier's exchange every rank sends each peer of that exchange one int64 split size per table;
 * a ring all-reduce of ``S`` bytes over ``k`` ranks sends (and receives) ``2 (k - 1) / k * S`` per rank;
   the hierarchical all-reduce of the hot rows is a reduce-scatter in the group, a ring all-reduce of each
@@ -63,6 +64,41 @@ def lookups_by_link(
     served = {
         LinkClass.INTRA_GROUP: volume * share * (group_size - 1),
         LinkClass.INTER_GROUP: 0.0 if within_group else volume * share * (num_ranks - group_size),
+    }
+    return asked, served
+
+
+def group_lookups_by_link(
+    share: Any,
+    position_share: Any,
+    group_size: Any,
+    num_groups: int,
+    volume: Any,
+    group_volume: Any,
+) -> tuple[dict[LinkClass, Any], dict[LinkClass, Any]]:
+    """Expected (asked, served) lookups per link class of one rank in a group fetch
+    (:attr:`core.vocabulary.FetchMode.GROUP`).
+
+    Every rank looks up ``volume`` of the tier's rows per iteration and sends each id to the GPU of its
+    own group at the owner's position (its rail peer), over NVLink. That GPU deduplicates the group's ids
+    and fetches each row owned at its position in another group once, from the owner, across the
+    fabric. ``share``: this rank's share of the tier's rows; ``position_share``: the share owned at this
+    rank's position over all groups (this rank included); ``group_volume``: the distinct rows of the
+    tier a whole group looks up per iteration.
+
+    * NVLink: asked ``volume * (1 - position_share)`` (ids owned at other positions), served
+      ``(group_size - 1) * volume * position_share`` (the peers' ids owned at this position);
+    * fabric: asked ``group_volume * (position_share - share)`` (as the rail peer, the group's distinct
+      ids owned at this position in other groups), served ``(num_groups - 1) * group_volume * share``
+      (as the owner, one request per other group).
+    """
+    asked = {
+        LinkClass.INTRA_GROUP: volume * (1 - position_share),
+        LinkClass.INTER_GROUP: group_volume * (position_share - share),
+    }
+    served = {
+        LinkClass.INTRA_GROUP: volume * position_share * (group_size - 1),
+        LinkClass.INTER_GROUP: group_volume * share * (num_groups - 1),
     }
     return asked, served
 

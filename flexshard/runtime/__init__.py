@@ -2,8 +2,12 @@
 
 * ``sharded``: :class:`ShardedSequenceEmbedding`, the module;
 * ``features``: input checks, KeyedJaggedTensor input, jagged-to-padded views;
+* ``lookups``: the local part of a lookup (dedup, routing, hot rows);
 * ``exchange``: the flat lookup exchange (ids to owners, embeddings back, gradients back);
-* ``replicas``: gradient sync of replicated rows; ``shards``: the rows a rank holds and their optimizer;
+* ``group_exchange``: cold rows fetched once per group through the rail peers; ``transfer``: what the
+  two exchanges share (all-to-alls of per-table columns, split sizes, bytes);
+* ``replicas``: gradient sync of replicated rows (hot: hierarchical); ``shards``: the rows a rank holds
+  and their optimizer;
 * ``routing``: tier, owner and slot of every row id (exact and compact layouts);
 * ``groups``: the process groups of a plan; ``initializer``: rows built identically on every rank;
 * ``agreement``: errors agreed over the ranks; ``local``: spawn several local ranks (tests, experiments).

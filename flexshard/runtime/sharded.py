@@ -2,11 +2,14 @@
 
 Every rank holds all hot rows of every table, its share of its group's warm rows and its share of the
 cluster's cold rows (plus their optimizer state, placed like the rows; :mod:`~flexshard.runtime.shards`).
-A forward pass checks its input (:mod:`~flexshard.runtime.features`), then exchanges the remote lookups
-with their owners (:mod:`~flexshard.runtime.exchange`) and puts the rows back in input order. Backward
-(through a ``torch.autograd.Function``) sends the output gradients back along the same routes and sums
-them per row at the owner. :meth:`ShardedSequenceEmbedding.step` then synchronises replicas
-(:mod:`~flexshard.runtime.replicas`: hot gradients all-reduced over all ranks, warm shard gradients over
+A forward pass checks its input (:mod:`~flexshard.runtime.features`), reads hot rows locally
+(:mod:`~flexshard.runtime.lookups`), exchanges the remote lookups with their owners and puts the rows back
+in input order. Warm lookups, and the cold lookups of tables fetched flat, go straight to their owners
+(:mod:`~flexshard.runtime.exchange`); the cold lookups of tables fetched per group go through the rail
+peers, once per group (:mod:`~flexshard.runtime.group_exchange`). Backward (through a
+``torch.autograd.Function``) sends the output gradients back along the same routes and sums them per row
+at the owner. :meth:`ShardedSequenceEmbedding.step` then synchronises replicas
+(:mod:`~flexshard.runtime.replicas`: hot gradients by a hierarchical all-reduce, warm shard gradients over
 the replica group) and applies row-wise SGD or row-wise Adagrad to the rows that received gradient.
 
 Gradient semantics: the gradient a row receives is the sum over all ranks of the gradient of that rank's
@@ -34,15 +37,17 @@ import torch.distributed as dist
 
 from core.errors import ConfigError, PlanMismatchError
 from core.traffic import Traffic
-from core.vocabulary import Component, LinkClass, Tier
+from core.vocabulary import Component, FetchMode, LinkClass, Tier
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
 from flexshard.runtime.agreement import agreed_message
-from flexshard.runtime.exchange import ExchangeState, FlatExchange, PreparedBatch
+from flexshard.runtime.exchange import FlatBatch, FlatExchange, FlatState
 from flexshard.runtime.features import check_features, features_from_kjt, raise_input_error, to_padded
+from flexshard.runtime.group_exchange import GroupBatch, GroupExchange, GroupState
 from flexshard.runtime.groups import ProcessGroups, make_process_groups
 from flexshard.runtime.initializer import Initializer, seeded_initializer
-from flexshard.runtime.replicas import sync_gradients
+from flexshard.runtime.lookups import TableLookup, local_lookups
+from flexshard.runtime.replicas import hierarchical_all_reduce, ring_all_reduce, sync_gradients
 from flexshard.runtime.routing import (
     LAYOUTS,
     CompactTableRouting,
@@ -119,9 +124,21 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         ]
         self.shards = self._init_shards(seeded_initializer(init) if isinstance(init, int) else init)
         self.uses_warm = any(r.warm_rows > 0 for r in self.routing)
-        self.uses_cold = any(r.cold_rows > 0 for r in self.routing)
-        tiers = ([Tier.WARM] if self.uses_warm else []) + ([Tier.COLD] if self.uses_cold else [])
-        self.exchange = FlatExchange(plan_file.layout, self.rank, tiers, self.dims, self.shards, self.device)
+        fetch = np.array([tp.fetch is FetchMode.GROUP for tp in plan_file.plan.tables])
+        cold = np.array([r.cold_rows > 0 for r in self.routing])
+        flat_cold, group_cold = cold & ~fetch, cold & fetch
+        tiers = ([Tier.WARM] if self.uses_warm else []) + ([Tier.COLD] if flat_cold.any() else [])
+        takes = np.array([[tier is Tier.WARM or f for tier in tiers] for f in flat_cold], dtype=bool)
+        self.exchange = FlatExchange(
+            plan_file.layout, self.rank, tiers, takes, self.dims, self.shards, self.device
+        )
+        self.group_exchange = (
+            GroupExchange(self.pg, group_cold, self.routing, self.dims, self.shards, self.device)
+            if group_cold.any()
+            else None
+        )
+        self._hot_all_reduce = hierarchical_all_reduce(self.pg)
+        self._warm_all_reduce = ring_all_reduce(self.pg.replica, len(self.pg.replica_ranks))
         self._anchor = torch.zeros((), requires_grad=True)
         self.traffic = Traffic.zeros()  # this iteration's bytes
         self.traffic_total = Traffic.zeros()  # bytes of every completed step
@@ -169,42 +186,57 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             features = features_from_kjt(features)
         num_rows = [r.num_rows for r in self.routing]
         parsed, err = check_features(features, self.table_names, num_rows, self.device)
-        ok = int(err[0]) == 0
-        prep = self.exchange.prepare(parsed, self.routing, self.dedup) if ok else None
-        counts = prep.counts if prep is not None else self.exchange.empty_counts(len(self.dims))
-        recv_counts, codes = self.exchange.exchange_meta(err, counts)
+        lookups = flat = None
+        if int(err[0]) == 0:
+            hot = self._tier_shards(Tier.HOT)
+            lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device)
+            flat = self.exchange.prepare(lookups)
+        counts = flat.counts if flat is not None else self.exchange.empty_counts(len(self.dims))
+        recv_counts, codes = self.exchange.exchange_meta(err, counts)  # every rank's error code, too
         if any(int(e[0]) for e in codes):
             raise_input_error(codes, self.table_names, num_rows)
+        group = self.group_exchange.prepare(lookups) if self.group_exchange is not None else None
         self.traffic = Traffic.zeros()
-        outs = _Lookup.apply(self._anchor, self, (prep, recv_counts))
+        outs = _Lookup.apply(self._anchor, self, (lookups, flat, recv_counts, group))
         return dict(zip(self.table_names, outs, strict=True))
 
     def padded(self, jagged: torch.Tensor, lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
         """[batch, max_len, dim] view of one table's jagged output (see :func:`to_padded`)."""
         return to_padded(jagged, lengths, max_len)
 
-    def _forward_impl(self, prep: PreparedBatch, recv_counts: np.ndarray):
-        state = self.exchange.forward(prep, recv_counts, self.traffic) if self.exchange.tiers else None
-        outs = [
-            tb.rows.index_select(0, tb.inverse) if tb.inverse is not None else tb.rows for tb in prep.tables
-        ]
-        return outs, (prep, state)
+    def _forward_impl(
+        self,
+        lookups: list[TableLookup],
+        flat: FlatBatch,
+        recv_counts: np.ndarray,
+        group: GroupBatch | None,
+    ):
+        flat_state = (
+            self.exchange.forward(flat, recv_counts, lookups, self.traffic) if self.exchange.tiers else None
+        )
+        group_state = (
+            self.group_exchange.forward(group, lookups, self.traffic) if self.group_exchange else None
+        )
+        return [lk.output() for lk in lookups], (lookups, flat_state, group_state)
 
     # --- backward ----------------------------------------------------------------------------------
 
-    def _backward_impl(self, prep: PreparedBatch, state: ExchangeState | None, grads) -> None:
+    def _backward_impl(
+        self,
+        lookups: list[TableLookup],
+        flat_state: FlatState | None,
+        group_state: GroupState | None,
+        grads,
+    ) -> None:
         unique_grads = []
-        for t, (tb, g) in enumerate(zip(prep.tables, grads, strict=True)):
-            g = g.to(device=self.device, dtype=torch.float32)
-            if tb.inverse is not None:
-                gu = torch.zeros(tb.num_unique, self.dims[t], device=self.device)
-                gu.index_add_(0, tb.inverse, g)
-            else:
-                gu = g
-            self.shards[(t, Tier.HOT)].add_gradient(tb.hot_slot, gu.index_select(0, tb.hot_index))
+        for t, (lk, g) in enumerate(zip(lookups, grads, strict=True)):
+            gu = lk.unique_gradient(g.to(device=self.device, dtype=torch.float32))
+            self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
             unique_grads.append(gu)
-        if state is not None:
-            self.exchange.backward(state, unique_grads, self.traffic)
+        if flat_state is not None:
+            self.exchange.backward(flat_state, unique_grads, self.traffic)
+        if group_state is not None:
+            self.group_exchange.backward(group_state, unique_grads, self.traffic)
 
     # --- replica sync and optimizer step ----------------------------------------------------------
 
@@ -220,15 +252,12 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         gradients. Collective."""
         g_size = len(self.pg.intra_ranks)
         n_groups = self.pg.num_groups
-        hot_payload = sync_gradients(
-            self._tier_shards(Tier.HOT), dist.group.WORLD, self.world_size, self.sync
-        )
+        hot_payload = sync_gradients(self._tier_shards(Tier.HOT), self._hot_all_reduce, self.sync)
         hot = wire.hierarchical_allreduce_bytes(g_size, n_groups, hot_payload)
         for link in LinkClass:
             self.traffic.add(link, Component.SYNC, hot[link], hot[link])
         if self.uses_warm:
-            replicas = len(self.pg.replica_ranks)
-            warm_payload = sync_gradients(self._tier_shards(Tier.WARM), self.pg.replica, replicas, self.sync)
+            warm_payload = sync_gradients(self._tier_shards(Tier.WARM), self._warm_all_reduce, self.sync)
             warm = wire.ring_allreduce_bytes(n_groups, warm_payload)
             self.traffic.add(LinkClass.INTER_GROUP, Component.SYNC, warm, warm)
         for shard in self.shards.values():

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from core.osutil import check_writable
+from core.vocabulary import FetchMode
 from flexshard import checkpoint
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan
@@ -58,7 +59,11 @@ def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_f
         f"train: world {world} ({groups.num_groups} groups of {world // groups.num_groups}), "
         f"backend {dist.get_backend()}, device {dev}, data {source.describe()}",
         f"plan ({plan.strategy}): "
-        + ", ".join(f"{t.name} hot/warm/cold {t.hot_rows}/{t.warm_rows}/{t.cold_rows}" for t in plan.tables)
+        + ", ".join(
+            f"{t.name} hot/warm/cold {t.hot_rows}/{t.warm_rows}/{t.cold_rows}"
+            + (" (group fetch)" if t.cold_rows and t.fetch is FetchMode.GROUP else "")
+            for t in plan.tables
+        )
         + f"; optimizer {config.optimizer}, lr {config.lr}, dedup {'on' if plan.dedup else 'off'}, "
         f"{plan.sync.value} sync, batch {plan_file.batch_size_per_gpu} per rank, "
         f"objective {config.objective}, layout {config.layout}",

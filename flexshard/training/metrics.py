@@ -46,11 +46,16 @@ def header_record(
             "strategy": plan.strategy,
             "dedup": plan.dedup,
             "sync": plan.sync.value,
-            "fetch": plan.fetch.value,
             "batch_size_per_gpu": plan_file.batch_size_per_gpu,
             "overrides": plan_file.overrides,
             "tables": [
-                {"name": t.name, "hot_rows": t.hot_rows, "warm_rows": t.warm_rows, "cold_rows": t.cold_rows}
+                {
+                    "name": t.name,
+                    "hot_rows": t.hot_rows,
+                    "warm_rows": t.warm_rows,
+                    "cold_rows": t.cold_rows,
+                    "fetch": t.fetch.value,
+                }
                 for t in plan.tables
             ],
             "predicted": plan_file.predicted,

@@ -10,6 +10,7 @@ from cli_helpers import fails, run
 
 from flexshard.cli import main
 from flexshard.plan_file import read_plan
+from solvers.planner import STRATEGIES
 from topology import h100_cluster, write_json
 
 SMALL = ["--workload", "synthetic:6:2e6:1.0", "--topology", "h100:2x4"]
@@ -28,7 +29,7 @@ def test_plan_writes_a_plan_file_that_reads_back(tmp_path, capsys):
         assert abs(tp.cold_share.sum() - 1) < 1e-9
     doc = json.loads(out.read_text())
     assert set(doc["fingerprints"]) == {"workload", "topology", "world"}
-    assert doc["settings"] == {"dedup": True, "sync": "sparse", "fetch": "flat", "batch_size_per_gpu": 512}
+    assert doc["settings"] == {"dedup": True, "sync": "sparse", "batch_size_per_gpu": 512}
     assert pf.batch_size_per_gpu == 512 and pf.plan.dedup and pf.overrides == {}
     assert doc["predicted"]["memory_per_gpu_bytes"] <= doc["budget_bytes"] * (1 + 1e-9)
     assert 0 <= doc["solver"]["gap"] <= 0.01
@@ -49,7 +50,8 @@ def test_simulate_json_records(capsys):
         "dedup",
     }
     assert all(keys <= set(r) for r in records)
-    assert len(records) == 2 * 2 * 6  # dedup x budgets x strategies
+    assert len(records) == 2 * 2 * len(STRATEGIES)  # dedup x budgets x strategies
+    assert {r["strategy"] for r in records} >= {"row_wise", "row_wise_group_dedup", "flexshard"}
     for dedup in (True, False):
         for x in (1.0, 2.0):
             group = [r for r in records if r["dedup"] == dedup and r["budget_x"] == x and r["feasible"]]

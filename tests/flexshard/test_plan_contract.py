@@ -41,7 +41,7 @@ def plan_path(tmp_path) -> Path:
 def test_round_trip_records_what_the_plan_was_made_for(plan_path):
     doc = json.loads(plan_path.read_text())
     assert doc["schema"] == SCHEMA == "flexshard-plan/2"
-    assert doc["settings"] == {"dedup": True, "sync": "sparse", "fetch": "flat", "batch_size_per_gpu": 32}
+    assert doc["settings"] == {"dedup": True, "sync": "sparse", "batch_size_per_gpu": 32}
     assert doc["world"] == {"size": 4, "groups": [[0, 1], [2, 3]]}
     assert doc["fingerprints"]["world"] == RankLayout.consecutive(4, 2).fingerprint()
     pf = read_plan(plan_path)
@@ -144,6 +144,10 @@ def _edit(path: Path, change) -> Path:
         ),
         (lambda d: d["tables"][1].update(dim=0), "tables[1] ('tags').dim must be a positive integer, got 0"),
         (lambda d: d["tables"][0].update(hot_rows=100), "do not add up to num_rows 12"),
+        (
+            lambda d: (d["world"].update(groups=[[0, 1, 2], [3]]), d["tables"][0].update(fetch="group")),
+            "tables[0] ('items'): a group fetch needs groups of equal size, got [[0, 1, 2], [3]]",
+        ),
         (lambda d: d.pop("settings"), "missing field 'settings'"),
     ],
 )

@@ -10,6 +10,7 @@ import torch
 
 from core.errors import PlanMismatchError
 from core.ranks import RankLayout
+from core.vocabulary import INDEX_BYTES, FetchMode
 from flexshard.plan_file import OWNER_PATTERN_PERIOD, PlanFile, read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding, complete_order, seeded_initializer
 from flexshard.runtime.local import run_on_ranks
@@ -21,6 +22,12 @@ from topology.views import uniform_view
 TABLES = [("a", 120, 4), ("b", 300, 8), ("c", 60, 16)]
 TIERS = {"a": (10, 30), "b": (20, 80), "c": (5, 15)}  # hot, warm rows
 SEED = 7
+COLD_SHARE_4 = [0.375, 0.125, 0.25, 0.25]  # uneven owner shares of the test plans on 4 and 8 ranks
+WARM_SHARE_4 = [0.75, 0.25]
+COLD_SHARE_8 = [0.2, 0.05, 0.1, 0.15, 0.1, 0.2, 0.1, 0.1]
+WARM_BY_POSITION = {2: [0.6, 0.4], 4: [0.4, 0.3, 0.2, 0.1]}
+GROUP = {name: FetchMode.GROUP for name, _rows, _dim in TABLES}  # every table's cold rows fetched per group
+MIXED = {"a": FetchMode.GROUP, "c": FetchMode.GROUP}  # b fetched flat
 
 
 def make_orders() -> dict[str, np.ndarray]:
@@ -29,10 +36,20 @@ def make_orders() -> dict[str, np.ndarray]:
     return {"b": rng.permutation(300)[:50], "c": rng.permutation(60)}
 
 
+def runtime_workload() -> Workload:
+    """The workload the test plans are made for (rows numbered hottest first)."""
+    specs = [
+        TableSpec(name, rows, dim, ids_per_sample=3.0, hist=RowHistogram.from_counts(np.arange(rows, 0, -1)))
+        for name, rows, dim in TABLES
+    ]
+    return Workload("runtime-test", tuple(specs), batch_size_per_gpu=4)
+
+
 def write_test_plan(
-    path: Path, num_groups: int, group_size: int, cold_share=None, warm_by_position=None
+    path: Path, num_groups: int, group_size: int, cold_share=None, warm_by_position=None, fetch=None
 ) -> Path:
-    """A plan with all three tiers non-empty and uneven shares, written and read back as a plan file."""
+    """A plan with all three tiers non-empty and uneven shares, written and read back as a plan file;
+    ``fetch``: the cold fetch mode of some tables (others flat)."""
     n = num_groups * group_size
     view = uniform_view(num_groups, group_size, 100e9, 10e9)
     cold = np.full(n, 1.0 / n) if cold_share is None else np.asarray(cold_share, dtype=np.float64)
@@ -41,15 +58,16 @@ def write_test_plan(
         if warm_by_position is None
         else np.asarray(warm_by_position, dtype=np.float64)
     )
-    specs, plans = [], []
-    for name, rows, dim in TABLES:
+    plans = []
+    for name, rows, _dim in TABLES:
         hot, warm = TIERS[name]
-        hist = RowHistogram.from_counts(np.arange(rows, 0, -1))
-        specs.append(TableSpec(name=name, num_rows=rows, dim=dim, ids_per_sample=3.0, hist=hist))
+        mode = (fetch or {}).get(name, FetchMode.FLAT)
         plans.append(
-            TablePlan(name, hot, warm, rows - hot - warm, warm_pos[view.local_index].copy(), cold.copy())
+            TablePlan(
+                name, hot, warm, rows - hot - warm, warm_pos[view.local_index].copy(), cold.copy(), mode
+            )
         )
-    workload = Workload("runtime-test", tuple(specs), batch_size_per_gpu=4)
+    workload = runtime_workload()
     plan = Plan(strategy="flexshard", tables=tuple(plans), dedup=True, sync="sparse")
     report = evaluate(workload, view, plan)
     write_plan(path, to_dict(plan, workload, view, report, "test", make_orders()))
@@ -100,9 +118,12 @@ def loss_weights(seed: int, step: int, rank: int, features) -> dict[str, torch.T
     return {n: torch.randn(v.numel(), dims[n], generator=gen) for n, (v, _l) in features.items()}
 
 
-def balanced_ids(routes, rank: int, world: int, warm_counts, cold_counts, hot: int = 2) -> dict:
+def balanced_ids(
+    routes, rank: int, world: int, warm_counts, cold_counts, hot: int = 2, cold_start=None
+) -> dict:
     """Distinct ids per table: ``warm_counts[p]`` warm ids of position p, ``cold_counts[o]`` cold ids
-    of rank o and ``hot`` hot ids, varying with ``rank``."""
+    of rank o (from its ``cold_start[o]``-th cold row, default ``rank``) and ``hot`` hot ids, varying with
+    ``rank``."""
     out = {}
     for name, _rows, _dim in TABLES:
         tier, owner = routes[name]
@@ -112,9 +133,101 @@ def balanced_ids(routes, rank: int, world: int, warm_counts, cold_counts, hot: i
             picked.append(ids[rank : rank + k])
         for o, k in enumerate(cold_counts):
             ids = np.flatnonzero((tier == 2) & (owner == o))
-            picked.append(ids[rank : rank + k])
+            start = rank if cold_start is None else cold_start[o]
+            picked.append(ids[start : start + k])
         values = torch.as_tensor(np.concatenate(picked))
         out[name] = (values, torch.tensor([values.numel()]))
+    return out
+
+
+def balanced_batch(plan_file: PlanFile, routes, rank: int) -> dict:
+    """Rank ``rank``'s balanced batch: ``V * share`` distinct lookups of every owner (4 ranks). With a
+    group fetch, each GPU's cold window of owner o starts ``k_o / 2`` rows after its group neighbour's, so
+    the group looks up ``V_g = (1 + (g - 1) / 2) V`` distinct rows, ``V_g * share`` of each owner."""
+    world, position = plan_file.world_size, int(plan_file.layout.position_of_rank[rank])
+    if not plan_file.plan.cold_fetch(FetchMode.GROUP):
+        return balanced_ids(routes, rank, world, BALANCED_WARM, BALANCED_COLD)
+    start = [position * k // 2 for k in BALANCED_GROUP_COLD]
+    return balanced_ids(routes, rank, world, BALANCED_WARM, BALANCED_GROUP_COLD, cold_start=start)
+
+
+def with_fetch(plan_file: PlanFile, fetch: dict) -> PlanFile:
+    """The plan with the cold fetch mode of the tables in ``fetch`` replaced (rows stay where they are)."""
+    tables = tuple(
+        dataclasses.replace(tp, fetch=fetch.get(tp.name, tp.fetch)) for tp in plan_file.plan.tables
+    )
+    return dataclasses.replace(plan_file, plan=dataclasses.replace(plan_file.plan, tables=tables))
+
+
+def expected_traffic(plan_file, batches: list[dict], dedup: bool, sync: str = "sparse") -> np.ndarray:
+    """Bytes [N, 2 links, 4 components, 2 directions] of one iteration, from an independent routing. A
+    flat lookup goes from the requester to the owner; a group fetch from the requester to its rail peer
+    (the rank of its group at the owner's position), then once per group and row from there to the owner."""
+    world, groups = plan_file.world_size, plan_file.groups
+    group_of = np.empty(world, dtype=np.int64)
+    pos_of = np.empty(world, dtype=np.int64)
+    for k, members in enumerate(groups):
+        group_of[members] = k
+        pos_of[members] = np.arange(len(members))
+    routes = owners(plan_file, make_orders())
+    out = np.zeros((world, 2, 4, 2))
+    n_tables = len(TABLES)
+    hot_payload, warm_payload = 0.0, np.zeros(world)
+    for tp, (name, rows, dim) in zip(plan_file.plan.tables, TABLES, strict=True):
+        tier, owner = routes[name]
+        vec = dim * 4
+        asked = np.zeros((world, world))  # [requester, owner or rail peer] lookups
+        fetched = [set() for _ in range(world)]  # the rows each rail peer fetches for its group
+        touched = np.zeros(rows, dtype=bool)
+        for r, feats in enumerate(batches):
+            ids = feats[name][0].numpy()
+            touched[ids] = True
+            ids = np.unique(ids) if dedup else ids
+            for i in ids:
+                if tier[i] == 1:
+                    asked[r, groups[group_of[r]][owner[i]]] += 1
+                elif tier[i] == 2 and tp.fetch is FetchMode.GROUP:
+                    peer = groups[group_of[r]][pos_of[owner[i]]]
+                    asked[r, peer] += 1
+                    fetched[peer].add(int(i))
+                elif tier[i] == 2:
+                    asked[r, owner[i]] += 1
+        for peer, distinct in enumerate(fetched):
+            for i in distinct:
+                asked[peer, owner[i]] += 1
+        np.fill_diagonal(asked, 0)
+        for r in range(world):
+            for p in range(world):
+                li = 0 if group_of[p] == group_of[r] else 1
+                out[r, li, 0, 0] += asked[r, p] * INDEX_BYTES
+                out[r, li, 0, 1] += asked[p, r] * INDEX_BYTES
+                out[r, li, 1, 0] += asked[p, r] * vec
+                out[r, li, 1, 1] += asked[r, p] * vec
+                out[r, li, 2, 0] += asked[r, p] * vec
+                out[r, li, 2, 1] += asked[p, r] * vec
+        if sync == "dense":
+            touched[:] = True
+        mask_bytes = 1 if sync == "sparse" else 0
+        hot_payload += touched[tier == 0].sum() * vec + tp.hot_rows * mask_bytes
+        for r in range(world):
+            mine = (tier == 1) & (owner == pos_of[r])
+            warm_payload[r] += touched[mine].sum() * vec + mine.sum() * mask_bytes
+    tables = plan_file.plan.tables
+    warm = any(tp.warm_rows for tp in tables)
+    flat = any(tp.cold_rows and tp.fetch is FetchMode.FLAT for tp in tables)
+    group = any(tp.cold_rows and tp.fetch is FetchMode.GROUP for tp in tables)
+    for r in range(world):  # split sizes: T int64 per peer per exchange stage that reaches it
+        for p in range(world):
+            if p != r:
+                same = group_of[p] == group_of[r]
+                rail = bool(pos_of[p] == pos_of[r])
+                stages = int(warm) + int(flat) + int(group) if same else int(flat) + int(group and rail)
+                out[r, 0 if same else 1, 0, :] += n_tables * INDEX_BYTES * stages
+    g, big_g = len(groups[0]), len(groups)
+    out[:, 0, 3, :] += 2 * (g - 1) / g * hot_payload
+    out[:, 1, 3, :] += (
+        2 * (big_g - 1) / big_g * hot_payload / g + (2 * (big_g - 1) / big_g * warm_payload)[:, None]
+    )
     return out
 
 
@@ -218,7 +331,7 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
     # exact byte check on a balanced batch
     routes = owners(plan_file, orders)
     model = ShardedSequenceEmbedding(plan_file, TABLES, orders, init=SEED, optimizer="sgd", lr=0.05)
-    feats = balanced_ids(routes, rank, world, BALANCED_WARM, BALANCED_COLD)
+    feats = balanced_batch(plan_file, routes, rank)
     out = model(feats)
     sum(o.sum() for o in out.values()).backward()
     model.step()
@@ -279,9 +392,36 @@ def scenario_small(rank: int, world: int, plan_file: PlanFile) -> dict:
     return res
 
 
+def scenario_fetch_modes(rank: int, world: int, plan_file: PlanFile) -> dict:
+    """Per fetch variant (every table per group; a mix of group and flat tables): forward with and without
+    dedup, then SGD and Adagrad training (2 steps each)."""
+    orders = make_orders()
+    res = {}
+    for variant, fetch in FETCH_VARIANTS.items():
+        pf = with_fetch(plan_file, fetch)
+        out = {"forward": {}, "train": {}}
+        model = ShardedSequenceEmbedding(pf.with_overrides(dedup=False), TABLES, orders, init=SEED)
+        with torch.no_grad():
+            out["forward"][False] = {
+                n: o.cpu().clone() for n, o in model(random_batch(SEED, 99, rank)).items()
+            }
+        for opt in ("sgd", "adagrad"):
+            model = ShardedSequenceEmbedding(pf, TABLES, orders, init=SEED, optimizer=opt, lr=0.05)
+            if opt == "sgd":
+                with torch.no_grad():
+                    feats = random_batch(SEED, 99, rank)
+                    out["forward"][True] = {n: o.cpu().clone() for n, o in model(feats).items()}
+            traffic = _train(model, world, rank, 2, SEED)
+            out["train"][opt] = {"rows": model.shard_rows(), "traffic": traffic}
+        res[variant] = out
+    return res
+
+
 BALANCED_WARM = (3, 1)  # warm lookups per position (shares 0.75 / 0.25)
 BALANCED_COLD = (3, 1, 2, 2)  # cold lookups per rank (shares 0.375 / 0.125 / 0.25 / 0.25)
-SCENARIOS = {"main": scenario_main, "small": scenario_small}
+BALANCED_GROUP_COLD = (6, 2, 4, 4)  # the same shares, even, for half-overlapping windows in a group
+FETCH_VARIANTS = {"group": GROUP, "mixed": MIXED}
+SCENARIOS = {"main": scenario_main, "small": scenario_small, "fetch_modes": scenario_fetch_modes}
 
 
 def run(

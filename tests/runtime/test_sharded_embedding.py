@@ -10,10 +10,15 @@ import torch
 from runtime_workers import (
     BALANCED_COLD,
     BALANCED_WARM,
+    COLD_SHARE_4,
+    COLD_SHARE_8,
     SEED,
     TABLES,
+    WARM_BY_POSITION,
+    WARM_SHARE_4,
     balanced_ids,
     check_training,
+    expected_traffic,
     full_weights,
     make_orders,
     owners,
@@ -23,17 +28,11 @@ from runtime_workers import (
 )
 from torch.nn.functional import embedding
 
-from core.vocabulary import INDEX_BYTES
 from flexshard.plan_file import read_plan
-from solvers.cost_model import hierarchical_allreduce_bytes, lookup_traffic, split_bytes
+from solvers.cost_model import Exchanges, hierarchical_allreduce_bytes, lookup_traffic, split_bytes
 from topology.views import uniform_view
 
 pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
-
-COLD_SHARE_4 = [0.375, 0.125, 0.25, 0.25]
-WARM_SHARE_4 = [0.75, 0.25]
-COLD_SHARE_8 = [0.2, 0.05, 0.1, 0.15, 0.1, 0.2, 0.1, 0.1]
-WARM_SHARE_8 = [0.6, 0.4]
 
 
 @pytest.fixture(scope="module")
@@ -47,65 +46,9 @@ def four(tmp_path_factory):
 @pytest.fixture(scope="module")
 def eight(tmp_path_factory):
     d = tmp_path_factory.mktemp("eight")
-    plan = write_test_plan(d / "plan.json", 4, 2, COLD_SHARE_8, WARM_SHARE_8)
+    plan = write_test_plan(d / "plan.json", 4, 2, COLD_SHARE_8, WARM_BY_POSITION[2])
     (d / "out").mkdir()
     return read_plan(plan), run(8, plan, "small", timeout_s=180.0)
-
-
-def expected_traffic(plan_file, batches: list[dict], dedup: bool, sync: str = "sparse") -> np.ndarray:
-    """Bytes [N, 2 links, 4 components, 2 directions] of one iteration, from an independent routing."""
-    world, groups = plan_file.world_size, plan_file.groups
-    group_of = np.empty(world, dtype=np.int64)
-    pos_of = np.empty(world, dtype=np.int64)
-    for k, members in enumerate(groups):
-        group_of[members] = k
-        pos_of[members] = np.arange(len(members))
-    routes = owners(plan_file, make_orders())
-    out = np.zeros((world, 2, 4, 2))
-    n_tables = len(TABLES)
-    hot_payload, warm_payload = 0.0, np.zeros(world)
-    for tp, (name, rows, dim) in zip(plan_file.plan.tables, TABLES, strict=True):
-        tier, owner = routes[name]
-        vec = dim * 4
-        asked = np.zeros((world, world))  # [requester, owner] lookups
-        touched = np.zeros(rows, dtype=bool)
-        for r, feats in enumerate(batches):
-            ids = feats[name][0].numpy()
-            touched[ids] = True
-            ids = np.unique(ids) if dedup else ids
-            for i in ids:
-                if tier[i] == 1:
-                    asked[r, groups[group_of[r]][owner[i]]] += 1
-                elif tier[i] == 2:
-                    asked[r, owner[i]] += 1
-        np.fill_diagonal(asked, 0)
-        for r in range(world):
-            for p in range(world):
-                li = 0 if group_of[p] == group_of[r] else 1
-                out[r, li, 0, 0] += asked[r, p] * INDEX_BYTES
-                out[r, li, 0, 1] += asked[p, r] * INDEX_BYTES
-                out[r, li, 1, 0] += asked[p, r] * vec
-                out[r, li, 1, 1] += asked[r, p] * vec
-                out[r, li, 2, 0] += asked[r, p] * vec
-                out[r, li, 2, 1] += asked[p, r] * vec
-        if sync == "dense":
-            touched[:] = True
-        mask_bytes = 1 if sync == "sparse" else 0
-        hot_payload += touched[tier == 0].sum() * vec + tp.hot_rows * mask_bytes
-        for r in range(world):
-            mine = (tier == 1) & (owner == pos_of[r])
-            warm_payload[r] += touched[mine].sum() * vec + mine.sum() * mask_bytes
-    for r in range(world):  # split sizes: T int64 per peer per tier exchange
-        for p in range(world):
-            if p != r:
-                same = group_of[p] == group_of[r]
-                out[r, 0 if same else 1, 0, :] += n_tables * INDEX_BYTES * (2 if same else 1)
-    g, big_g = len(groups[0]), len(groups)
-    out[:, 0, 3, :] += 2 * (g - 1) / g * hot_payload
-    out[:, 1, 3, :] += (
-        2 * (big_g - 1) / big_g * hot_payload / g + (2 * (big_g - 1) / big_g * warm_payload)[:, None]
-    )
-    return out
 
 
 # --- (a) forward ------------------------------------------------------------------------------------
@@ -202,7 +145,7 @@ def test_traffic_equals_cost_model_on_a_balanced_batch(four):
         for r in range(4):
             mine = (tier == 1) & (owner == view.local_index[r])
             warm_payload[r] += touched[mine].sum() * vec + mine.sum()
-    want[:, :, 0, :] += split_bytes(view, len(TABLES), True, True)[:, :, None]
+    want[:, :, 0, :] += split_bytes(view, len(TABLES), Exchanges(warm=True, cold_flat=True))[:, :, None]
     hot = hierarchical_allreduce_bytes(view, hot_payload)
     want[:, :, 3, :] += hot[:, :, None]
     want[:, 1, 3, :] += (2 * (2 - 1) / 2 * warm_payload)[:, None]

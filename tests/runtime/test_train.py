@@ -96,6 +96,8 @@ def test_verify_passes_on_every_rank(four):
         )
         lines = calls[0]["out"].splitlines()
         assert "world 4 (2 groups of 2)" in lines[0]
+        # the plan made on the fly fetches some table's cold rows once per group, and verifies
+        assert lines[1].startswith("plan (flexshard):") and "(group fetch)" in lines[1], lines[1]
         step_lines = [ln for ln in lines if ln.startswith("step ")]
         assert len(step_lines) == steps
         assert all("loss" in ln and "samples/s" in ln and "intra_group" in ln for ln in step_lines)

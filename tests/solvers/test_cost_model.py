@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError, PlannerError
-from core.vocabulary import COMPONENTS, LINK_CLASSES
-from solvers.cost_model import evaluate, split_bytes, table_mass, table_plan
+from core.vocabulary import COMPONENTS, INDEX_BYTES, LINK_CLASSES, FetchMode
+from solvers.cost_model import Exchanges, evaluate, split_bytes, table_mass, table_plan
 from solvers.types import Plan, RowHistogram, TablePlan, TableSpec, Workload
 from topology.views import uniform_view
 
@@ -322,18 +322,143 @@ def test_latency_tree_hops_round_up():
     assert r.latency_s == pytest.approx(4 * 0.5 + 4 * 2.0)
 
 
+# --- group fetch (FetchMode.GROUP) ------------------------------------------------------------------
+#
+# A requester sends each cold id to the GPU of its group at the owner's position (its rail peer): with
+# even shares 1/N the ids at other positions are (g-1)/g of its volume u; the rail peer serves its g-1
+# peers u/g each. Across the fabric the rail peer asks, once per group, for the group's distinct rows
+# owned at its position in other groups: U (G-1)/N, with U = sum 1 - (1-p)^(g n); as an owner a rank
+# serves the G-1 other groups U/N each. Every hop moves idx, then vec back, then vec forward again.
+#
+# 2 x 2, n = 3: U = sum 1 - (1-p)^6 = (1-0.046656) + (1-0.117649) + (1-0.262144) + (1-0.531441)
+#   = 4 - 0.95789 = 3.04211.
+# 2 x 4, n = 3: U = sum 1 - (1-p)^12 = 4 - (0.002176782336 + 0.013841287201 + 0.068719476736
+#   + 0.282429536481) = 3.632832917246.
+
+U_2X2 = 3.04211
+U_2X4 = 3.632832917246
+
+
+def _group_plan(view, dedup: bool) -> Plan:
+    return Plan("hand", (table_plan(TABLE, view, 0, 0, FetchMode.GROUP),), dedup=dedup)
+
+
+def test_group_fetch_all_cold_2x2_no_dedup():
+    # u = n = 3 lookups per GPU. NVLink, per direction: ids 3 * 1/2 * 8 = 12, embeddings 12 (served
+    # (g-1) * u/g * vec = 1 * 1.5 * 8), gradients 12; plus the split sizes to the g-1 = 1 peer, 8 B.
+    # Fabric: ids U (G-1)/N * 8 = 3.04211 / 4 * 8 = 6.08422, embeddings and gradients the same with
+    # vec = 8; plus the split sizes to the G-1 = 1 rail peer, 8 B.
+    r = evaluate(WORKLOAD, VIEW, _group_plan(VIEW, dedup=False))
+    fab = U_2X2 / 4 * 8
+    expected = _rank_bytes(
+        {"ids": (12 + 8, 12 + 8), "forward": (12, 12), "backward": (12, 12)},
+        {"ids": (fab + 8, fab + 8), "forward": (fab, fab), "backward": (fab, fab)},
+    )
+    _assert_every_rank(r, expected)
+    # time: NVLink (20 + 12 + 12) / 100 + fabric (3 * 6.08422 + 8) / 10
+    assert r.modeled_time_s == pytest.approx(44 / 100 + (3 * fab + 8) / 10, rel=REL)
+    # against the flat fetch of the same rows: fabric 3 * 1/2 * 24 + 16 = 52 B per direction
+    flat = evaluate(WORKLOAD, VIEW, _plan(0, 0, dedup=False))
+    assert flat.inter_group_bytes == pytest.approx(52.0, rel=REL)
+    assert r.inter_group_bytes == pytest.approx(3 * fab + 8, rel=REL) and r.inter_group_bytes < 52.0
+
+
+def test_group_fetch_all_cold_2x2_dedup():
+    # with per-rank dedup u = 2.2 (module docstring): NVLink 2.2 / 2 * 8 = 8.8 per component (+ 8 split
+    # bytes on the ids); the fabric is unchanged (the group deduplicates either way)
+    r = evaluate(WORKLOAD, VIEW, _group_plan(VIEW, dedup=True))
+    fab = U_2X2 / 4 * 8
+    expected = _rank_bytes(
+        {"ids": (8.8 + 8, 8.8 + 8), "forward": (8.8, 8.8), "backward": (8.8, 8.8)},
+        {"ids": (fab + 8, fab + 8), "forward": (fab, fab), "backward": (fab, fab)},
+    )
+    _assert_every_rank(r, expected)
+
+
+def test_group_fetch_all_cold_2x4_no_dedup():
+    # N = 8, G = 2, g = 4, u = 3: NVLink 3 * 3/4 * 8 = 18 per component, split sizes (g-1) * 8 = 24;
+    # fabric U (G-1)/N * 8 = 3.632832917246 / 8 * 8 = 3.632832917246 per component, split sizes 8
+    view = uniform_view(2, 4, 100.0, 10.0)
+    r = evaluate(WORKLOAD, view, _group_plan(view, dedup=False))
+    fab = U_2X4
+    expected = _rank_bytes(
+        {"ids": (18 + 24, 18 + 24), "forward": (18, 18), "backward": (18, 18)},
+        {"ids": (fab + 8, fab + 8), "forward": (fab, fab), "backward": (fab, fab)},
+    )
+    _assert_every_rank(r, expected)
+
+
+def test_group_fetch_uneven_shares_2x2():
+    # cold shares 0.4, 0.1 (group 0) and 0.3, 0.2 (group 1): position shares S_0 = 0.4 + 0.3 = 0.7,
+    # S_1 = 0.1 + 0.2 = 0.3. Rank 0 (position 0, share 0.4), u = 3, vec 8, idx 8:
+    #   NVLink asked u (1 - S_0) = 0.9, served (g-1) u S_0 = 2.1
+    #     send: ids 0.9 * 8 + 8 = 15.2, forward 2.1 * 8 = 16.8, backward 0.9 * 8 = 7.2
+    #     recv: ids 2.1 * 8 + 8 = 24.8, forward 7.2, backward 16.8
+    #   fabric asked U (S_0 - 0.4) = 0.3 U, served (G-1) U 0.4 = 0.4 U
+    #     send: ids 2.4 U + 8, forward 3.2 U, backward 2.4 U
+    #     recv: ids 3.2 U + 8, forward 2.4 U, backward 3.2 U
+    shares = np.array([0.4, 0.1, 0.3, 0.2])
+    tp = TablePlan("a", 0, 0, 4, np.full(4, 0.5), shares, FetchMode.GROUP)
+    r = evaluate(WORKLOAD, VIEW, Plan("hand", (tp,), dedup=False))
+    u = U_2X2
+    rank0 = _rank_bytes(
+        {"ids": (15.2, 24.8), "forward": (16.8, 7.2), "backward": (7.2, 16.8)},
+        {"ids": (2.4 * u + 8, 3.2 * u + 8), "forward": (3.2 * u, 2.4 * u), "backward": (2.4 * u, 3.2 * u)},
+    )
+    np.testing.assert_allclose(r.traffic.bytes[0], rank0, rtol=1e-5)  # U rounded to 6 digits above
+    totals = r.traffic.bytes.sum(axis=0)  # every byte sent is received somewhere
+    np.testing.assert_allclose(totals[..., 0], totals[..., 1], rtol=1e-12)
+
+
+def test_group_fetch_matches_a_monte_carlo_of_the_exchange():
+    """The expected bytes against a simulation of the exchange itself: 16 rows of equal probability,
+    two per rank (so a rank's share of rows is its share of accesses, as the model assumes); draw every
+    GPU's ids, deduplicate per GPU, route each to its rail peer, deduplicate per group, and count the
+    ids that cross each link."""
+    n_gpu, g, big_g, rows, n = 8, 4, 2, 16, 3
+    view = uniform_view(big_g, g, 100.0, 10.0)
+    table = TableSpec("u", rows, 2, 1.0, RowHistogram(rows=np.array([rows]), prob=np.array([1 / rows])))
+    workload = Workload("mc", (table,), batch_size_per_gpu=n)
+    owner = np.arange(rows) % n_gpu
+    tp = TablePlan("u", 0, 0, rows, np.full(n_gpu, 1 / g), np.full(n_gpu, 1 / n_gpu), FetchMode.GROUP)
+    want = evaluate(workload, view, Plan("mc", (tp,), dedup=True)).traffic.bytes
+    rng = np.random.default_rng(0)
+    trials = 4000
+    sent = np.zeros((n_gpu, 2))  # ids sent per rank over NVLink and over the fabric
+    for _ in range(trials):
+        ids = rng.integers(0, rows, size=(n_gpu, n))
+        for grp in range(big_g):
+            at_proxy: dict[int, set] = {}
+            for r in range(grp * g, (grp + 1) * g):
+                for row in np.unique(ids[r]):
+                    proxy = grp * g + owner[row] % g  # this group's rank at the owner's position
+                    sent[r, 0] += proxy != r
+                    at_proxy.setdefault(proxy, set()).add(int(row))
+            for proxy, asked in at_proxy.items():
+                sent[proxy, 1] += sum(owner[row] // g != grp for row in asked)
+    got = sent / trials * INDEX_BYTES
+    split = np.array([(g - 1) * INDEX_BYTES, (big_g - 1) * INDEX_BYTES])
+    model = want[:, :, COMPONENTS.index("ids"), 0] - split  # ids sent, without the split sizes
+    np.testing.assert_allclose(got, model, rtol=0.03)
+
+
 # --- split sizes, memory, two tables -------------------------------------------------------------
 
 
 def test_split_bytes_literals():
     # 2 tables, 8 B per table and peer: warm -> (g-1) * 16 intra; cold -> (g-1) * 16 intra + (N-g) * 16 inter
-    np.testing.assert_allclose(split_bytes(VIEW, 2, warm=True, cold=True), np.tile([32.0, 32.0], (4, 1)))
-    np.testing.assert_allclose(split_bytes(VIEW, 2, warm=True, cold=False), np.tile([16.0, 0.0], (4, 1)))
-    np.testing.assert_allclose(split_bytes(VIEW, 2, warm=False, cold=True), np.tile([16.0, 32.0], (4, 1)))
-    np.testing.assert_allclose(split_bytes(VIEW, 2, warm=False, cold=False), 0.0)
+    both, warm, cold = Exchanges(True, True), Exchanges(warm=True), Exchanges(cold_flat=True)
+    np.testing.assert_allclose(split_bytes(VIEW, 2, both), np.tile([32.0, 32.0], (4, 1)))
+    np.testing.assert_allclose(split_bytes(VIEW, 2, warm), np.tile([16.0, 0.0], (4, 1)))
+    np.testing.assert_allclose(split_bytes(VIEW, 2, cold), np.tile([16.0, 32.0], (4, 1)))
+    np.testing.assert_allclose(split_bytes(VIEW, 2, Exchanges()), 0.0)
     # 2 x 4 cluster, 1 table, cold: (4-1) * 8 = 24 intra, (8-4) * 8 = 32 inter
     np.testing.assert_allclose(
-        split_bytes(uniform_view(2, 4, 1.0, 1.0), 1, warm=False, cold=True), np.tile([24.0, 32.0], (8, 1))
+        split_bytes(uniform_view(2, 4, 1.0, 1.0), 1, cold), np.tile([24.0, 32.0], (8, 1))
+    )
+    # group fetch, 2 x 4, 1 table: (g-1) * 8 = 24 to the group's peers, (G-1) * 8 = 8 to the rail peers
+    np.testing.assert_allclose(
+        split_bytes(uniform_view(2, 4, 1.0, 1.0), 1, Exchanges(cold_group=True)), np.tile([24.0, 8.0], (8, 1))
     )
 
 

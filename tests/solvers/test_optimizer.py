@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core.errors import PlannerError
-from core.vocabulary import INDEX_BYTES
+from core.vocabulary import INDEX_BYTES, FetchMode
 from solvers import baselines
 from solvers.cost_model import evaluate, row_wise_memory_bytes, table_plan
 from solvers.optimizer import OptimizerConfig, optimize_tiers
@@ -19,6 +19,8 @@ from solvers.types import Plan, RowHistogram, TableSpec, Workload
 from topology.views import uniform_view
 
 # --- helpers ------------------------------------------------------------------------------------
+
+FLAT_ONLY = (FetchMode.FLAT,)  # the tier program alone: every cold row fetched straight from its owner
 
 
 def one_row_table(name: str, weights: list[float], dim: int, ids_per_sample: float) -> TableSpec:
@@ -111,7 +113,9 @@ def test_optimizer_matches_brute_force(case, dedup, sync):
     everything_hot = sum(t.num_rows * (t.row_bytes + 12) for t in workload.tables)
     for budget in [floor * f for f in BUDGET_FACTORS] + [2.0 * everything_hot]:
         best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
-        res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=dedup, sync=sync))
+        res = optimize_tiers(
+            workload, view, budget, OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY)
+        )
         report = evaluate(workload, view, res.plan)
         assert report.memory_per_gpu_bytes <= budget * (1 + 1e-9)
         assert rel_diff(res.objective_s, report.modeled_time_s) < 1e-9
@@ -138,10 +142,63 @@ def rounding_instance():
     return view, workload, 2.5 * cold_floor(workload, view)  # 220 bytes per GPU
 
 
+MODE_CASES = {
+    # 2 tables of 4 and 3 rows; a slow fabric (group fetch pays) and a fast one (it may not)
+    "2x2 slow": ((2, 2, 1e9, 1e8, 0.0, 0.0), (("a", (8, 5, 3, 2), 4, 2.0), ("b", (6, 4, 3), 2, 1.0))),
+    "2x4 fast": ((2, 4, 4e9, 2e9, 0.0, 0.0), (("a", (10, 6, 3, 2), 4, 2.0), ("b", (6, 4, 3), 16, 1.0))),
+}
+
+
+@cache
+def brute_force_modes(name: str, dedup: bool) -> list[tuple[float, float, tuple]]:
+    """(modeled time, memory per GPU, per table (hot, warm, fetch)) of every plan, fetch modes included."""
+    cluster, specs = MODE_CASES[name]
+    view = uniform_view(*cluster)
+    workload = Workload(name, tuple(one_row_table(*s) for s in specs), batch_size_per_gpu=4)
+    choices = [
+        [(h, w, m) for h in range(t.num_rows + 1) for w in range(t.num_rows + 1 - h) for m in FetchMode]
+        for t in workload.tables
+    ]
+    out = []
+    for combo in itertools.product(*choices):
+        tables = tuple(
+            table_plan(t, view, h, w, m) for t, (h, w, m) in zip(workload.tables, combo, strict=True)
+        )
+        report = evaluate(workload, view, Plan("brute", tables, dedup=dedup))
+        out.append((report.modeled_time_s, report.memory_per_gpu_bytes, combo))
+    return out
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+@pytest.mark.parametrize("case", list(MODE_CASES))
+def test_optimizer_with_fetch_modes_matches_brute_force(case, dedup):
+    """Tiers and each table's cold fetch mode together: the optimizer reaches the brute-force optimum
+    over every (hot, warm, fetch) choice of every table, and its bound stays below it."""
+    cluster, specs = MODE_CASES[case]
+    view = uniform_view(*cluster)
+    workload = Workload(case, tuple(one_row_table(*s) for s in specs), batch_size_per_gpu=4)
+    results = brute_force_modes(case, dedup)
+    floor = cold_floor(workload, view)
+    modes_used = set()
+    for factor in BUDGET_FACTORS:
+        budget = floor * factor
+        best_time, _mem, best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
+        res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=dedup))
+        got = evaluate(workload, view, res.plan)
+        assert got.memory_per_gpu_bytes <= budget * (1 + 1e-9)
+        assert res.lower_bound_s <= best_time * (1 + 1e-9)
+        assert rel_diff(got.modeled_time_s, best_time) < 1e-6, (factor, res.plan.tables, best)
+        modes_used |= {tp.fetch for tp in res.plan.tables if tp.cold_rows}
+    if case == "2x2 slow":
+        assert FetchMode.GROUP in modes_used  # the case exercises the group fetch
+
+
 def test_rounding_instance_reaches_integer_optimum():
     view, workload, budget = rounding_instance()
     assert budget == pytest.approx(220.0)
-    res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=False, sync="sparse"))
+    res = optimize_tiers(
+        workload, view, budget, OptimizerConfig(dedup=False, sync="sparse", fetch_modes=FLAT_ONLY)
+    )
     got = evaluate(workload, view, res.plan)
     assert got.memory_per_gpu_bytes <= budget
     # brute-force optimum over all 21 * 10 * 28 plans (a whole-table tier needs no routing metadata)
@@ -162,7 +219,9 @@ def test_optimizer_matches_brute_force_rounding_instance(dedup, sync):
     for factor in (1.7, 2.5, 4.0, 8.0):
         budget = floor * factor
         best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
-        res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=dedup, sync=sync))
+        res = optimize_tiers(
+            workload, view, budget, OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY)
+        )
         report = evaluate(workload, view, res.plan)
         assert report.memory_per_gpu_bytes <= budget * (1 + 1e-9)
         assert rel_diff(report.modeled_time_s, best[0]) < 1e-9, (factor, tiers(res.plan), best[2])
@@ -179,7 +238,7 @@ def test_objective_equals_evaluate_and_small_gap(dedup, sync, latency):
     workload = medium_workload()
     view = uniform_view(2, 4, 1e11, 1e10, *latency)
     rw = row_wise_memory_bytes(workload, view)
-    cfg = OptimizerConfig(dedup=dedup, sync=sync)
+    cfg = OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY)
     for factor in (1.0, 1.1, 1.3, 2.0):
         res = optimize_tiers(workload, view, rw * factor, cfg)
         report = evaluate(workload, view, res.plan)
@@ -249,7 +308,7 @@ def threshold_workload(N: int, k: float, boundary: int = 5) -> tuple[Workload, n
     return workload, N * workload.lookups_per_gpu(table) * p
 
 
-TWO_TIER = OptimizerConfig(dedup=False, sync="dense", allow_warm=False)
+TWO_TIER = OptimizerConfig(dedup=False, sync="dense", allow_warm=False, fetch_modes=FLAT_ONLY)
 
 
 @pytest.mark.parametrize(
@@ -494,7 +553,9 @@ def test_latency_aware_optimizer_matches_brute_force(dedup):
     for factor in (1.0, 1.5, 2.5, 6.0):
         budget = floor * factor
         best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
-        res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=dedup, include_latency=True))
+        res = optimize_tiers(
+            workload, view, budget, OptimizerConfig(dedup=dedup, include_latency=True, fetch_modes=FLAT_ONLY)
+        )
         got = evaluate(workload, view, res.plan)
         assert rel_diff(got.time_with_latency_s, best[0]) < 1e-9, (tiers(res.plan), best[2])
         assert rel_diff(res.objective_s, got.time_with_latency_s) < 1e-9

@@ -1,0 +1,74 @@
+"""The local part of a forward pass: each table's ids (deduplicated per rank when the plan says so), the
+tier, owner and slot of every one, and the hot rows read from the local replica.
+
+The exchanges (:mod:`~flexshard.runtime.exchange` for flat lookups,
+:mod:`~flexshard.runtime.group_exchange` for cold rows fetched once per group) then fill the remote rows
+of :attr:`TableLookup.rows`; the module puts the rows back in input order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from core.vocabulary import Tier
+from flexshard.runtime.features import Features
+from flexshard.runtime.shards import Shard
+
+
+@dataclass
+class TableLookup:
+    """One table's lookups on this rank: the ids it asks for (unique ids with dedup, else every input id)
+    and where each one lives."""
+
+    inverse: torch.Tensor | None  # position of each input id among the unique ids (None without dedup)
+    ids: torch.Tensor  # int64[num_unique]
+    tier: torch.Tensor  # int64[num_unique]: a Tier
+    owner: torch.Tensor  # int64[num_unique]: -1 (hot), a group position (warm) or a rank (cold)
+    slot: torch.Tensor  # int64[num_unique]: the row's index in the owner's shard
+    hot_index: torch.Tensor  # positions (among the unique ids) of hot rows
+    hot_slot: torch.Tensor  # their slots in the local hot replica
+    rows: torch.Tensor  # float32[num_unique, dim]: the ids' embeddings, hot ones filled here
+
+    @property
+    def num_unique(self) -> int:
+        return int(self.ids.numel())
+
+    def positions(self, tier: Tier) -> torch.Tensor:
+        """Positions (among the unique ids) of the lookups of ``tier``, ascending."""
+        return torch.nonzero(self.tier == tier).flatten()
+
+    def output(self) -> torch.Tensor:
+        """The rows in input order."""
+        return self.rows.index_select(0, self.inverse) if self.inverse is not None else self.rows
+
+    def unique_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        """The output gradient summed per unique id (the gradient of :attr:`rows`)."""
+        if self.inverse is None:
+            return grad
+        out = torch.zeros(self.num_unique, grad.shape[1], device=grad.device, dtype=grad.dtype)
+        return out.index_add_(0, self.inverse, grad)
+
+
+def local_lookups(
+    parsed: Features,
+    routing: list,
+    dedup: bool,
+    hot: list[Shard],
+    device: torch.device,
+) -> list[TableLookup]:
+    """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective."""
+    out = []
+    for t, (values, _lengths) in enumerate(parsed):
+        if dedup:
+            ids, inverse = torch.unique(values, return_inverse=True)
+        else:
+            ids, inverse = values, None
+        tier, owner, slot = routing[t].lookup(ids)
+        rows = torch.empty(ids.numel(), hot[t].dim, device=device)
+        hot_index = torch.nonzero(tier == Tier.HOT).flatten()
+        hot_slot = slot.index_select(0, hot_index)
+        rows.index_copy_(0, hot_index, hot[t].weights.index_select(0, hot_slot))
+        out.append(TableLookup(inverse, ids, tier, owner, slot, hot_index, hot_slot, rows))
+    return out

@@ -1,0 +1,93 @@
+"""What the lookup exchanges share: all-to-alls of per-table columns, the split sizes sent before them,
+and their bytes in :mod:`solvers.wire`'s terms.
+
+A *column* is one table's part of an exchange (for the flat exchange, one table in one tier exchange):
+a tensor whose rows are sorted by the peer they go to, ``counts[p, c]`` rows for peer ``p``. One
+all-to-all carries every column, ordered by (peer, column); the receiver gets each column back with its
+rows in peer order. Peers are the ranks of a process group, in group-rank order (this rank included: its
+own block is copied, and never counted as bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from core.traffic import Traffic
+from core.vocabulary import Component, LinkClass
+from solvers import wire
+
+
+def exchange_columns(
+    columns: list[torch.Tensor],
+    counts: np.ndarray,
+    recv_counts: np.ndarray,
+    widths: np.ndarray,
+    group=None,
+) -> list[torch.Tensor]:
+    """Send ``counts[p, c]`` rows of ``columns[c]`` (rows of ``widths[c]`` elements, sorted by peer) to
+    every peer ``p`` of ``group``, in one all-to-all (all columns of one dtype); returns per column the
+    ``recv_counts[:, c]`` rows received, in peer order, shaped like the column's rows (1-D ids or slots,
+    ``[rows, dim]`` vectors)."""
+    peers, n_c = counts.shape
+    if not n_c:
+        return []
+    widths = np.asarray(widths, dtype=np.int64)
+    blocks = [col.split(counts[:, c].tolist()) for c, col in enumerate(columns)]
+    send = torch.cat([blocks[c][p].reshape(-1) for p in range(peers) for c in range(n_c)])
+    recv_sizes = recv_counts * widths[None, :]
+    if peers == 1:
+        recv = send
+    else:
+        recv = send.new_empty(int(recv_sizes.sum()))
+        send_sizes = counts * widths[None, :]
+        dist.all_to_all_single(
+            recv, send, recv_sizes.sum(axis=1).tolist(), send_sizes.sum(axis=1).tolist(), group=group
+        )
+    got = recv.split(recv_sizes.reshape(-1).tolist())
+    out = []
+    for c, col in enumerate(columns):
+        parts = torch.cat([got[p * n_c + c] for p in range(peers)])
+        out.append(parts.view(-1, *col.shape[1:]))
+    return out
+
+
+def exchange_sizes(sizes: np.ndarray, device: torch.device, group=None) -> np.ndarray:
+    """The split sizes before an exchange: ``sizes[p]`` (int64 per table) to every peer ``p`` of
+    ``group``, in one all-to-all. Returns ``[p, ...]``: what each peer sent this rank."""
+    peers = sizes.shape[0]
+    if peers == 1:
+        return sizes.copy()
+    width = int(np.prod(sizes.shape[1:]))
+    send = torch.from_numpy(np.ascontiguousarray(sizes.reshape(-1), dtype=np.int64)).to(device)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, [width] * peers, [width] * peers, group=group)
+    return recv.cpu().numpy().reshape(sizes.shape)
+
+
+def add_lookup_bytes(
+    out: Traffic,
+    link: LinkClass,
+    asked: np.ndarray,
+    served: np.ndarray,
+    vector_bytes: np.ndarray,
+    peers: int,
+) -> None:
+    """Add to ``out`` the bytes of one exchange on one link class: :func:`solvers.wire.lookup_messages`
+    of the lookups asked of and served to the peers over that link (per table, summed), and the split
+    sizes sent to those ``peers`` (:func:`solvers.wire.split_bytes`, one per table)."""
+    for (component, direction), nbytes in wire.lookup_messages(asked, served, vector_bytes).items():
+        out.bytes[link, component, direction] += float(np.sum(nbytes))
+    split = wire.split_bytes(peers, int(np.size(asked)))
+    out.add(link, Component.IDS, split, split)
+
+
+def count_forward(batch: Traffic, traffic: Traffic) -> Traffic:
+    """Add the ids and forward bytes of ``batch`` to ``traffic``; return its backward bytes, to be added
+    when the gradients travel."""
+    for component in (Component.IDS, Component.FORWARD):
+        traffic.bytes[:, component, :] += batch.bytes[:, component, :]
+    backward = Traffic.zeros()
+    backward.bytes[:, Component.BACKWARD, :] = batch.bytes[:, Component.BACKWARD, :]
+    return backward
