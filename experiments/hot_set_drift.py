@@ -177,18 +177,26 @@ def full_order(counts: np.ndarray) -> np.ndarray:
 
 
 def tier_volumes_from_probs(
-    p: np.ndarray, hot: int, warm: int, lookups_per_gpu: float, num_ranks: int, dedup: bool
+    p: np.ndarray, hot: int, warm: int, lookups_per_gpu: float, view: ClusterView, dedup: bool
 ) -> TierVolumes:
     """Tier volumes of a table whose rows, in tier order (hot, then warm, then cold), have per-lookup
-    probabilities ``p`` (any order): the per-row formulas of ``solvers.cost_model.table_mass``."""
+    probabilities ``p`` (any order): the per-row formulas of ``solvers.cost_model.table_mass`` (a GPU's
+    batch, a group's, the cluster's)."""
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))
     unique = -np.expm1(lookups_per_gpu * log_miss)
-    touched = -np.expm1(lookups_per_gpu * num_ranks * log_miss)
+    group = -np.expm1(lookups_per_gpu * int(view.group_sizes.max()) * log_miss)
+    touched = -np.expm1(lookups_per_gpu * view.num_ranks * log_miss)
     per_row = unique if dedup else p * lookups_per_gpu
     edges = (slice(0, hot), slice(hot, hot + warm), slice(hot + warm, None))
     vol = [float(per_row[s].sum()) for s in edges]
     tch = [float(touched[s].sum()) for s in edges]
-    return TierVolumes(warm_volume=vol[1], cold_volume=vol[2], hot_touched=tch[0], warm_touched=tch[1])
+    return TierVolumes(
+        warm_volume=vol[1],
+        cold_volume=vol[2],
+        hot_touched=tch[0],
+        warm_touched=tch[1],
+        cold_group_volume=float(group[edges[2]].sum()),
+    )
 
 
 def price_in_order(
@@ -202,7 +210,7 @@ def price_in_order(
         p = c / c.sum()
         volumes.append(
             tier_volumes_from_probs(
-                p, tp.hot_rows, tp.warm_rows, workload.lookups_per_gpu(t), view.num_ranks, plan.dedup
+                p, tp.hot_rows, tp.warm_rows, workload.lookups_per_gpu(t), view, plan.dedup
             )
         )
         hit = float(c[: tp.hot_rows + tp.warm_rows].sum())

@@ -34,7 +34,7 @@ import study
 
 from core.errors import PlannerError
 from flexshard import workloads
-from flexshard.report import human_bytes
+from flexshard.report import human_bytes, tradeoffs
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
 from solvers.types import Workload
 from topology import ClusterView, cluster_view, h100_cluster, nvl72_pod
@@ -43,6 +43,7 @@ LABELS = {
     "flexshard": "FlexShard",
     "table_wise": "table-wise",
     "row_wise": "row-wise",
+    "row_wise_group_dedup": "row-wise, group fetch",
     "2d": "2D (TorchRec-style)",
     "hybrid": "hybrid (HugeCTR-style)",
     "data_parallel": "data-parallel",
@@ -51,6 +52,7 @@ STYLE = {
     "flexshard": ("tab:red", "o", "-"),
     "table_wise": ("tab:gray", "x", ":"),
     "row_wise": ("black", "s", "--"),
+    "row_wise_group_dedup": ("tab:orange", "P", "--"),
     "2d": ("tab:blue", "^", "-"),
     "hybrid": ("tab:green", "D", "-"),
     "data_parallel": ("tab:purple", "v", "-"),
@@ -132,6 +134,33 @@ def table(title: str, axis: str, rows: list[tuple[str, bool, dict[str, dict]]]) 
                 + [human_bytes(r["sync"]), f"{r['time_s'] * 1e3:.3f} ms", red, gap]
             )
     return f"#### {title}\n\n" + study.md_table(header, cells)
+
+
+def trade_offs(swept: list[tuple[str, list]]) -> str:
+    """The points where FlexShard moves more bytes across groups than some baseline, and why
+    (:func:`flexshard.report.tradeoffs`)."""
+    records = [
+        {
+            "sweep": title,
+            "point": value,
+            "dedup": dedup,
+            "strategy": s,
+            "feasible": r["feasible"],
+            "inter_group_bytes": r.get("inter"),
+            "intra_group_bytes": r.get("intra"),
+            "modeled_time_s": r.get("time_s"),
+        }
+        for title, rows in swept
+        for value, dedup, recs in rows
+        for s, r in recs.items()
+    ]
+    notes = tradeoffs(records, ("sweep", "point", "dedup"))
+    head = "#### Where FlexShard moves more bytes across groups than a baseline\n\n"
+    if not notes:
+        return (
+            head + "Nowhere: at every point FlexShard's inter-group bytes are at or below every baseline's."
+        )
+    return head + "\n".join(f"- {line}" for line in notes)
 
 
 def summary(title: str, axis: str, rows: list[tuple[str, bool, dict[str, dict]]]) -> str:
@@ -254,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     base_view = cluster_view(h100_cluster(BASE_NODES))
     summaries: list[str] = []
     details: list[str] = []
+    swept: list[tuple[str, list]] = []  # every sweep's rows, for the trade-off notes
     figures: list[tuple[str, str]] = []
 
     # budget
@@ -264,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"{x:g}x", dedup, recs))
             series[dedup].append((x, recs))
     title = f"Budget (default workload, h100:{BASE_NODES})"
+    swept.append((title, rows))
     summaries.append(summary(title, "budget", rows))
     details.append(table(title, "budget", rows))
     if not args.no_write:
@@ -287,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((label, dedup, recs))
             bucket[dedup].append((gpus, recs))
     title = f"Cluster size (default workload, budget {BASE_BUDGET:g}x)"
+    swept.append((title, rows))
     summaries.append(summary(title, "cluster", rows))
     details.append(table(title, "cluster", rows))
     if not args.no_write:
@@ -302,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"{a:g}", dedup, recs))
             series[dedup].append((a, recs))
     title = f"Skew (default tables, alpha overridden; h100:{BASE_NODES}, 2x)"
+    swept.append((title, rows))
     summaries.append(summary(title, "alpha", rows))
     details.append(table(title, "alpha", rows))
     if not args.no_write:
@@ -326,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             by_set[dedup].append((label, recs))
     if loaded:
         title = f"Real data sets (h100:{BASE_NODES}, budget {BASE_BUDGET:g}x)"
+        swept.append((title, rows))
         summaries.append(summary(title, "data set", rows))
         details.append(table(title, "data set", rows))
         if not args.no_write:
@@ -334,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"data sweep done ({time.perf_counter() - start:.0f} s)", file=sys.stderr)
 
     elapsed = time.perf_counter() - start
-    body = "\n\n".join([*summaries, "### Full tables", *details])
+    body = "\n\n".join([*summaries, trade_offs(swept), "### Full tables", *details])
     print(body)
     print(f"\n{elapsed:.0f} s")
     if not args.no_write:

@@ -63,7 +63,7 @@ import torch
 import torch.distributed as dist
 
 from core.errors import PlannerError
-from core.vocabulary import COMPONENTS, LINK_CLASSES
+from core.vocabulary import COMPONENTS, LINK_CLASSES, FetchMode
 from flexshard import workloads
 from flexshard.plan_file import read_plan, to_dict, write_plan
 from flexshard.runtime import ShardedSequenceEmbedding
@@ -177,11 +177,13 @@ class Scenario:
 
 
 def tiers_key(plan: Plan) -> tuple:
+    """What makes two strategies' plans run the same exchange: tiers, owner shares and fetch modes."""
     return tuple(
         (
             tp.hot_rows,
             tp.warm_rows,
             tp.cold_rows,
+            tp.fetch,
             tuple(np.round(tp.warm_share, 9)),
             tuple(np.round(tp.cold_share, 9)),
         )
@@ -380,7 +382,11 @@ def _kb(x: float) -> str:
 
 
 def tier_text(plan: Plan) -> str:
-    return " + ".join(f"{tp.hot_rows}/{tp.warm_rows}/{tp.cold_rows}" for tp in plan.tables)
+    """hot/warm/cold rows per table, ``g`` after the cold count where a group fetches them once."""
+    return " + ".join(
+        f"{tp.hot_rows}/{tp.warm_rows}/{tp.cold_rows}{'g' if tp.fetch is FetchMode.GROUP else ''}"
+        for tp in plan.tables
+    )
 
 
 def scenario_table(scs: list[Scenario]) -> str:
@@ -601,7 +607,8 @@ def main(argv: list[str] | None = None) -> int:
             "## Scenarios",
             "",
             "Bytes per rank per iteration, mean over ranks, all components; bottleneck = the busiest",
-            "rank's max(send, recv). Tiers: hot/warm/cold rows per table.",
+            "rank's max(send, recv). Tiers: hot/warm/cold rows per table (g: the cold rows fetched once per",
+            "group).",
             "",
             scenario_table(done),
         ]

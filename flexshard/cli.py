@@ -20,7 +20,7 @@ from flexshard import probe, workloads
 from flexshard.cli_common import first_line, positive_float, positive_int
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
-from flexshard.report import comparison_table, plan_report
+from flexshard.report import comparison_table, plan_report, tradeoffs
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
 from topology import cluster_view, load_topology, summary, write_json
@@ -246,6 +246,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"{view.num_groups} groups; {args.sync} sync. Bytes per iteration at the bottleneck rank."
         )
         print(comparison_table(records))
+        notes = tradeoffs(records)
+        if notes:
+            print("\nWhere FlexShard moves more bytes across groups than a baseline:")
+            print("\n".join(f"- {line}" for line in notes))
     return 0
 
 

@@ -69,13 +69,27 @@ def plan_report(
                 human_count(tp.hot_rows),
                 human_count(tp.warm_rows),
                 human_count(tp.cold_rows),
+                tp.fetch.value if tp.cold_rows else "-",
                 f"{share[0]:.1%}",
                 f"{share[1]:.1%}",
                 f"{share[2]:.1%}",
             ]
         )
     tiers = format_table(
-        ["table", "rows", "dim", "ids/sample", "hot", "warm", "cold", "lookups hot", "warm", "cold"], rows
+        [
+            "table",
+            "rows",
+            "dim",
+            "ids/sample",
+            "hot",
+            "warm",
+            "cold",
+            "cold fetch",
+            "lookups hot",
+            "warm",
+            "cold",
+        ],
+        rows,
     )
     traffic_rows = []
     for link in LinkClass:
@@ -165,3 +179,46 @@ def comparison_table(records: list[dict[str, Any]]) -> str:
         ],
         rows,
     )
+
+
+def tradeoffs(records: list[dict[str, Any]], point: Sequence[str] = ("budget_x", "dedup")) -> list[str]:
+    """One line per point and baseline where FlexShard moves more bytes across groups than the baseline:
+    what it gets for them. ``records`` as :func:`flexshard.cli.simulate_records` makes them (strategy,
+    feasible, inter/intra-group bytes, modeled time), a point being the records with equal ``point``
+    keys. FlexShard minimises modeled time, so it may take a few more NIC bytes to spend fewer NVLink
+    bytes (a group fetch routes cold lookups through NVLink; a whole-table warm tier does not)."""
+    lines = []
+    by_point: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        by_point.setdefault(tuple(r[k] for k in point), {})[r["strategy"]] = r
+    for key, recs in by_point.items():
+        ours = recs.get("flexshard")
+        if not ours or not ours["feasible"]:
+            continue
+        where = ", ".join(f"{k} {_point_value(v)}" for k, v in zip(point, key, strict=True))
+        for name, r in recs.items():
+            if name == "flexshard" or not r["feasible"]:
+                continue
+            if ours["inter_group_bytes"] <= r["inter_group_bytes"] * (1 + 1e-9) + 1.0:  # 1 B: rounding
+                continue
+            more = ours["inter_group_bytes"] - r["inter_group_bytes"]
+            less = r["intra_group_bytes"] - ours["intra_group_bytes"]
+            if ours["modeled_time_s"] <= r["modeled_time_s"] * (1 + 1e-9) and less > 0:
+                why = (
+                    f"it trades {human_bytes(more)} more across groups for {human_bytes(less)} less within "
+                    f"groups, and its modeled time is lower ({ours['modeled_time_s'] * 1e3:.4g} vs "
+                    f"{r['modeled_time_s'] * 1e3:.4g} ms)"
+                )
+            else:
+                why = "and is not faster in modeled time: the planner missed a better plan"
+            lines.append(
+                f"{where}: {name} moves {human_bytes(r['inter_group_bytes'])} across groups, FlexShard "
+                f"{human_bytes(ours['inter_group_bytes'])}; {why}"
+            )
+    return lines
+
+
+def _point_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{value:g}x" if isinstance(value, float) else str(value)
