@@ -107,6 +107,27 @@ def host_table(result: dict) -> str:
     return study.md_table(header, rows, align="lrrr")
 
 
+def bottleneck_text(result: dict) -> str:
+    """Where the skew-aware plan's bottleneck ends up, and why it stays above the uniform cluster's."""
+    aware = result["records"][0]
+    slow = result["slow_host"]
+    reason = (
+        "even owning no cold rows it still sends its own cold lookups and receives their rows, and takes "
+        "part in the replica sync, through the slow NICs"
+    )
+    if aware["bottleneck_host"] == slow:
+        return (
+            f"The slow host cannot be planned away: {reason}; that is why the skew-aware bottleneck stays "
+            f"on `{slow}` and above the uniform cluster's."
+        )
+    return (
+        f"The bottleneck moves off the slow host, to rank {aware['bottleneck_rank']} on "
+        f"`{aware['bottleneck_host']}`, which owns more cold rows and so serves more requests. The time "
+        "stays above the uniform cluster's because every path out of a group is slower on this fabric "
+        f"(oversubscribed leaf uplinks), and the slow host cannot be planned away: {reason}."
+    )
+
+
 def document(result: dict, table: str, command: str, seconds: float) -> str:
     aware, blind = result["records"]
     n = result["num_nodes"]
@@ -142,10 +163,7 @@ the slow host's ranks carry {aware["slow_inter_bytes"] / 1e6:.1f} MB of inter-gr
 instead of {blind["slow_inter_bytes"] / 1e6:.1f} MB. Its modeled bottleneck time on the skewed fabric is
 {aware["modeled_time_s"] * 1e3:.3f} ms against {blind["modeled_time_s"] * 1e3:.3f} ms for the skew-blind
 plan ({blind["modeled_time_s"] / aware["modeled_time_s"]:.2f}x); on a uniform fabric the blind plan would
-take {result["blind_time_on_uniform_s"] * 1e3:.3f} ms. The slow host cannot be planned away: even owning no
-cold rows it still sends its own cold lookups and receives their embeddings, and takes part in the replica
-sync, through the slow NICs; that is why the skew-aware bottleneck stays on `{result["slow_host"]}` and
-above the uniform cluster's.
+take {result["blind_time_on_uniform_s"] * 1e3:.3f} ms. {bottleneck_text(result)}
 
 The probe (`flexshard probe`, docs in `flexshard/probe.py`) measures such a fabric and marks the slow host;
 its topology JSON goes straight to `flexshard plan --topology`.
