@@ -50,7 +50,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", what: str = "output") 
     except BaseException as err:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if isinstance(err, OSError) and not isinstance(err, OutputError):
+        if isinstance(err, OSError):
             raise OutputError(f"{what}: {str(path)!r}: cannot write ({err.strerror or err})") from None
         raise
 

@@ -65,10 +65,6 @@ def layout_fingerprint(module: ShardedSequenceEmbedding) -> str:
     return h.hexdigest()
 
 
-def _agree(ok: bool, device: torch.device) -> bool:
-    return all_ok(ok, device if device.type == "cuda" else None)
-
-
 def _saves(module: ShardedSequenceEmbedding, tier: Tier) -> bool:
     """Whether this rank saves its rows of ``tier`` (each row exactly once over the cluster)."""
     if tier is Tier.HOT:
@@ -119,7 +115,7 @@ def save(
             tmp.mkdir()
         except OSError as e:
             error = f"cannot create {tmp}: {e.strerror or e}"
-    if not _agree(not error, dev):
+    if not all_ok(not error, dev):
         raise CheckpointError(f"checkpoint save: {error or 'rank 0 could not create ' + str(tmp)}")
     rows: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
     for (name, tier_name), (ids, w, s) in module.shard_rows().items():
@@ -138,7 +134,7 @@ def save(
         _atomic_torch_save(payload, tmp / f"rank{module.rank}.pt")
     except OSError as e:
         error = f"rank {module.rank} cannot write {tmp / f'rank{module.rank}.pt'}: {e.strerror or e}"
-    if not _agree(not error, dev):
+    if not all_ok(not error, dev):
         raise CheckpointError(f"checkpoint save: {error or 'another rank failed to write its shard'}")
     if module.rank == 0:
         manifest = {
@@ -167,7 +163,7 @@ def save(
                 os.replace(tmp, final)
         except OSError as e:
             error = f"cannot publish {final}: {e.strerror or e}"
-    if not _agree(not error, dev):
+    if not all_ok(not error, dev):
         raise CheckpointError(f"checkpoint save: {error or 'rank 0 could not publish ' + str(final)}")
     return final
 
@@ -248,7 +244,7 @@ def load(
         step = int(doc["step"])
     except CheckpointError as e:
         error = str(e)
-    if not _agree(not error, module.device):
+    if not all_ok(not error, module.device):
         raise CheckpointError(error or "checkpoint load failed on another rank (see its error)")
     ckpt = Path(doc["path"])
     files: dict[int, dict[str, Any]] = {}
@@ -284,7 +280,7 @@ def load(
             dense_optimizer.load_state_dict(shard(0)["dense_optimizer"])
     except CheckpointError as e:
         error = str(e)
-    if not _agree(not error, module.device):
+    if not all_ok(not error, module.device):
         raise CheckpointError(error or "checkpoint load failed on another rank (see its error)")
     module.zero_grad()
     return step

@@ -90,15 +90,17 @@ def settings_mismatch(plan_file: PlanFile, requested: Mapping[str, object]) -> s
             continue
         value = getattr(value, "value", value)
         if value != made[key]:
+            was, asked = show_setting(made[key]), show_setting(value)
             return (
-                f"{key}: the plan was made with {key} {_show(made[key])}, this run asks for {_show(value)}; "
-                f"follow the plan (drop the setting), make a plan with {key} {_show(value)}, or override "
-                "the plan on purpose (--override-plan; its predicted bytes then do not apply)"
+                f"{key}: the plan was made with {key} {was}, this run asks for {asked}; follow the plan "
+                f"(drop the setting), make a plan with {key} {asked}, or override the plan on purpose "
+                "(--override-plan; its predicted bytes then do not apply)"
             )
     return ""
 
 
-def _show(value: object) -> str:
+def show_setting(value: object) -> str:
+    """A setting's value as flags and logs spell it (``on`` / ``off`` for booleans)."""
     if isinstance(value, bool):
         return "on" if value else "off"
     return str(value)

@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 def agreed_message(message: str, device: torch.device | None = None) -> str:
     """The first non-empty ``message`` over the ranks in rank order, or '' (collective). One all-reduce
-    of a flag; the messages themselves travel only when some rank has one."""
+    of a flag on ``device`` (this rank's: its GPU under NCCL, the CPU under gloo); the messages
+    themselves travel only when some rank has one."""
     flag = torch.tensor([1 if message else 0], dtype=torch.int64, device=device)
     dist.all_reduce(flag)
     if not int(flag.item()):

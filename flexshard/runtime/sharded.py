@@ -157,7 +157,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     def _agree(self, error: type[Exception], message: str) -> None:
         """Raise ``error`` on every rank when any rank's ``message`` is not empty (collective)."""
-        agreed = agreed_message(message, self.device if self.device.type == "cuda" else None)
+        agreed = agreed_message(message, self.device)
         if agreed:
             raise error(agreed)
 

@@ -143,7 +143,7 @@ def run(config: TrainConfig) -> int:
             batches: list = [None] * world
             dist.all_gather_object(batches, batch)
             message = agreed_message(
-                step_mismatch(logits, reference.step(batches)[rank], rank, step + 1), _flag(dev)
+                step_mismatch(logits, reference.step(batches)[rank], rank, step + 1), dev
             )
             if message:
                 raise VerifyError(message)
@@ -157,7 +157,7 @@ def run(config: TrainConfig) -> int:
             say(f"checkpoint: saved {path}")
 
     if reference is not None:
-        message = agreed_message(final_check(module, dense, reference, rank), _flag(dev))
+        message = agreed_message(final_check(module, dense, reference, rank), dev)
         if message:
             raise VerifyError(message)
         say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
@@ -168,11 +168,6 @@ def run(config: TrainConfig) -> int:
         metrics.write_jsonl(config.metrics_out, records)
         say(f"metrics: wrote {config.metrics_out} ({config.steps - start} steps)")
     return 0
-
-
-def _flag(dev: torch.device) -> torch.device | None:
-    """Where agreement flags live: the GPU under NCCL, the CPU under gloo."""
-    return dev if dev.type == "cuda" else None
 
 
 def _reference(config, source, module, dense, dense_opt, resumed_from, dev) -> Reference:

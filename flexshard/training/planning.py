@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from core.errors import InputError, PlanMismatchError, PlannerError
 from core.ranks import RankLayout
-from flexshard.contract import settings_mismatch, world_mismatch
+from flexshard.contract import settings_mismatch, show_setting, world_mismatch
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.training.config import TrainConfig
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, fingerprint
@@ -54,15 +54,11 @@ def check_plan(
         raise PlanMismatchError(message)
     overridden = plan_file.with_overrides(config.dedup, config.sync, config.batch_size)
     notes = [
-        f"override: {key} {_show(run)} (the plan was made with {_show(made)}; "
+        f"override: {key} {show_setting(run)} (the plan was made with {show_setting(made)}; "
         "its predicted bytes do not apply)"
         for key, (made, run) in overridden.overrides.items()
     ]
     return overridden, notes
-
-
-def _show(value: object) -> str:
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanFile:
