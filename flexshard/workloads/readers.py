@@ -13,6 +13,8 @@ Formats (``fmt``):
   ``user_id`` one lookup per sample.
 * ``"recbole"``: RecBole atomic files (``.inter`` plus optional ``.user`` / ``.item``), see
   ``recbole.py``.
+* ``"parquet"``: an interaction log in Parquet (user, item, optional time and count columns named by
+  ``ParquetColumns``), counted like ``csv``; see ``parquet.py``.
 
 Ids are taken as given (1-based Amazon ids leave row 0 untouched); a table has ``max id + 1`` rows
 unless ``num_rows`` names its size. Several inputs are merged: counts add up, and samples of the
@@ -37,6 +39,7 @@ from core.errors import ConfigError, DataError
 from solvers.types import RowHistogram, TableSpec, Workload
 
 from ._text import bad_value, grow
+from .parquet import ParquetColumns, read_parquet
 from .parsed import (
     ATTRIBUTE_TABLE,
     ITEM_TABLE,
@@ -52,7 +55,8 @@ from .sequences import csv_chunks, items_after, keep_last, seq_chunks
 from .synthetic import DEFAULT_BATCH_SIZE_PER_GPU
 
 DEFAULT_DIM = 64
-FORMATS = ("auto", "seq", "csv", "recbole")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+FORMATS = ("auto", "seq", "csv", "recbole", "parquet")
 
 
 # ------------------------------------------------------------------------------------- seq format
@@ -343,11 +347,14 @@ def assemble(
 
 
 def detect_format(path: str | Path) -> str:
-    """``"seq"``, ``"csv"`` or ``"recbole"`` from the extension, else from the first line."""
+    """``"seq"``, ``"csv"``, ``"recbole"`` or ``"parquet"`` from the extension, else from the content
+    (Parquet's ``PAR1`` magic bytes, then the first line)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in (".inter", ".user", ".item"):
         return "recbole"
+    if suffix in PARQUET_SUFFIXES:
+        return "parquet"
     if suffix == ".csv":
         return "csv"
     if suffix == ".json":
@@ -361,6 +368,8 @@ def detect_format(path: str | Path) -> str:
             head = fh.read(1 << 16)
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
+    if head[:4] == b"PAR1":
+        return "parquet"
     first = next((ln for ln in head.splitlines() if ln.strip()), b"")
     if not first:
         raise DataError(f"{path}: empty file")
@@ -372,12 +381,12 @@ def detect_format(path: str | Path) -> str:
         return "seq"
     raise DataError(
         f"{path}: unknown format (first line {first[:40].decode(errors='replace')!r}); "
-        "expected 'user item item ...', 'user,item,count' or a RecBole .inter"
+        "expected 'user item item ...', 'user,item,count', a RecBole .inter or Parquet"
     )
 
 
 def _expand(path: Path, fmt: str) -> list[tuple[Path, str]]:
-    """A file -> itself; a folder -> its one ``.inter`` or all its ``.csv`` files."""
+    """A file -> itself; a folder -> its one ``.inter``, or all its ``.csv`` or its Parquet files."""
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
     if path.is_file():
@@ -390,6 +399,9 @@ def _expand(path: Path, fmt: str) -> list[tuple[Path, str]]:
         return [(inters[0], "recbole")]
     if fmt in ("auto", "csv") and csvs:
         return [(p, "csv") for p in csvs]
+    parquets = sorted(p for p in path.iterdir() if p.suffix.lower() in PARQUET_SUFFIXES)
+    if fmt in ("auto", "parquet") and parquets:
+        return [(p, "parquet") for p in parquets]
     listing = ", ".join(sorted(p.name for p in path.iterdir())[:10])
     raise DataError(f"{path}: cannot tell which files of this folder to read ({listing}); pass the files")
 
@@ -402,17 +414,19 @@ def read_workload(
     max_len: int | None = None,
     num_rows: Mapping[str, int] | None = None,
     name: str | None = None,
+    columns: ParquetColumns | None = None,
 ) -> tuple[Workload, dict[str, np.ndarray]]:
     """Read one data file or folder (or several, merged) into a Workload and hotness orders.
 
     Args:
-        path: a file, a folder (its ``.inter``, or all its ``.csv`` splits), or a list of them.
-        fmt: ``"auto"`` (by extension, then content), ``"seq"``, ``"csv"`` or ``"recbole"``.
+        path: a file, a folder (its ``.inter``, or all its ``.csv`` or Parquet splits), or a list of them.
+        fmt: ``"auto"`` (by extension, then content), ``"seq"``, ``"csv"``, ``"recbole"`` or ``"parquet"``.
         dim: embedding dimension of every table, or ``{table: dim}`` (key ``"*"``: the rest).
         batch_size_per_gpu: samples per GPU per iteration.
-        max_len: keep only each sample's most recent ``max_len`` items (seq, recbole).
+        max_len: keep only each sample's most recent ``max_len`` items (seq, recbole, parquet).
         num_rows: explicit table sizes ``{table: rows}``; ids at or past them are errors.
         name: workload name (default: the input file stems).
+        columns: the column names of Parquet inputs (default ``ParquetColumns()``); others ignore it.
 
     Returns:
         ``(workload, orders)``; ``orders[table]`` lists touched row ids hottest first.
@@ -427,8 +441,12 @@ def read_workload(
     files: list[tuple[Path, str]] = []
     for p in paths:
         files.extend(_expand(Path(p), fmt))
+    cols = columns or ParquetColumns()
     readers = {"seq": read_seq, "csv": read_csv, "recbole": read_recbole}
-    parts = [readers[f](p, num_rows=num_rows, max_len=max_len) for p, f in files]
+    parts = [
+        read_parquet(p, num_rows, max_len, cols) if f == "parquet" else readers[f](p, num_rows, max_len)
+        for p, f in files
+    ]
     if name is None and len(paths) == 1 and Path(paths[0]).is_dir():
         name = Path(paths[0]).resolve().name
     return assemble(parts, dim=dim, batch_size_per_gpu=batch_size_per_gpu, name=name, num_rows=num_rows)
