@@ -11,6 +11,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, InputError, PlannerError
@@ -20,7 +21,8 @@ from flexshard import probe, workloads
 from flexshard.cli_common import first_line, positive_float, positive_int
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
-from flexshard.report import comparison_table, plan_report, tradeoffs
+from flexshard.report import comparison_table, plan_report, touch_rates_line, tradeoffs
+from flexshard.workloads.measured import HISTORY_FORMATS, histories, with_touch_rates
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
 from topology import cluster_view, load_topology, summary, write_json
@@ -68,9 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("stats", help="row statistics from interaction data -> stats file")
     st.add_argument(
-        "inputs", nargs="+", help="data files: `user item ...` lines, user,item,count CSV, RecBole .inter"
+        "inputs",
+        nargs="+",
+        help="data files: `user item ...` lines, user,item,count CSV, RecBole .inter, Parquet logs",
     )
-    st.add_argument("--format", default="auto", help="auto (by extension, then content), seq, csv, recbole")
+    st.add_argument(
+        "--format", default="auto", help="auto (by extension, then content), seq, csv, recbole, parquet"
+    )
     st.add_argument("--dim", type=int, default=64, help="embedding dimension of every table (default 64)")
     st.add_argument(
         "--batch-size",
@@ -85,6 +91,34 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="TABLE=ROWS",
         help="declare a table's size; ids at or past it are errors (repeatable)",
+    )
+    for role, default in (("user", "user"), ("item", "item"), ("time", None), ("count", None)):
+        st.add_argument(
+            f"--{role}-col",
+            default=default,
+            metavar="NAME",
+            help=f"Parquet inputs: the {role} column's name (default {default or 'none'})",
+        )
+    st.add_argument(
+        "--touch-rates",
+        choices=(*workloads.SAMPLING_MODES, "off"),
+        default=None,
+        help="measure per-row touch rates for samples formed as training forms them (next-item, the "
+        "default for one history file), as whole-history windows (history), or not (off: independent "
+        "draws from the counts)",
+    )
+    st.add_argument(
+        "--window",
+        type=int,
+        default=workloads.DEFAULT_WINDOW,
+        help=f"history positions a sample keeps (train --max-len; default {workloads.DEFAULT_WINDOW})",
+    )
+    st.add_argument(
+        "--negatives",
+        type=int,
+        default=workloads.DEFAULT_NEGATIVES,
+        help="random negatives per next-item sample "
+        f"(train --negatives; default {workloads.DEFAULT_NEGATIVES})",
     )
     st.add_argument("--out", required=True, help="stats file to write (.npz)")
 
@@ -134,18 +168,58 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if not rows.strip().isdigit() or int(rows) <= 0:
             raise ConfigError(f"--num-rows: expected TABLE=ROWS with ROWS a positive integer, got {item!r}")
         num_rows[name] = int(rows)
-    if num_rows:
+    columns = workloads.ParquetColumns(args.user_col, args.item_col, args.time_col, args.count_col)
+    if num_rows or columns != workloads.ParquetColumns():
         workload, orders = workloads.read_workload(
-            args.inputs, args.format, args.dim, args.batch_size, args.max_len, num_rows=num_rows
+            args.inputs,
+            args.format,
+            args.dim,
+            args.batch_size,
+            args.max_len,
+            num_rows=num_rows or None,
+            columns=columns,
         )
     else:
         workload, orders = workloads.build_stats(
             args.inputs, args.format, args.dim, args.batch_size, args.max_len
         )
+    workload = _with_touch_rates(args, workload, orders, columns)
     workloads.save_stats(args.out, workload, orders)
     print(workloads.describe(workload))
+    print(touch_rates_line(workload))
     print(f"\nwrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
     return 0
+
+
+def _with_touch_rates(
+    args: argparse.Namespace, workload: workloads.Workload, orders: dict, columns: workloads.ParquetColumns
+) -> workloads.Workload:
+    """``workload`` with measured touch rates (``--touch-rates``), when its input has user histories."""
+    if args.touch_rates == "off":
+        return workload
+    path = Path(args.inputs[0])
+    fmt = workloads.detect_format(path) if args.format == "auto" and path.is_file() else args.format
+    usable = len(args.inputs) == 1 and path.is_file() and fmt in HISTORY_FORMATS
+    if not usable:
+        if args.touch_rates is None:  # the default: measure where possible, say so where not
+            print(
+                "note: touch rates not measured (they need one file of user histories: "
+                f"{', '.join(HISTORY_FORMATS)}); plans price this workload as independent draws"
+            )
+            return workload
+        raise ConfigError(
+            f"--touch-rates {args.touch_rates}: needs one file of user histories "
+            f"({', '.join(HISTORY_FORMATS)}), got {' '.join(args.inputs)} ({fmt}); use --touch-rates off"
+        )
+    mode = args.touch_rates or "next-item"
+    sampling = workloads.Sampling(mode, args.window, args.negatives if mode == "next-item" else 0)
+    options = {"columns": columns} if fmt == "parquet" else {}
+    with Progress(1, "touch rates") as bar:
+        if fmt == "parquet":
+            options["progress"] = lambda done, total: bar.note(f"{done:,}/{total:,} rows")
+        measured = with_touch_rates(workload, orders, histories(path, fmt, args.max_len, **options), sampling)
+        bar.advance()
+    return measured
 
 
 def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict]:

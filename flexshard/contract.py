@@ -99,6 +99,22 @@ def settings_mismatch(plan_file: PlanFile, requested: Mapping[str, object]) -> s
     return ""
 
 
+def sampling_mismatch(plan_file: PlanFile, sampling: Mapping[str, str]) -> str:
+    """'' when every table the plan priced on measured touch rates was measured on samples formed as
+    this run forms them (``sampling[table]``, e.g. ``"next-item, window 20, negatives 4"``), else a
+    one-line message naming the table, both samplings and the ways forward."""
+    for meta in plan_file.tables:
+        run = sampling.get(meta.name)
+        if meta.touch_rates is None or run is None or run == meta.touch_rates:
+            continue
+        return (
+            f"table {meta.name!r}: the plan was priced on samples formed as '{meta.touch_rates}', this "
+            f"run forms '{run}'; run `flexshard stats` with this run's window and negatives and plan "
+            "again, or override the plan on purpose (--override-plan; its predicted bytes then do not apply)"
+        )
+    return ""
+
+
 def show_setting(value: object) -> str:
     """A setting's value as flags and logs spell it (``on`` / ``off`` for booleans)."""
     if isinstance(value, bool):

@@ -8,8 +8,9 @@ never lists rows.
 
 The file is a contract (:mod:`flexshard.contract`): it records what the plan was made for and a run
 is checked against it. ``settings`` (dedup, sync, batch per GPU), ``world`` (size and groups), per
-table its size, dim, cold fetch mode and the fingerprint of the hotness order the tiers refer to, and
-the fingerprints of the workload statistics, the topology and the world. It also carries the
+table its size, dim, cold fetch mode, the fingerprint of the hotness order the tiers refer to and how
+its samples were formed when its touch rates were measured (``touch_rates``; null: independent
+draws), and the fingerprints of the workload statistics, the topology and the world. It also carries the
 solver's metadata and the cost model's predicted per-iteration metrics.
 """
 
@@ -47,6 +48,9 @@ class PlannedTable:
     element_bytes: int
     optimizer_bytes_per_row: int
     order_fingerprint: str
+    touch_rates: str | None = (
+        None  # how samples were formed where rates were measured; None: independent draws
+    )
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ def to_dict(
             "element_bytes": t.element_bytes,
             "optimizer_bytes_per_row": t.optimizer_bytes_per_row,
             "order_fingerprint": order_fingerprint(orders.get(t.name), t.num_rows),
+            "touch_rates": None if t.touch is None else t.touch.sampling,
             "hot_rows": tp.hot_rows,
             "warm_rows": tp.warm_rows,
             "cold_rows": tp.cold_rows,
@@ -244,6 +249,7 @@ def _parse(doc: dict, where: str) -> PlanFile:
             element_bytes=_positive(t["element_bytes"], f"{tw}.element_bytes"),
             optimizer_bytes_per_row=int(t["optimizer_bytes_per_row"]),
             order_fingerprint=str(t["order_fingerprint"]),
+            touch_rates=None if t.get("touch_rates") is None else str(t["touch_rates"]),
         )
         hot, warm, cold = int(t["hot_rows"]), int(t["warm_rows"]), int(t["cold_rows"])
         if min(hot, warm, cold) < 0 or hot + warm + cold != meta.num_rows:

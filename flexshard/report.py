@@ -43,6 +43,24 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(cells[0]), rule, *(line(r) for r in cells[1:])])
 
 
+def touch_rates_line(workload: Workload) -> str:
+    """Which row statistics priced each table: measured per-sample touch rates (with their sampling and
+    stated bucketing error) or independent draws from the histogram."""
+    measured = [t for t in workload.tables if t.touch is not None]
+    if not measured:
+        return (
+            "Touch rates: independent draws from each table's histogram (no measured rates in the workload)"
+        )
+    parts = [
+        f"{t.name} measured ({t.touch.sampling}; bucketing error {t.touch.bucket_error:.2%})"
+        for t in measured
+    ]
+    rest = [t.name for t in workload.tables if t.touch is None]
+    if rest:
+        parts.append(f"{', '.join(rest)} independent draws")
+    return "Touch rates: " + "; ".join(parts)
+
+
 def plan_report(
     workload: Workload, view: ClusterView, plan: Plan, report: CostReport, budget_x: float
 ) -> str:
@@ -107,6 +125,7 @@ def plan_report(
         head,
         "",
         tiers,
+        touch_rates_line(workload),
         "",
         "Bytes per iteration (max of send and receive):",
         traffic,

@@ -4,7 +4,10 @@ One iteration, per table (formulas in docs/cost_model.md):
 
 * each GPU looks up ``n = batch_size_per_gpu * ids_per_sample`` ids; the *volume* of a tier is
   ``n * P(tier)`` lookups without dedup, or ``sum_rows 1 - (1 - p)^n`` unique rows with per-rank
-  dedup (a row costs its probability of appearing at least once in the rank's batch);
+  dedup (a row costs its probability of appearing at least once in the rank's batch). Where a table
+  has a measured :class:`~solvers.types.TouchProfile`, the batch is ``batch_size_per_gpu``
+  independent samples and a row's chance to be in it is ``1 - (1 - q)^batch`` with ``q`` its measured
+  per-sample touch rate (:func:`table_mass`);
 * hot lookups are local; warm lookups go to the row's owner inside the group; cold lookups to its
   owner in the cluster. Each remote lookup moves one id (requester -> owner), one embedding
   (owner -> requester) and one gradient (requester -> owner);
@@ -68,22 +71,38 @@ class TableMass:
 
 
 def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int, group_size: int = 1) -> TableMass:
-    """Cumulative masses of ``table`` for ``lookups_per_gpu`` draws per GPU on ``num_ranks`` GPUs in
-    groups of ``group_size``. A row of probability ``p`` is in a GPU's batch with probability
-    ``1 - (1 - p)^n``, in a group's with ``1 - (1 - p)^(g n)``, somewhere with ``1 - (1 - p)^(N n)``."""
+    """Cumulative masses of ``table`` for ``lookups_per_gpu`` lookups per GPU on ``num_ranks`` GPUs in
+    groups of ``group_size``.
+
+    Independent draws (no touch profile): a row of probability ``p`` is in a GPU's batch with
+    probability ``1 - (1 - p)^n``, in a group's with ``1 - (1 - p)^(g n)``, somewhere with
+    ``1 - (1 - p)^(N n)``. Measured (``table.touch``): the batch holds ``s = lookups_per_gpu /
+    ids_per_sample`` independent samples, and a row a sample touches with probability ``q`` is in a
+    GPU's batch with probability ``1 - (1 - q)^s`` (group ``g s``, cluster ``N s``); lookups per bucket
+    are the measured ones."""
     rows = table.hist.rows.astype(np.float64)
+
+    def cumulative(per_bucket: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(per_bucket)])
+
+    if table.touch is not None:
+        samples = lookups_per_gpu / table.ids_per_sample
+        tp = table.touch
+        return TableMass(
+            rows=cumulative(rows),
+            lookups=cumulative(tp.lookups * samples),
+            unique=cumulative(tp.distinct(samples)),
+            group=cumulative(tp.distinct(samples * group_size)),
+            touched=cumulative(tp.distinct(samples * num_ranks)),
+        )
     p = table.hist.prob
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))  # log(1 - p), finite
-
-    def cumulative(per_row: np.ndarray) -> np.ndarray:
-        return np.concatenate([[0.0], np.cumsum(rows * per_row)])
-
     return TableMass(
-        rows=np.concatenate([[0.0], np.cumsum(rows)]),
-        lookups=cumulative(p * lookups_per_gpu),
-        unique=cumulative(-np.expm1(lookups_per_gpu * log_miss)),
-        group=cumulative(-np.expm1(lookups_per_gpu * group_size * log_miss)),
-        touched=cumulative(-np.expm1(lookups_per_gpu * num_ranks * log_miss)),
+        rows=cumulative(rows),
+        lookups=cumulative(rows * p * lookups_per_gpu),
+        unique=cumulative(rows * -np.expm1(lookups_per_gpu * log_miss)),
+        group=cumulative(rows * -np.expm1(lookups_per_gpu * group_size * log_miss)),
+        touched=cumulative(rows * -np.expm1(lookups_per_gpu * num_ranks * log_miss)),
     )
 
 

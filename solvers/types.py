@@ -102,11 +102,96 @@ class RowHistogram:
 
 
 @dataclass(frozen=True)
+class TouchProfile:
+    """Measured per-sample access statistics of one table, aligned with its histogram's buckets.
+
+    Training forms a batch from independent samples (a user and a window of its history), so a row
+    that one sample touches with probability ``q`` is in a batch of ``s`` samples with probability
+    ``1 - (1 - q)^s`` exactly, whatever the ids inside a sample have in common (repeats, sessions).
+    This profile keeps, per hotness bucket ``k`` of the table's :class:`RowHistogram`:
+
+    * ``lookups[k]``: expected lookups of the bucket's rows per sample (all its rows together);
+    * the distribution of ``q`` over the bucket's rows as sparse entries: ``entry_rows[e]`` rows of
+      bucket ``entry_bucket[e]`` have per-sample touch probability ``entry_prob[e]`` (``q`` rounded to
+      a geometric grid of ratio ``1 + quantization``, so every row's touch rate at any batch size is
+      off by at most ``quantization / 2`` relative; rows of no entry have ``q = 0``).
+
+    ``bucket_error``: the largest error, over every cut point along the hotness order, of the masses
+    interpolated inside a bucket against the per-row masses, as a share of the table's total (stated
+    by whoever measured the profile). ``sampling``: how a sample was formed (e.g.
+    ``"next-item, window 20, negatives 4"``), for reports and contracts.
+    """
+
+    lookups: np.ndarray  # float64[K] lookups per sample
+    entry_bucket: np.ndarray  # int64[E], non-decreasing
+    entry_prob: np.ndarray  # float64[E] in (0, 1]
+    entry_rows: np.ndarray  # int64[E] > 0
+    quantization: float
+    bucket_error: float
+    sampling: str
+
+    def __post_init__(self) -> None:
+        for name, dtype in (
+            ("lookups", np.float64),
+            ("entry_bucket", np.int64),
+            ("entry_prob", np.float64),
+            ("entry_rows", np.int64),
+        ):
+            object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
+        e = self.entry_bucket.size
+        if self.lookups.ndim != 1 or any(a.shape != (e,) for a in (self.entry_prob, self.entry_rows)):
+            raise PlannerError("touch profile: lookups and entry arrays must be 1-D, entries of equal length")
+        if not np.isfinite(self.lookups).all() or (self.lookups < 0).any():
+            raise PlannerError("touch profile.lookups: must be finite and >= 0")
+        if e and (
+            (np.diff(self.entry_bucket) < 0).any()
+            or self.entry_bucket[0] < 0
+            or self.entry_bucket[-1] >= self.lookups.size
+        ):
+            raise PlannerError("touch profile.entry_bucket: must be sorted bucket indices")
+        if not (
+            np.isfinite(self.entry_prob).all()
+            and (self.entry_prob > 0).all()
+            and (self.entry_prob <= 1).all()
+        ):
+            raise PlannerError("touch profile.entry_prob: per-sample touch probabilities must be in (0, 1]")
+        if (self.entry_rows <= 0).any():
+            raise PlannerError("touch profile.entry_rows: every entry needs at least one row")
+        for name in ("quantization", "bucket_error"):
+            v = getattr(self, name)
+            if not np.isfinite(v) or v < 0:
+                raise PlannerError(f"touch profile.{name}: must be finite and >= 0, got {v!r}")
+
+    @property
+    def num_buckets(self) -> int:
+        return int(self.lookups.size)
+
+    @property
+    def lookups_per_sample(self) -> float:
+        return float(self.lookups.sum())
+
+    def rows_per_bucket(self) -> np.ndarray:
+        """int64[K]: rows with a non-zero touch probability in each bucket."""
+        return np.bincount(self.entry_bucket, weights=self.entry_rows, minlength=self.num_buckets).astype(
+            np.int64
+        )
+
+    def distinct(self, samples: float) -> np.ndarray:
+        """float64[K]: expected distinct rows of each bucket in a batch of ``samples`` independent samples
+        (``sum over rows of 1 - (1 - q)^samples``)."""
+        log_miss = np.log1p(-np.minimum(self.entry_prob, 1.0 - 1e-16))
+        per_entry = -np.expm1(samples * log_miss) * self.entry_rows
+        return np.bincount(self.entry_bucket, weights=per_entry, minlength=self.num_buckets)
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """One sequence embedding table and how it is accessed.
 
     ``ids_per_sample`` is the mean sequence length (lookups per sample); ``length_values`` /
-    ``length_probs`` optionally give its distribution (a sparse pmf).
+    ``length_probs`` optionally give its distribution (a sparse pmf). ``touch``: measured per-sample
+    statistics (:class:`TouchProfile`); without it the cost model takes a batch's ids as independent
+    draws from ``hist``.
     """
 
     name: str
@@ -118,6 +203,7 @@ class TableSpec:
     optimizer_bytes_per_row: int = 4  # row-wise Adagrad: one fp32 accumulator per row
     length_values: np.ndarray | None = None
     length_probs: np.ndarray | None = None
+    touch: TouchProfile | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -140,6 +226,18 @@ class TableSpec:
                 f"table {self.name!r}: histogram covers {self.hist.num_rows} rows "
                 f"but num_rows is {self.num_rows}"
             )
+        if self.touch is not None:
+            tp = self.touch
+            if tp.num_buckets != self.hist.num_buckets or (tp.rows_per_bucket() > self.hist.rows).any():
+                raise PlannerError(
+                    f"table {self.name!r}: the touch profile does not match the histogram's "
+                    f"{self.hist.num_buckets} buckets"
+                )
+            if abs(tp.lookups_per_sample - self.ids_per_sample) > 1e-6 * max(self.ids_per_sample, 1.0):
+                raise PlannerError(
+                    f"table {self.name!r}: ids_per_sample {self.ids_per_sample:g} differs from the touch "
+                    f"profile's {tp.lookups_per_sample:g} lookups per sample"
+                )
 
     @property
     def row_bytes(self) -> int:

@@ -17,7 +17,7 @@ from core.errors import ConfigError
 from core.vocabulary import SyncMode
 from flexshard.model import OBJECTIVES
 from flexshard.runtime import LAYOUTS, OPTIMIZERS
-from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU
+from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
 from solvers.planner import STRATEGIES
 
 
@@ -73,8 +73,8 @@ class TrainConfig:
     )
     seed: int = field(default=0, metadata=_flag("seed of the initial rows, the dense model and the batches"))
     dim: int = field(default=16, metadata=_flag("embedding dim of every table"))
-    max_len: int = field(default=20, metadata=_flag("history positions kept"))
-    negatives: int = field(default=4, metadata=_flag("random negatives per sample"))
+    max_len: int = field(default=DEFAULT_WINDOW, metadata=_flag("history positions kept"))
+    negatives: int = field(default=DEFAULT_NEGATIVES, metadata=_flag("random negatives per sample"))
     objective: str = field(default="next-item", metadata=_flag("training objective", choices=OBJECTIVES))
     verify: bool = field(
         default=False,

@@ -7,11 +7,13 @@ the :class:`~solvers.types.Workload` a plan for them is made from.
 * :class:`SyntheticSource`: tables ``item`` (50,000 rows) and ``creator`` (5,000 rows, 10 items each)
   with a Zipf head (alpha 0.9 over the hottest 10% of items) plus a 5% uniform tail; history lengths
   uniform in ``1..max_len``. Rows are numbered hottest first, so there are no hotness orders.
-* :class:`SequenceFileSource`: a ``user item ...`` file read by the one workloads parser
-  (:func:`flexshard.workloads.read_sequences`: one line per user, or one line per interaction),
-  tables ``item_id`` (history and candidates) and ``user_id`` (one per sample); the workload and its
-  hotness orders are what ``flexshard stats`` computes from the same file. Sample ``i`` is a user with
-  at least two items, a cut point (the target) and ``negatives`` random touched items.
+* :class:`SequenceFileSource`: a file of user histories read by the one workloads parser (``user item
+  ...`` lines, ``user,item,count`` rows or a Parquet log; :mod:`flexshard.workloads.measured`), tables
+  ``item_id`` (history and candidates) and ``user_id`` (one per sample); the workload, its hotness
+  orders and its measured touch rates are what ``flexshard stats --window <max_len> --negatives <K>``
+  computes from the same file. Samples come from :class:`flexshard.workloads.HistorySampler`
+  (``next-item``): a user with at least two items, a cut point (the target), the ``max_len`` items
+  before it and ``negatives`` random touched items.
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from flexshard.model import Batch
 from flexshard.workloads import (
     ITEM_TABLE,
     USER_TABLE,
+    HistorySampler,
+    Sampling,
     detect_format,
     load_workload_with_orders,
-    read_sequences,
+    measured,
 )
+from flexshard.workloads.measured import HISTORY_FORMATS
 from solvers.types import RowHistogram, TableSpec, Workload
 
 SYN_ITEMS, SYN_ITEMS_PER_CREATOR, SYN_ALPHA, SYN_HEAD, SYN_TAIL = 50_000, 10, 0.9, 5_000, 0.05
@@ -55,6 +60,7 @@ class SyntheticSource:
         self.seq_tables = ["item", "creator"]
         self.user_table: str | None = None
         self.orders: dict[str, np.ndarray] = {}  # rows are numbered hottest first
+        self.touch_sampling: dict[str, str] = {}  # the workload's rates are exact draws, not measured
         self.tables = [("item", SYN_ITEMS, dim), ("creator", SYN_ITEMS // SYN_ITEMS_PER_CREATOR, dim)]
 
     def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
@@ -89,7 +95,7 @@ class SyntheticSource:
 
 
 class SequenceFileSource:
-    """A ``user item ...`` file: tables ``item_id`` (history, candidates) and ``user_id`` (see the module)."""
+    """A file of user histories: tables ``item_id`` (history, candidates) and ``user_id`` (see the module)."""
 
     def __init__(self, path: str, dim: int, max_len: int, negatives: int, batch_size: int, seed: int) -> None:
         self.path, self.max_len, self.negatives = Path(path), max_len, negatives
@@ -97,46 +103,46 @@ class SequenceFileSource:
         if not self.path.is_file():
             raise DataError(f"--data: {path}: no such file")
         fmt = detect_format(self.path)
-        if fmt != "seq":
-            raise DataError(f"--data: {path}: train reads 'user item ...' sequence files, got {fmt!r}")
+        if fmt not in HISTORY_FORMATS:
+            raise DataError(
+                f"--data: {path}: train reads histories ({', '.join(HISTORY_FORMATS)} files), got {fmt!r}"
+            )
         workload, orders = load_workload_with_orders(self.path, dim=dim, batch_size_per_gpu=batch_size)
         specs = {t.name: t for t in workload.tables}
         self.seq_tables, self.user_table = [ITEM_TABLE], USER_TABLE
         keep = [specs[ITEM_TABLE], specs[USER_TABLE]]
-        self._workload = Workload(f"train-{self.path.stem}", tuple(keep), batch_size)
+        self._counted = Workload(f"train-{self.path.stem}", tuple(keep), batch_size)
+        self._measured: Workload | None = None
         self.orders = {t.name: orders[t.name] for t in keep if t.name in orders}
         self.tables = [(t.name, t.num_rows, t.dim) for t in keep]
-        histories = read_sequences(self.path)
-        histories = histories.subset(histories.lengths >= 2)  # one history item and a target at least
-        if not len(histories):
-            raise DataError(f"--data: {path}: no user with at least two items")
-        self.users, self.items = histories.users, histories.items
-        self.seq_len, self.offsets = histories.lengths, histories.offsets[:-1]
         touched = self.orders.get(ITEM_TABLE)
-        self.negative_pool = (
-            np.sort(touched) if touched is not None and touched.size else np.unique(self.items)
-        )
+        self.sampling = Sampling("next-item", max_len, negatives)
+        self.touch_sampling = dict.fromkeys((ITEM_TABLE, USER_TABLE), self.sampling.describe())
+        self._histories = measured.histories(self.path, fmt)
+        try:
+            self.sampler = HistorySampler(
+                next(iter(self._histories())),
+                self.sampling,
+                batch_size,
+                seed,
+                touched if touched is not None and touched.size else None,
+            )
+        except DataError:
+            raise DataError(f"--data: {path}: no user with at least two items") from None
 
     def batch(self, step: int, rank: int) -> Batch:
-        rng = np.random.default_rng([self.seed, step, rank, 2])
-        b = self.batch_size
-        s = rng.integers(0, self.users.size, b)
-        n = self.seq_len[s]
-        cut = 1 + np.floor(rng.random(b) * (n - 1)).astype(np.int64)  # target position, 1..n-1
-        start = np.maximum(cut - self.max_len, 0)
-        lengths = cut - start
-        begin = self.offsets[s] + start
-        hist = self.items[
-            np.repeat(begin - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-        ]
-        target = self.items[self.offsets[s] + cut]
-        neg = self.negative_pool[rng.integers(0, self.negative_pool.size, (b, self.negatives))]
-        cand = np.concatenate([target[:, None], neg], axis=1).astype(np.int64)
+        s = self.sampler.batch(step, rank)
         item = self.seq_tables[0]
-        return Batch(lengths.astype(np.int64), {item: hist}, {item: cand}, self.users[s])
+        return Batch(s.lengths, {item: s.history}, {item: s.candidates}, s.users)
 
     def workload(self) -> Workload:
-        return self._workload
+        """The tables with touch rates measured on this source's own sampling (what a plan made on the
+        fly is priced on)."""
+        if self._measured is None:
+            self._measured = measured.with_touch_rates(
+                self._counted, self.orders, self._histories, self.sampling
+            )
+        return self._measured
 
     def describe(self) -> str:
         return f"{self.path} (" + ", ".join(f"{n} {r:,} x {d}" for n, r, d in self.tables) + ")"

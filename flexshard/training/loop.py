@@ -46,7 +46,7 @@ def _prepare(config: TrainConfig, world: int, rank: int) -> tuple:
     )
     names = [name for name, _rows, _dim in source.tables]
     if given is not None:
-        plan_file, notes = check_plan(config, given, names, world)
+        plan_file, notes = check_plan(config, given, names, world, source.touch_sampling)
     else:
         plan_file, notes = plan_on_the_fly(config, source, world, rank), []
     return source, plan_file, notes

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from core.errors import InputError, PlanMismatchError, PlannerError
 from core.ranks import RankLayout
-from flexshard.contract import settings_mismatch, show_setting, world_mismatch
+from flexshard.contract import sampling_mismatch, settings_mismatch, show_setting, world_mismatch
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.training.config import TrainConfig
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, fingerprint
@@ -37,11 +37,22 @@ def batch_size(config: TrainConfig, plan_file: PlanFile | None) -> int:
 
 
 def check_plan(
-    config: TrainConfig, plan_file: PlanFile, table_names: list[str], world: int
+    config: TrainConfig,
+    plan_file: PlanFile,
+    table_names: list[str],
+    world: int,
+    sampling: dict[str, str] | None = None,
 ) -> tuple[PlanFile, list[str]]:
     """The ``--plan`` file restricted to the model's tables, its settings checked against the flags (see
-    the module docstring); with the log lines of any override."""
+    the module docstring) and its measured tables against ``sampling`` (``{table: how this run forms
+    samples}``); with the log lines of any override."""
     plan_file = plan_file.restricted_to(table_names)
+    notes = []
+    message = sampling_mismatch(plan_file, sampling or {})
+    if message and not config.override_plan:
+        raise PlanMismatchError(message)
+    if message:
+        notes.append(f"override: {message.split(';')[0]}")
     if config.groups is not None:
         message = world_mismatch(plan_file, world, RankLayout.consecutive(world, config.groups, "--groups"))
         if message:
@@ -49,11 +60,11 @@ def check_plan(
     requested = {"dedup": config.dedup, "sync": config.sync, "batch_size_per_gpu": config.batch_size}
     message = settings_mismatch(plan_file, requested)
     if not message:
-        return plan_file, []
+        return plan_file, notes
     if not config.override_plan:
         raise PlanMismatchError(message)
     overridden = plan_file.with_overrides(config.dedup, config.sync, config.batch_size)
-    notes = [
+    notes += [
         f"override: {key} {show_setting(run)} (the plan was made with {show_setting(made)}; "
         "its predicted bytes do not apply)"
         for key, (made, run) in overridden.overrides.items()

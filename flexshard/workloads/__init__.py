@@ -9,11 +9,16 @@ Public API (all histograms are ``solvers.types.RowHistogram``, never per-row obj
 * locality: ``batch_locality`` / ``BatchLocality``, ``top_share``, ``zipf_slope``,
   ``parse_locality_stats`` / ``LocalitySection`` (Meta's ``locality_stats.txt``);
 * harmonic sums: ``generalized_harmonic``, ``harmonic_range``;
-* readers: ``read_workload`` (``seq`` / ``csv`` / ``recbole``), ``detect_format``, ``hotness_order``,
-  table names ``USER_TABLE``, ``ITEM_TABLE``, ``ATTRIBUTE_TABLE``;
+* readers: ``read_workload`` (``seq`` / ``csv`` / ``recbole`` / ``parquet``), ``detect_format``,
+  ``hotness_order``, table names ``USER_TABLE``, ``ITEM_TABLE``, ``ATTRIBUTE_TABLE``;
+* Parquet logs (streamed, bounded memory): ``ParquetColumns``, ``read_parquet``, ``parquet_histories``
+  (per-user histories of logs larger than memory, in any row order), ``write_parquet_log``;
 * sequences (per-user item histories, the same line parsers as the readers): ``Sequences``,
   ``read_sequences`` (``user item ...``: one line per user, per interaction, or mixed),
   ``read_count_sequences`` (``user,item,count``), ``sequences_from_lines``, ``sequences_from_counts``;
+* batches and measured rates: ``Sampling`` (how a sample is formed), ``HistorySampler`` /
+  ``SampleBatch`` (the batches training draws), ``item_rates`` / ``user_rates`` (exact per-row touch
+  probability and lookups per sample), ``touch_profile`` (their compact, bucketed form);
 * stats files: ``save_stats``, ``load_stats``, ``fingerprint``;
 * presets: ``load_workload``, ``load_workload_with_orders``, ``build_stats``, ``describe``,
   ``preset``, ``preset_names``, ``data_root``.
@@ -29,6 +34,7 @@ from .locality import (
     top_share,
     zipf_slope,
 )
+from .parquet import ParquetColumns, parquet_histories, read_parquet, write_parquet_log
 from .parsed import ATTRIBUTE_TABLE, ITEM_TABLE, USER_TABLE
 from .presets import (
     build_stats,
@@ -40,6 +46,7 @@ from .presets import (
     preset_names,
 )
 from .readers import DEFAULT_DIM, detect_format, hotness_order, read_workload
+from .samples import HistorySampler, SampleBatch
 from .sequences import (
     Sequences,
     read_count_sequences,
@@ -69,8 +76,26 @@ from .synthetic import (
     zipf_histogram,
     zipf_table,
 )
+from .touch import (
+    DEFAULT_NEGATIVES,
+    DEFAULT_WINDOW,
+    SAMPLING_MODES,
+    Sampling,
+    item_rates,
+    touch_profile,
+    user_rates,
+)
 
 __all__ = [
+    "DEFAULT_NEGATIVES",
+    "DEFAULT_WINDOW",
+    "SAMPLING_MODES",
+    "HistorySampler",
+    "SampleBatch",
+    "Sampling",
+    "item_rates",
+    "touch_profile",
+    "user_rates",
     "ATTRIBUTE_TABLE",
     "DEFAULT_ALPHA",
     "DEFAULT_BATCH_SIZE_PER_GPU",
@@ -86,6 +111,7 @@ __all__ = [
     "USER_TABLE",
     "BatchLocality",
     "LocalitySection",
+    "ParquetColumns",
     "Sequences",
     "batch_locality",
     "build_stats",
@@ -104,6 +130,7 @@ __all__ = [
     "load_stats",
     "load_workload",
     "load_workload_with_orders",
+    "parquet_histories",
     "parse_locality_stats",
     "poisson_sf",
     "preset",
@@ -111,6 +138,7 @@ __all__ = [
     "rank_grid",
     "sample_ids",
     "read_count_sequences",
+    "read_parquet",
     "read_sequences",
     "read_workload",
     "save_stats",
@@ -118,6 +146,7 @@ __all__ = [
     "sequences_from_lines",
     "synthetic_workload",
     "top_share",
+    "write_parquet_log",
     "zipf_histogram",
     "zipf_slope",
     "zipf_table",

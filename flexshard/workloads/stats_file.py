@@ -2,7 +2,10 @@
 
 Layout: ``meta`` is a UTF-8 JSON document stored as a uint8 array (no pickles); table ``i`` has
 arrays ``t{i}.rows`` (int64), ``t{i}.prob`` (float64), optionally ``t{i}.order`` (int64 row ids,
-hottest first) and ``t{i}.len_values`` / ``t{i}.len_probs`` (its sequence-length pmf). Files are
+hottest first), ``t{i}.len_values`` / ``t{i}.len_probs`` (its sequence-length pmf) and, when its
+touch rates were measured (version 2), ``t{i}.touch_lookups`` / ``touch_bucket`` / ``touch_prob`` /
+``touch_rows`` (a :class:`~solvers.types.TouchProfile`; its quantization, bucket error and sampling
+in the table's metadata). Version 1 files (no touch rates) are read too. Files are
 written to a temporary file beside the target and moved into place with ``os.replace``, so a
 reader never sees a partial file. Loading validates everything and raises ``core.errors.DataError``
 (a path that cannot be written raises ``OutputError``; bad orders passed to ``save_stats``, ``ConfigError``).
@@ -24,10 +27,12 @@ import numpy as np
 
 from core.errors import ConfigError, DataError
 from core.osutil import atomic_open
-from solvers.types import PlannerError, RowHistogram, TableSpec, Workload
+from solvers.types import PlannerError, RowHistogram, TableSpec, TouchProfile, Workload
 
 FORMAT = "flexshard-stats"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+TOUCH_ARRAYS = (("lookups", "f"), ("bucket", "i"), ("prob", "f"), ("rows", "i"))
 
 
 def fingerprint(workload: Workload) -> str:
@@ -62,6 +67,15 @@ def fingerprint(workload: Workload) -> str:
             blob(np.ascontiguousarray(t.length_probs, dtype="<f8").tobytes())
         else:
             blob(b"")
+        if t.touch is not None:  # absent from the hash otherwise: version 1 fingerprints stay valid
+            tp = t.touch
+            blob(b"touch")
+            blob(np.ascontiguousarray(tp.lookups, dtype="<f8").tobytes())
+            blob(np.ascontiguousarray(tp.entry_bucket, dtype="<i8").tobytes())
+            blob(np.ascontiguousarray(tp.entry_prob, dtype="<f8").tobytes())
+            blob(np.ascontiguousarray(tp.entry_rows, dtype="<i8").tobytes())
+            blob(struct.pack("<dd", tp.quantization, tp.bucket_error))
+            blob(tp.sampling.encode("utf-8"))
     return h.hexdigest()
 
 
@@ -103,6 +117,18 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
         if has_lengths:
             arrays[f"t{i}.len_values"] = np.asarray(t.length_values, dtype=np.int64)
             arrays[f"t{i}.len_probs"] = np.asarray(t.length_probs, dtype=np.float64)
+        touch = None
+        if t.touch is not None:
+            tp = t.touch
+            for (key, _), a in zip(
+                TOUCH_ARRAYS, (tp.lookups, tp.entry_bucket, tp.entry_prob, tp.entry_rows), strict=True
+            ):
+                arrays[f"t{i}.touch_{key}"] = a
+            touch = {
+                "quantization": tp.quantization,
+                "bucket_error": tp.bucket_error,
+                "sampling": tp.sampling,
+            }
         tables_meta.append(
             {
                 "name": t.name,
@@ -113,6 +139,7 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
                 "optimizer_bytes_per_row": int(t.optimizer_bytes_per_row),
                 "has_order": t.name in orders,
                 "has_lengths": has_lengths,
+                "touch": touch,
             }
         )
     meta = {
@@ -173,9 +200,10 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise DataError(f"{where}: not a FlexShard stats file (format {found!r})")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READS:
         raise DataError(
-            f"{where}: stats file version {meta.get('version')!r}; this FlexShard reads version {VERSION}"
+            f"{where}: stats file version {meta.get('version')!r}; this FlexShard reads versions "
+            f"{', '.join(map(str, READS))}"
         )
     name = _field(meta, "workload", str, where)
     batch = _field(meta, "batch_size_per_gpu", int, where)
@@ -207,6 +235,21 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
                 lv, lp = array(f"t{i}.len_values", "i"), array(f"t{i}.len_probs", "f")
                 if lv.shape != lp.shape:
                     raise DataError(f"{tw}: length pmf arrays differ in size")
+            touch = None
+            touch_meta = tm.get("touch")
+            if touch_meta is not None:
+                if not isinstance(touch_meta, dict):
+                    raise DataError(f"{tw}: field 'touch' is not an object")
+                lookups, bucket, prob, rows = (array(f"t{i}.touch_{k}", kind) for k, kind in TOUCH_ARRAYS)
+                touch = TouchProfile(
+                    lookups=lookups,
+                    entry_bucket=bucket,
+                    entry_prob=prob,
+                    entry_rows=rows,
+                    quantization=float(_field(touch_meta, "quantization", (int, float), tw)),
+                    bucket_error=float(_field(touch_meta, "bucket_error", (int, float), tw)),
+                    sampling=_field(touch_meta, "sampling", str, tw),
+                )
             table = TableSpec(
                 name=tname,
                 num_rows=rows_meta,
@@ -217,6 +260,7 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
                 optimizer_bytes_per_row=_field(tm, "optimizer_bytes_per_row", int, tw),
                 length_values=lv,
                 length_probs=lp,
+                touch=touch,
             )
             tables.append(table)
             if _field(tm, "has_order", bool, tw):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_helpers import fails, run
 
 from flexshard.cli import main
 from flexshard.plan_file import read_plan
+from flexshard.workloads import load_stats
 from solvers.planner import STRATEGIES
 from topology import h100_cluster, write_json
 
@@ -136,6 +138,34 @@ def test_stats_then_plan(tmp_path, capsys):
     assert rc == 0 and stats.exists() and "item_id" in text
     rc, text, _ = run(capsys, "plan", "--workload", str(stats), "--topology", "h100:2x2", "--budget", "3")
     assert rc == 0 and "item_id" in text
+
+
+def test_stats_measures_touch_rates_by_default(tmp_path, capsys):
+    """One history file: touch rates measured for training's samples (window and negatives as train's
+    defaults), recorded in the plan; --touch-rates off and several inputs price independent draws."""
+    seqs = tmp_path / "seqs.txt"
+    seqs.write_text("1 5 6 7 5 5\n2 6 9 5\n3 5 1\n4 9 9 9 9 6\n")
+    stats, plain, plan = tmp_path / "m.npz", tmp_path / "i.npz", tmp_path / "plan.json"
+    rc, text, _ = run(capsys, "stats", str(seqs), "--dim", "16", "--window", "3", "--out", str(stats))
+    assert rc == 0 and "item_id measured (next-item, window 3, negatives 4; bucketing error" in text
+    workload, _ = load_stats(stats)
+    item = next(t for t in workload.tables if t.name == "item_id")
+    # a sample: up to 3 history items, the target and 4 negatives (users 1-4 have 5, 3, 2, 5 items)
+    history = np.mean([np.mean([min(c, 3) for c in range(1, n)]) for n in (5, 3, 2, 5)])
+    assert item.ids_per_sample == pytest.approx(history + 1 + 4)
+    rc, text, _ = run(capsys, "plan", "--workload", str(stats), "--topology", "h100:2x2", "--out", str(plan))
+    assert rc == 0 and "Touch rates: item_id measured (next-item, window 3, negatives 4" in text
+    assert read_plan(plan).tables[0].touch_rates == "next-item, window 3, negatives 4"
+    rc, text, _ = run(capsys, "stats", str(seqs), "--touch-rates", "off", "--out", str(plain))
+    assert rc == 0 and "Touch rates: independent draws" in text
+    assert all(t.touch is None for t in load_stats(plain)[0].tables)
+    rc, text, _ = run(capsys, "stats", str(seqs), str(seqs), "--out", str(plain))
+    assert rc == 0 and "note: touch rates not measured" in text
+    line = fails(capsys, "stats", str(seqs), str(seqs), "--touch-rates", "history", "--out", str(plain))
+    assert line.startswith("flexshard stats: error: --touch-rates history: needs one file of user histories")
+    line = fails(capsys, "stats", str(seqs), "--window", "0", "--out", str(tmp_path / "x.npz"))
+    assert "sampling.window: must be a positive integer, got 0" in line
+    assert not (tmp_path / "x.npz").exists()
 
 
 def test_topology_command_exports_json(tmp_path, capsys):

@@ -3,6 +3,7 @@ fit (flexshard.plan_file, flexshard.contract). The multi-rank refusals are in te
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,11 +13,11 @@ import pytest
 from core.errors import DataError, PlanMismatchError
 from core.ranks import RankLayout
 from core.vocabulary import SyncMode
-from flexshard.contract import require, settings_mismatch, tables_mismatch, world_mismatch
+from flexshard.contract import require, sampling_mismatch, settings_mismatch, tables_mismatch, world_mismatch
 from flexshard.fingerprints import order_fingerprint
 from flexshard.plan_file import SCHEMA, read_plan, to_dict, write_plan
 from solvers.planner import budget_bytes, make_plan
-from solvers.types import RowHistogram, TableSpec, Workload
+from solvers.types import RowHistogram, TableSpec, TouchProfile, Workload
 from topology.views import uniform_view
 
 ORDERS = {"items": np.array([5, 3, 9, 0]), "tags": None}
@@ -169,3 +170,35 @@ def test_unreadable_plan_files(tmp_path):
         read_plan(broken)
     with pytest.raises(DataError, match="cannot read"):
         read_plan(tmp_path / "missing.json")
+
+
+def test_plans_priced_on_measured_rates_name_the_sampling(tmp_path):
+    """A plan made from measured touch rates records how samples were formed; a run that forms them
+    another way is refused with one line naming both (flexshard.contract.sampling_mismatch)."""
+    workload, view = _workload(), uniform_view(2, 2, 100e9, 10e9)
+    items = workload.tables[0]
+    profile = TouchProfile(
+        lookups=items.hist.prob * items.hist.rows * items.ids_per_sample,
+        entry_bucket=np.arange(items.hist.num_buckets),
+        entry_prob=np.full(items.hist.num_buckets, 0.1),
+        entry_rows=items.hist.rows,
+        quantization=0.01,
+        bucket_error=0.0,
+        sampling="next-item, window 20, negatives 4",
+    )
+    workload = dataclasses.replace(
+        workload, tables=(dataclasses.replace(items, touch=profile), workload.tables[1])
+    )
+    planned = make_plan("flexshard", workload, view, budget_bytes(workload, view, 2.0), dedup=True)
+    path = tmp_path / "measured.json"
+    write_plan(path, to_dict(planned.plan, workload, view, planned.report, "wfp", {}))
+    plan_file = read_plan(path)
+    assert [t.touch_rates for t in plan_file.tables] == ["next-item, window 20, negatives 4", None]
+    assert sampling_mismatch(plan_file, {"items": "next-item, window 20, negatives 4"}) == ""
+    assert sampling_mismatch(plan_file, {"tags": "next-item, window 50, negatives 4"}) == ""  # not measured
+    message = sampling_mismatch(plan_file, {"items": "next-item, window 50, negatives 4"})
+    assert message.startswith(
+        "table 'items': the plan was priced on samples formed as 'next-item, window 20, negatives 4', "
+        "this run forms 'next-item, window 50, negatives 4'"
+    )
+    assert "\n" not in message and "--override-plan" in message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import zipfile
 from pathlib import Path
@@ -10,8 +12,17 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError, DataError, OutputError
-from flexshard.workloads import default_workload, fingerprint, load_stats, read_workload, save_stats
+from flexshard.workloads import (
+    Sampling,
+    Sequences,
+    default_workload,
+    fingerprint,
+    load_stats,
+    read_workload,
+    save_stats,
+)
 from flexshard.workloads import stats_file as sf
+from flexshard.workloads.measured import with_touch_rates
 from solvers.types import RowHistogram, TableSpec, Workload
 
 
@@ -175,3 +186,56 @@ def test_fingerprint_sensitivity() -> None:
         assert fingerprint(Workload("small", (v, t1), 32)) != base
     # a pinned value: the hash must not drift between runs, machines or versions
     assert base == "5832419cfba10711354b2aa129d11e47475abac5e178282974b0be99d232b4e9"
+
+
+def measured_workload() -> tuple[Workload, dict[str, np.ndarray]]:
+    """Beauty-like small histories with touch rates measured for next-item samples."""
+    lengths = np.array([3, 5, 2, 6])
+    items = np.array([1, 2, 1, 3, 3, 4, 1, 5, 2, 2, 6, 1, 7, 1, 3, 4])
+    seq = Sequences(np.arange(4), np.concatenate([[0], np.cumsum(lengths)]), items)
+    counts = np.bincount(items)
+    hist = RowHistogram.from_counts(counts)
+    order = np.flatnonzero(counts)[np.argsort(-counts[np.flatnonzero(counts)], kind="stable")]
+    table = TableSpec("item_id", counts.size, 8, float(lengths.mean()), hist)
+    workload = Workload("m", (table,), 16)
+    return with_touch_rates(workload, {"item_id": order}, lambda: [seq], Sampling("next-item", 2, 1)), {
+        "item_id": order
+    }
+
+
+def test_round_trip_keeps_the_touch_profile(tmp_path: Path) -> None:
+    w, orders = measured_workload()
+    tp = w.tables[0].touch
+    assert tp is not None and tp.sampling == "next-item, window 2, negatives 1"
+    loaded, _ = load_stats(save_stats(tmp_path / "m.npz", w, orders))
+    got = loaded.tables[0].touch
+    assert got is not None and fingerprint(loaded) == fingerprint(w)
+    for name in ("lookups", "entry_bucket", "entry_prob", "entry_rows"):
+        assert np.array_equal(getattr(got, name), getattr(tp, name))
+    assert (got.quantization, got.bucket_error, got.sampling) == (
+        tp.quantization,
+        tp.bucket_error,
+        tp.sampling,
+    )
+    bare = dataclasses.replace(w.tables[0], touch=None)
+    assert fingerprint(dataclasses.replace(w, tables=(bare,))) != fingerprint(w)  # the profile is hashed
+
+
+def test_version_1_files_are_still_read(tmp_path: Path) -> None:
+    w, orders = small_workload()
+    path = save_stats(tmp_path / "s.npz", w, orders)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    meta["version"] = 1
+    for t in meta["tables"]:
+        del t["touch"]
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(tmp_path / "v1.npz", **arrays)
+    loaded, _ = load_stats(tmp_path / "v1.npz")
+    assert fingerprint(loaded) == fingerprint(w) and all(t.touch is None for t in loaded.tables)
+    meta["version"] = 3
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(tmp_path / "v3.npz", **arrays)
+    with pytest.raises(DataError, match="stats file version 3; this FlexShard reads versions 1, 2"):
+        load_stats(tmp_path / "v3.npz")
