@@ -5,10 +5,10 @@ group at a time (the log is never whole in memory): users uniform over interacti
 random order (the file is not sorted by user), items Zipf-like (exponent 1) over interactions / 50 ids
 with the hot ids scattered, times increasing with the row plus jitter (so a user's rows are not all in
 time order). Then runs ``flexshard stats`` on it in a child process, with ``--time-col time
---max-len 50`` and without them; either run counts rows in one streaming pass and measures touch rates
-(the default, next-item samples with window 20 and 4 negatives) over per-user histories from the
-external group-by of ``parquet_histories``, and prints each run's wall time and the child's peak resident memory
-(``ru_maxrss`` from ``wait4``) against the 2 GiB target. Run:
+--max-len 50`` and without them; either run counts rows in one streaming pass and measures touch
+rates (the default, next-item samples with window 20 and 4 negatives) over per-user histories from the
+external group-by of ``parquet_histories``, and prints each run's wall time and the child's peak
+resident memory (``ru_maxrss`` from ``wait4``) against the 2 GiB target. Run:
 
     .venv/bin/python experiments/bench_parquet_stats.py [--interactions 1e8] [--log PATH]
 """

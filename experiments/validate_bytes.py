@@ -149,12 +149,11 @@ def real_source(name: str, path: Path) -> Source | None:
     wl, orders = workloads.load_workload_with_orders(path, dim=16, batch_size_per_gpu=REAL_BATCH)
     items = next(t for t in wl.tables if t.name == "item_id")
     wl = dataclasses.replace(wl, name=name, tables=(items,))
-    histories = measured_histories(path, fmt)
-    measured = with_touch_rates(wl, orders, histories, SAMPLING)
+    (seq,) = measured_histories(path, fmt)()  # one chunk of users for the text formats
+    measured = with_touch_rates(wl, orders, lambda: [seq], SAMPLING)
     per_sample = measured.tables[0].ids_per_sample
     independent = dataclasses.replace(wl, tables=(dataclasses.replace(items, ids_per_sample=per_sample),))
     order = orders["item_id"]
-    seq = next(iter(histories()))
     return Source(name, measured, (seq, SAMPLING, order), {"item_id": order}, independent)
 
 

@@ -48,9 +48,8 @@ class PlannedTable:
     element_bytes: int
     optimizer_bytes_per_row: int
     order_fingerprint: str
-    touch_rates: str | None = (
-        None  # how samples were formed where rates were measured; None: independent draws
-    )
+    # how samples were formed where touch rates were measured; None: independent draws
+    touch_rates: str | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from solvers.types import (
     TablePlan,
     TableSpec,
     Workload,
+    batch_touch_probability,
 )
 from topology.views import ClusterView
 
@@ -96,13 +97,12 @@ def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int, group_s
             touched=cumulative(tp.distinct(samples * num_ranks)),
         )
     p = table.hist.prob
-    log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))  # log(1 - p), finite
     return TableMass(
         rows=cumulative(rows),
         lookups=cumulative(rows * p * lookups_per_gpu),
-        unique=cumulative(rows * -np.expm1(lookups_per_gpu * log_miss)),
-        group=cumulative(rows * -np.expm1(lookups_per_gpu * group_size * log_miss)),
-        touched=cumulative(rows * -np.expm1(lookups_per_gpu * num_ranks * log_miss)),
+        unique=cumulative(rows * batch_touch_probability(p, lookups_per_gpu)),
+        group=cumulative(rows * batch_touch_probability(p, lookups_per_gpu * group_size)),
+        touched=cumulative(rows * batch_touch_probability(p, lookups_per_gpu * num_ranks)),
     )
 
 

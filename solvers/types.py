@@ -101,6 +101,12 @@ class RowHistogram:
         return cls(rows=multiplicity[order], prob=values[order].astype(np.float64) / total)
 
 
+def batch_touch_probability(p: np.ndarray, draws: float) -> np.ndarray:
+    """Probability that ``draws`` independent draws, each hitting with probability ``p``, hit at least
+    once: ``1 - (1 - p)^draws``, computed stably (``p`` clipped below 1 so the log stays finite)."""
+    return -np.expm1(draws * np.log1p(-np.minimum(p, 1.0 - 1e-16)))
+
+
 @dataclass(frozen=True)
 class TouchProfile:
     """Measured per-sample access statistics of one table, aligned with its histogram's buckets.
@@ -179,8 +185,7 @@ class TouchProfile:
     def distinct(self, samples: float) -> np.ndarray:
         """float64[K]: expected distinct rows of each bucket in a batch of ``samples`` independent samples
         (``sum over rows of 1 - (1 - q)^samples``)."""
-        log_miss = np.log1p(-np.minimum(self.entry_prob, 1.0 - 1e-16))
-        per_entry = -np.expm1(samples * log_miss) * self.entry_rows
+        per_entry = batch_touch_probability(self.entry_prob, samples) * self.entry_rows
         return np.bincount(self.entry_bucket, weights=per_entry, minlength=self.num_buckets)
 
 

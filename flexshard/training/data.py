@@ -29,9 +29,11 @@ from flexshard.workloads import (
     USER_TABLE,
     HistorySampler,
     Sampling,
+    Sequences,
     detect_format,
     load_workload_with_orders,
     measured,
+    sequences_from_lines,
 )
 from flexshard.workloads.measured import HISTORY_FORMATS
 from solvers.types import RowHistogram, TableSpec, Workload
@@ -94,6 +96,15 @@ class SyntheticSource:
         return "synthetic (" + ", ".join(f"{n} {r:,} x {d}" for n, r, d in self.tables) + ")"
 
 
+def _joined_histories(parts: list[Sequences]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(users, lengths, items) of chunks of users (e.g. a Parquet log's partitions), laid end to end."""
+    return (
+        np.concatenate([p.users for p in parts]),
+        np.concatenate([p.lengths for p in parts]),
+        np.concatenate([p.items for p in parts]),
+    )
+
+
 class SequenceFileSource:
     """A file of user histories: tables ``item_id`` (history, candidates) and ``user_id`` (see the module)."""
 
@@ -118,10 +129,12 @@ class SequenceFileSource:
         touched = self.orders.get(ITEM_TABLE)
         self.sampling = Sampling("next-item", max_len, negatives)
         self.touch_sampling = dict.fromkeys((ITEM_TABLE, USER_TABLE), self.sampling.describe())
-        self._histories = measured.histories(self.path, fmt)
+        parts = list(measured.histories(self.path, fmt)())  # one read: the sampler and the rates share it
+        self._histories = lambda: parts
+        whole = parts[0] if len(parts) == 1 else sequences_from_lines(*_joined_histories(parts))
         try:
             self.sampler = HistorySampler(
-                next(iter(self._histories())),
+                whole,
                 self.sampling,
                 batch_size,
                 seed,

@@ -35,6 +35,15 @@ READS = (1, 2)
 TOUCH_ARRAYS = (("lookups", "f"), ("bucket", "i"), ("prob", "f"), ("rows", "i"))
 
 
+def _touch_arrays(tp: TouchProfile) -> dict[str, np.ndarray]:
+    """The profile's arrays by their ``TOUCH_ARRAYS`` key, little-endian float64 / int64 (file order)."""
+    arrays = (tp.lookups, tp.entry_bucket, tp.entry_prob, tp.entry_rows)
+    return {
+        key: np.ascontiguousarray(a, dtype="<f8" if kind == "f" else "<i8")
+        for (key, kind), a in zip(TOUCH_ARRAYS, arrays, strict=True)
+    }
+
+
 def fingerprint(workload: Workload) -> str:
     """sha256 (hex) of what a plan depends on, stable across runs and machines.
 
@@ -70,10 +79,8 @@ def fingerprint(workload: Workload) -> str:
         if t.touch is not None:  # absent from the hash otherwise: version 1 fingerprints stay valid
             tp = t.touch
             blob(b"touch")
-            blob(np.ascontiguousarray(tp.lookups, dtype="<f8").tobytes())
-            blob(np.ascontiguousarray(tp.entry_bucket, dtype="<i8").tobytes())
-            blob(np.ascontiguousarray(tp.entry_prob, dtype="<f8").tobytes())
-            blob(np.ascontiguousarray(tp.entry_rows, dtype="<i8").tobytes())
+            for a in _touch_arrays(tp).values():
+                blob(a.tobytes())
             blob(struct.pack("<dd", tp.quantization, tp.bucket_error))
             blob(tp.sampling.encode("utf-8"))
     return h.hexdigest()
@@ -120,9 +127,7 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
         touch = None
         if t.touch is not None:
             tp = t.touch
-            for (key, _), a in zip(
-                TOUCH_ARRAYS, (tp.lookups, tp.entry_bucket, tp.entry_prob, tp.entry_rows), strict=True
-            ):
+            for key, a in _touch_arrays(tp).items():
                 arrays[f"t{i}.touch_{key}"] = a
             touch = {
                 "quantization": tp.quantization,

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import ConfigError
-from solvers.types import RowHistogram, TouchProfile
+from solvers.types import RowHistogram, TouchProfile, batch_touch_probability
 
+from ._text import grow
 from .sequences import Sequences
 
 SAMPLING_MODES = ("next-item", "history")
@@ -53,7 +54,7 @@ class Sampling:
     """How a training sample is formed from a user's history (see the module docstring)."""
 
     mode: str = "next-item"
-    window: int | None = 20  # history positions kept (train --max-len); None: all (history mode only)
+    window: int | None = DEFAULT_WINDOW  # positions kept (train --max-len); None: all (history mode)
     negatives: int = 0  # random touched items per sample (next-item only)
 
     def __post_init__(self) -> None:
@@ -76,15 +77,6 @@ class Sampling:
         extra = f", negatives {self.negatives}" if self.mode == "next-item" else ""
         return f"{self.mode}, {window}{extra}"
 
-    def to_dict(self) -> dict:
-        return {"mode": self.mode, "window": self.window, "negatives": int(self.negatives)}
-
-    @classmethod
-    def from_dict(cls, doc: dict) -> Sampling:
-        return cls(
-            str(doc["mode"]), None if doc["window"] is None else int(doc["window"]), int(doc["negatives"])
-        )
-
 
 def eligible(lengths: np.ndarray, sampling: Sampling) -> np.ndarray:
     """bool[U]: the users a sample can be drawn from (``>= 2`` items for next-item, ``>= 1`` else)."""
@@ -98,10 +90,6 @@ class RateSums:
     touch: np.ndarray  # float64[R]
     lookups: np.ndarray  # float64[R]
     users: int = 0  # users that can be sampled
-
-
-def _grow(a: np.ndarray, size: int) -> np.ndarray:
-    return a if a.size >= size else np.concatenate([a, np.zeros(size - a.size)])
 
 
 def add_histories(sums: RateSums, seq: Sequences, sampling: Sampling) -> RateSums:
@@ -127,8 +115,8 @@ def add_histories(sums: RateSums, seq: Sequences, sampling: Sampling) -> RateSum
         weight = np.ones(total)
     count = np.maximum(hi - lo + 1, 0)
     size = int(items.max()) + 1
-    sums.lookups = _grow(sums.lookups, size)
-    sums.touch = _grow(sums.touch, size)
+    sums.lookups = grow(sums.lookups, size)
+    sums.touch = grow(sums.touch, size)
     sums.lookups[:size] += np.bincount(items, weights=count * weight, minlength=size)
     # union of each (user, item)'s cut ranges: sorted by position, each range adds what lies past the
     # previous range's end (ranges start and end in position order)
@@ -245,9 +233,8 @@ def profile_error(profile: TouchProfile, edges: np.ndarray, q_rank: np.ndarray, 
     cuts = np.arange(q_rank.size + 1, dtype=np.float64)
     edges_f = edges.astype(np.float64)
     worst = 0.0
-    log_miss = np.log1p(-np.minimum(q_rank, 1.0 - 1e-16))
     curves = [(profile.lookups, m_rank)] + [
-        (profile.distinct(s), -np.expm1(s * log_miss)) for s in ERROR_SAMPLES
+        (profile.distinct(s), batch_touch_probability(q_rank, s)) for s in ERROR_SAMPLES
     ]
     for per_bucket, per_row in curves:
         exact = np.concatenate([[0.0], np.cumsum(per_row)])

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError, PlannerError
-from flexshard.workloads import HistorySampler, Sampling, Sequences, item_rates, touch_profile, user_rates
+from flexshard.training import data
+from flexshard.workloads import (
+    HistorySampler,
+    Sampling,
+    Sequences,
+    item_rates,
+    read_sequences,
+    touch_profile,
+    user_rates,
+)
 from flexshard.workloads.touch import profile_error, refined_edges
 from solvers.cost_model import table_mass
 from solvers.types import RowHistogram, TableSpec, TouchProfile
@@ -203,4 +212,31 @@ def test_sampling_checks() -> None:
     with pytest.raises(ConfigError, match="history samples have no candidates"):
         Sampling("history", 3, 2)
     assert Sampling("next-item", 20, 4).describe() == "next-item, window 20, negatives 4"
-    assert Sampling.from_dict(Sampling("history", None).to_dict()) == Sampling("history", None)
+
+
+def test_training_source_samples_every_partition_of_a_log(tmp_path, monkeypatch) -> None:
+    """A log read in several partitions (users split across them) gives one sampler over all its users,
+    and the measured rates are computed from the same histories (read once)."""
+    path = tmp_path / "h.txt"
+    path.write_text("1 5 6 7\n2 6 9\n3 5 1 2\n4 9 9 6\n")
+    whole = read_sequences(path)
+    parts = [
+        whole.subset(np.array([False, True, False, True])),
+        whole.subset(np.array([True, False, True, False])),
+    ]
+    reads = []
+
+    def partitioned(p, fmt):
+        def read():
+            reads.append(p)  # one read of the file
+            return parts
+
+        return read
+
+    monkeypatch.setattr(data.measured, "histories", partitioned)
+    source = data.SequenceFileSource(str(path), dim=4, max_len=2, negatives=1, batch_size=64, seed=0)
+    assert sorted(source.sampler.users.tolist()) == [1, 2, 3, 4]
+    drawn = np.concatenate([source.batch(step, 0).users for step in range(20)])
+    assert set(drawn.tolist()) == {1, 2, 3, 4}
+    source.workload()
+    assert len(reads) == 1
