@@ -72,10 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "inputs",
         nargs="+",
-        help="data files: `user item ...` lines, user,item,count CSV, RecBole .inter, Parquet logs",
+        help="data files: `user item ...` lines, user,item,count CSV, RecBole .inter, Parquet logs, or "
+        "Parquet row statistics computed elsewhere (columns table, row, lookups, [samples_touched,] samples)",
     )
     st.add_argument(
-        "--format", default="auto", help="auto (by extension, then content), seq, csv, recbole, parquet"
+        "--format",
+        default="auto",
+        help="auto (by extension, then content; Parquet with columns table, row, lookups is row "
+        "statistics), seq, csv, recbole, parquet, rows",
     )
     st.add_argument("--dim", type=int, default=64, help="embedding dimension of every table (default 64)")
     st.add_argument(
@@ -105,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="measure per-row touch rates for samples formed as training forms them (next-item, the "
         "default for one history file), as whole-history windows (history), or not (off: independent "
-        "draws from the counts)",
+        "draws from the counts); for row statistics with samples_touched, required: how their job formed a "
+        "sample",
     )
     st.add_argument(
         "--window",
@@ -169,26 +174,61 @@ def cmd_stats(args: argparse.Namespace) -> int:
             raise ConfigError(f"--num-rows: expected TABLE=ROWS with ROWS a positive integer, got {item!r}")
         num_rows[name] = int(rows)
     columns = workloads.ParquetColumns(args.user_col, args.item_col, args.time_col, args.count_col)
-    if num_rows or columns != workloads.ParquetColumns():
-        workload, orders = workloads.read_workload(
-            args.inputs,
-            args.format,
-            args.dim,
-            args.batch_size,
-            args.max_len,
-            num_rows=num_rows or None,
-            columns=columns,
-        )
+    rows_files = workloads.row_stats_inputs(args.inputs, args.format)
+    if rows_files is not None:
+        workload, orders = _row_stats(args, rows_files, num_rows, columns)
     else:
-        workload, orders = workloads.build_stats(
-            args.inputs, args.format, args.dim, args.batch_size, args.max_len
-        )
-    workload = _with_touch_rates(args, workload, orders, columns)
+        if num_rows or columns != workloads.ParquetColumns():
+            workload, orders = workloads.read_workload(
+                args.inputs,
+                args.format,
+                args.dim,
+                args.batch_size,
+                args.max_len,
+                num_rows=num_rows or None,
+                columns=columns,
+            )
+        else:
+            workload, orders = workloads.build_stats(
+                args.inputs, args.format, args.dim, args.batch_size, args.max_len
+            )
+        workload = _with_touch_rates(args, workload, orders, columns)
     workloads.save_stats(args.out, workload, orders)
     print(workloads.describe(workload))
     print(touch_rates_line(workload))
     print(f"\nwrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
     return 0
+
+
+def _row_stats(
+    args: argparse.Namespace, files: list[Path], num_rows: dict, columns: workloads.ParquetColumns
+) -> tuple[workloads.Workload, dict]:
+    """The workload of row statistics computed elsewhere. Their touch rates are used when the files have
+    ``samples_touched`` and ``--touch-rates`` says how the job formed a sample (plans record it)."""
+    if args.max_len is not None:
+        raise ConfigError("--max-len: row statistics are counted already; keep the last N ids in their job")
+    if columns != workloads.ParquetColumns():
+        raise ConfigError("--user-col/--item-col/--time-col/--count-col: row statistics have fixed columns")
+    touched = workloads.row_stats_has_touched(files)
+    sampling = None
+    if args.touch_rates in workloads.SAMPLING_MODES:
+        if not touched:
+            raise ConfigError(
+                f"--touch-rates {args.touch_rates}: {files[0]} has no samples_touched column, which measured "
+                "rates need; use --touch-rates off"
+            )
+        mode = args.touch_rates
+        sampling = workloads.Sampling(mode, args.window, args.negatives if mode == "next-item" else 0)
+    elif args.touch_rates is None and touched:
+        raise ConfigError(
+            f"--touch-rates: {files[0]} has samples_touched; say how its job formed a sample (e.g. "
+            "--touch-rates history --window 20: plans record it, train checks it), or --touch-rates off"
+        )
+    elif args.touch_rates is None:
+        print("note: no samples_touched column; plans price this workload as independent draws")
+    return workloads.read_row_stats(
+        files, sampling, num_rows or None, args.dim, args.batch_size, name=Path(args.inputs[0]).stem
+    )
 
 
 def _with_touch_rates(

@@ -13,6 +13,8 @@ Public API (all histograms are ``solvers.types.RowHistogram``, never per-row obj
   ``hotness_order``, table names ``USER_TABLE``, ``ITEM_TABLE``, ``ATTRIBUTE_TABLE``;
 * Parquet logs (streamed, bounded memory): ``ParquetColumns``, ``read_parquet``, ``parquet_histories``
   (per-user histories of logs larger than memory, in any row order), ``write_parquet_log``;
+* row statistics computed elsewhere (Parquet: ``table``, ``row``, ``lookups``, optional
+  ``samples_touched``, ``samples``): ``read_row_stats``, ``row_stats_inputs``, ``row_stats_has_touched``;
 * sequences (per-user item histories, the same line parsers as the readers): ``Sequences``,
   ``read_sequences`` (``user item ...``: one line per user, per interaction, or mixed),
   ``read_count_sequences`` (``user,item,count``), ``sequences_from_lines``, ``sequences_from_counts``;
@@ -46,6 +48,7 @@ from .presets import (
     preset_names,
 )
 from .readers import DEFAULT_DIM, detect_format, hotness_order, read_workload
+from .row_stats import read_row_stats, row_stats_has_touched, row_stats_inputs
 from .samples import HistorySampler, SampleBatch
 from .sequences import (
     Sequences,
@@ -136,9 +139,12 @@ __all__ = [
     "preset",
     "preset_names",
     "rank_grid",
+    "row_stats_has_touched",
+    "row_stats_inputs",
     "sample_ids",
     "read_count_sequences",
     "read_parquet",
+    "read_row_stats",
     "read_sequences",
     "read_workload",
     "save_stats",

@@ -45,9 +45,11 @@ def histories(
     )
 
 
-def _measured(
+def measured_table(
     table: TableSpec, order: np.ndarray, q: np.ndarray, m: np.ndarray, sampling: Sampling
 ) -> TableSpec:
+    """``table`` with the touch profile of per-row ``q`` / ``m`` (indexed by row id) along ``order``: its
+    histogram refined to the profile's buckets, ids per sample from the profile, no length pmf."""
     hist, profile = touch_profile(table.hist, order, q[: table.num_rows], m[: table.num_rows], sampling)
     return dataclasses.replace(
         table,
@@ -85,13 +87,13 @@ def with_touch_rates(
 
     pool = orders[ITEM_TABLE] if sampling.negatives else None
     q, m, _ = item_rates(recorded(), sampling, max(item.num_rows, 1), pool)
-    measured = {ITEM_TABLE: _measured(item, orders[ITEM_TABLE], q, m, sampling)}
+    measured = {ITEM_TABLE: measured_table(item, orders[ITEM_TABLE], q, m, sampling)}
     if USER_TABLE in specs and USER_TABLE in orders:
         user = specs[USER_TABLE]
         all_users, all_lengths = np.concatenate(users), np.concatenate(lengths)
         if all_users.size and int(all_users.max()) >= user.num_rows:
             raise ConfigError(f"{USER_TABLE}: user id {int(all_users.max())} is outside the table")
         uq, um = user_rates(all_users, all_lengths, sampling, user.num_rows)
-        measured[USER_TABLE] = _measured(user, orders[USER_TABLE], uq, um, sampling)
+        measured[USER_TABLE] = measured_table(user, orders[USER_TABLE], uq, um, sampling)
     tables = tuple(measured.get(t.name, t) for t in workload.tables)
     return dataclasses.replace(workload, tables=tables)

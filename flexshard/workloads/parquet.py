@@ -63,7 +63,7 @@ class LogChunk:
     rows: np.ndarray  # int64[L] the row index of each line in the file (0-based)
 
 
-def _open(path: Path) -> pq.ParquetFile:
+def open_parquet(path: Path) -> pq.ParquetFile:
     """``pyarrow.parquet.ParquetFile`` of ``path``; DataError when it cannot be read or is not Parquet."""
     try:
         return pq.ParquetFile(path)
@@ -138,7 +138,7 @@ def parquet_chunks(
     Memory: one row group as pyarrow reads it plus one batch as int64 arrays (~50 bytes per row)."""
     path = Path(path)
     limits = limits or {}
-    pf = _open(path)
+    pf = open_parquet(path)
     wanted = _check_schema(pf, path, columns)
     total = int(pf.metadata.num_rows)
     if total == 0:
@@ -215,7 +215,7 @@ def read_parquet(
         order = np.argsort(all_users)
         sample_user, totals = all_users[order], np.concatenate(lengths)[order]
     else:
-        _check_schema(_open(path), path, columns)  # the time column too, though it is not read
+        _check_schema(open_parquet(path), path, columns)  # the time column too, though it is not read
         seen = np.zeros(0, dtype=bool)
         user_totals = np.zeros(0, dtype=np.int64)
         for chunk in parquet_chunks(path, dataclasses.replace(columns, time=None), limits):
@@ -331,7 +331,7 @@ def parquet_histories(
         max_len = check_max_len(max_len)
     if not isinstance(memory_bytes, (int, np.integer)) or memory_bytes <= 0:
         raise ConfigError(f"memory_bytes: must be a positive integer, got {memory_bytes!r}")
-    pf = _open(path)
+    pf = open_parquet(path)
     _check_schema(pf, path, columns)
     total = int(pf.metadata.num_rows)
     dtype = _record_dtype(columns, limits)
