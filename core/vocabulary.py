@@ -107,6 +107,18 @@ class FetchMode(_Setting):
     GROUP = "group"
 
 
+class Deal(_Setting):
+    """How a table's cold rows are dealt to the ranks that own them (:mod:`solvers.dealing`).
+
+    ``INTERLEAVE``: FlexShard's weighted round-robin over hotness rank (shares per rank, a start position
+    per table). ``RANGES``: TorchRec's row-wise layout, contiguous ranges of ``ceil(rows / N)`` ids; only
+    for tables whose rows are all cold.
+    """
+
+    INTERLEAVE = "interleave"
+    RANGES = "ranges"
+
+
 TIERS = Tier.labels()  # ("hot", "warm", "cold")
 LINK_CLASSES = LinkClass.labels()  # ("intra_group", "inter_group")
 COMPONENTS = Component.labels()  # ("ids", "forward", "backward", "sync")

@@ -48,7 +48,9 @@ import study
 from core.errors import PlannerError
 from flexshard import workloads
 from flexshard.report import human_bytes
+from solvers.baselines import row_wise_table
 from solvers.cost_model import evaluate, table_plan, uniform_shares
+from solvers.placement import spread_heads
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import CostReport, Plan, TablePlan, Workload
 from topology import ClusterView, cluster_view, from_preset
@@ -282,9 +284,11 @@ def torchrec_plan_as_ours(
             owner = np.zeros(view.num_ranks)
             owner[ranks[0]] = 1.0
             out.append(TablePlan(t.name, 0, 0, t.num_rows, warm_share, owner))
+        elif kind == "row_wise":
+            out.append(row_wise_table(t, view))
         else:
-            out.append(table_plan(t, view, t.num_rows if kind == "data_parallel" else 0, 0))
-    return Plan("torchrec", tuple(out), dedup, budget_bytes=budget)
+            out.append(table_plan(t, view, t.num_rows, 0))
+    return spread_heads(workload, view, Plan("torchrec", tuple(out), dedup, budget_bytes=budget))
 
 
 def price_ours(workload: Workload, view: ClusterView, budget: float, dedup: bool, quick: bool) -> dict:

@@ -3,8 +3,10 @@
 Per table it holds the tier boundaries in hotness rank (the first ``hot_rows`` rows of the table's
 hotness order are hot, the next ``warm_rows`` warm, the rest cold) and a compact owner map: each
 rank's share of the cold rows and each group position's share of the warm rows. Rows are dealt to
-owners by :func:`solvers.placement.interleave_pattern` over ``owner_pattern_period`` rows, so the file
-never lists rows.
+owners by :func:`solvers.dealing.owner_pattern` over ``owner_pattern_period`` rows, each tier's hottest
+row at its ``warm_start`` / ``cold_start`` position of the pattern, or (``deal: "ranges"``, TorchRec's
+row-wise layout) by contiguous id ranges, so the file never lists rows. Files without ``deal`` or the
+start positions (written before they existed) read as ``interleave`` from position 0.
 
 The file is a contract (:mod:`flexshard.contract`): it records what the plan was made for and a run
 is checked against it. ``settings`` (dedup, sync, batch per GPU), ``world`` (size and groups), per
@@ -28,13 +30,13 @@ import numpy as np
 from core.errors import ConfigError, DataError
 from core.osutil import atomic_open
 from core.ranks import RankLayout
-from core.vocabulary import FetchMode, SyncMode
+from core.vocabulary import Deal, FetchMode, SyncMode
 from flexshard.fingerprints import order_fingerprint, topology_fingerprint
+from solvers.dealing import OWNER_PATTERN_PERIOD
 from solvers.types import CostReport, Plan, TablePlan, Workload
 from topology.views import ClusterView
 
 SCHEMA = "flexshard-plan/2"
-OWNER_PATTERN_PERIOD = 4096  # rows per repetition of the weighted owner interleave
 SHARE_TOLERANCE = 1e-6  # shares must sum to 1 within this
 
 
@@ -154,6 +156,9 @@ def to_dict(
             "warm_rows": tp.warm_rows,
             "cold_rows": tp.cold_rows,
             "fetch": tp.fetch.value,
+            "deal": tp.deal.value,
+            "warm_start": tp.warm_start,
+            "cold_start": tp.cold_start,
             "warm_share_by_position": [float(x) for x in tp.warm_share[first_group]],
             "cold_share": [float(x) for x in tp.cold_share],
         }
@@ -267,7 +272,17 @@ def _parse(doc: dict, where: str) -> PlanFile:
             raise DataError(f"{tw}.{e}") from None
         if fetch is FetchMode.GROUP and cold > 0 and g is None:
             raise DataError(f"{tw}: a group fetch needs groups of equal size, got {layout.to_lists()}")
-        plans.append(TablePlan(meta.name, hot, warm, cold, warm_share, cold_share, fetch))
+        try:
+            deal = Deal.parse(t.get("deal", Deal.INTERLEAVE.value))
+        except ConfigError as e:
+            raise DataError(f"{tw}.{e}") from None
+        if deal is Deal.RANGES and cold != meta.num_rows:
+            raise DataError(f"{tw}: the ranges deal needs every row cold, got {hot} hot and {warm} warm")
+        starts = [t.get(f, 0) for f in ("warm_start", "cold_start")]
+        for fld, start in zip(("warm_start", "cold_start"), starts, strict=True):
+            if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start < period:
+                raise DataError(f"{tw}.{fld}: must be an integer in [0, {period}), got {start!r}")
+        plans.append(TablePlan(meta.name, hot, warm, cold, warm_share, cold_share, fetch, deal, *starts))
         metas.append(meta)
     plan = Plan(
         strategy=str(doc["strategy"]),

@@ -1,8 +1,11 @@
 """Baseline sharding strategies, expressed as tier plans so one cost model prices them all.
 
 * ``table_wise``: each table whole on one GPU (greedy, heaviest table to the least loaded GPU);
-* ``row_wise``: every table's rows split evenly over all GPUs (TorchRec's sequence sharding; with dedup
-  off, TorchRec's default);
+* ``row_wise``: every table's ids split over all GPUs in contiguous ranges, as TorchRec's row-wise
+  sequence sharding lays them out (with dedup off, TorchRec's default), priced on the table's real ids
+  (its hotness order): where ids follow popularity, the first GPU owns the head. Synthetic tables have
+  no real ids (their rows are numbered hottest first only for convenience) and are dealt evenly, as
+  hashed ids would be;
 * ``row_wise_group_dedup``: row-wise, each row fetched once per group that looks it up;
 * ``2d``: TorchRec-style 2D: a table's rows split inside each group and the table replicated
   across groups, for the tables the budget allows (greedy by time saved per byte), the rest row-wise;
@@ -23,15 +26,23 @@ from dataclasses import replace
 import numpy as np
 
 from core.errors import PlannerError
-from core.vocabulary import FetchMode, SyncMode, Tier
+from core.vocabulary import Deal, FetchMode, SyncMode, Tier
 from solvers.coefficients import TableCoefficients, table_coefficients
 from solvers.cost_model import evaluate, table_plan, uniform_shares
-from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, TablePlan, Workload
+from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, TablePlan, TableSpec, Workload
 from topology.views import ClusterView
 
 
+def row_wise_table(table: TableSpec, view: ClusterView) -> TablePlan:
+    """TorchRec's row-wise layout of one table: its ids in contiguous ranges of ``ceil(rows / N)``
+    (:attr:`core.vocabulary.Deal.RANGES`), priced from its hotness order (the real ids). A table without
+    one (synthetic: its ids carry no meaning) is dealt evenly, as hashed ids would spread it."""
+    deal = Deal.INTERLEAVE if table.order is None else Deal.RANGES
+    return replace(table_plan(table, view, 0, 0), deal=deal)
+
+
 def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
-    tables = tuple(table_plan(t, view, 0, 0) for t in workload.tables)
+    tables = tuple(row_wise_table(t, view) for t in workload.tables)
     return _checked(Plan("row_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
 
 

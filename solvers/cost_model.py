@@ -10,7 +10,9 @@ One iteration, per table (formulas in docs/cost_model.md):
   per-sample touch rate (:func:`table_mass`);
 * hot lookups are local; warm lookups go to the row's owner inside the group; cold lookups to its
   owner in the cluster. Each remote lookup moves one id (requester -> owner), one embedding
-  (owner -> requester) and one gradient (requester -> owner);
+  (owner -> requester) and one gradient (requester -> owner). An owner serves the accesses of the rows
+  it is dealt (:mod:`solvers.dealing`): heavier rows weigh more, so its share of a tier's volume is its
+  rows' share of the tier's mass, not of the rows;
 * replicas are synchronised after the backward pass: hot rows by a hierarchical all-reduce
   (reduce-scatter in the group, all-reduce across groups, all-gather in the group), warm shards by a
   ring all-reduce across the groups' copies. ``sync="sparse"`` moves only rows touched somewhere in
@@ -23,14 +25,14 @@ the slowest rank's. Collective latency (hops x link latency) is reported beside 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from core.errors import PlannerError
 from core.traffic import Traffic
-from core.vocabulary import Component, FetchMode, LinkClass, SyncMode
-from solvers import wire
+from core.vocabulary import Component, Deal, FetchMode, LinkClass, SyncMode
+from solvers import dealing, wire
 from solvers.types import (
     ROUTING_BYTES_PER_REPLICATED_ROW,
     CostReport,
@@ -108,13 +110,21 @@ def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int, group_s
 
 @dataclass(frozen=True)
 class TierVolumes:
-    """Per-table tier quantities of a plan: lookup volumes per GPU and touched rows per iteration."""
+    """Per-table tier quantities of a plan: lookup volumes per GPU and touched rows per iteration.
+
+    The ``*_by_*`` arrays split a volume over the owners the rows are dealt to (:func:`dealt_volumes`);
+    ``None`` splits it in proportion to the owners' row shares."""
 
     warm_volume: float  # lookups (or unique rows with dedup) per GPU per iteration
     cold_volume: float
     hot_touched: float  # rows touched cluster-wide per iteration
     warm_touched: float
     cold_group_volume: float | None = None  # distinct cold rows per group per iteration (group fetch)
+    warm_by_position: np.ndarray | None = None  # float64[g]: warm_volume by owner position
+    warm_touched_by_position: np.ndarray | None = None  # float64[g]: warm_touched by owner position
+    warm_rows_by_position: np.ndarray | None = None  # int64[g]: warm rows by owner position
+    cold_by_rank: np.ndarray | None = None  # float64[N]: cold_volume by owner rank
+    cold_group_by_rank: np.ndarray | None = None  # float64[N]: cold_group_volume by owner rank
 
 
 def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
@@ -131,6 +141,42 @@ def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
     )
 
 
+MASS_FIELDS = ("lookups", "unique", "group", "touched")
+
+
+def dealt_volumes(
+    mass: TableMass, table: TableSpec, plan: TablePlan, view: ClusterView, dedup: bool
+) -> TierVolumes:
+    """:func:`tier_volumes` with every warm and cold volume split over the owners the rows are actually
+    dealt to (:mod:`solvers.dealing`): the interleave from each tier's start position, or TorchRec's
+    contiguous id ranges. A rank's share of a tier's accesses is then the share of the rows it holds,
+    weighted by their masses, not its share of the rows."""
+    volumes = tier_volumes(mass, plan, dedup)
+    cumulative = np.stack([getattr(mass, f) for f in MASS_FIELDS], axis=1)
+    volume = MASS_FIELDS.index("unique" if dedup else "lookups")
+    group, touched = MASS_FIELDS.index("group"), MASS_FIELDS.index("touched")
+    h, w, n = plan.hot_rows, plan.warm_rows, view.num_ranks
+    warm = {}
+    if w > 0:
+        by_position = np.asarray(plan.warm_share, dtype=np.float64)[list(view.groups[0])]
+        pattern = dealing.owner_pattern(by_position, dealing.OWNER_PATTERN_PERIOD, plan.warm_start)
+        rows, masses = dealing.interleave_masses(mass.rows, cumulative, h, h + w, pattern, by_position.size)
+        warm = dict(
+            warm_by_position=masses[:, volume],
+            warm_touched_by_position=masses[:, touched],
+            warm_rows_by_position=rows,
+        )
+    cold = {}
+    if plan.cold_rows > 0:
+        if plan.deal is Deal.RANGES:
+            _, masses = dealing.range_masses(mass.rows, cumulative, table.order, table.num_rows, n)
+        else:
+            pattern = dealing.owner_pattern(plan.cold_share, dealing.OWNER_PATTERN_PERIOD, plan.cold_start)
+            _, masses = dealing.interleave_masses(mass.rows, cumulative, h + w, table.num_rows, pattern, n)
+        cold = dict(cold_by_rank=masses[:, volume], cold_group_by_rank=masses[:, group])
+    return replace(volumes, **warm, **cold)
+
+
 def view_mass(workload: Workload, view: ClusterView, table: TableSpec) -> TableMass:
     """:func:`table_mass` of ``table`` at the workload's batch on ``view`` (its largest group)."""
     return table_mass(table, workload.lookups_per_gpu(table), view.num_ranks, int(view.group_sizes.max()))
@@ -142,9 +188,9 @@ def lookup_traffic(
     """Expected bytes per rank of one tier's flat lookups (:func:`solvers.wire.lookups_by_link` priced
     by :func:`solvers.wire.lookup_messages`).
 
-    ``share[r]``: share of the tier's rows (and accesses) owned by rank r, summing to 1 over the
-    owners' scope (each group when ``within_group``, else the cluster); ``volume``: lookups (or
-    unique ids) per requesting GPU per iteration.
+    ``share[r]``: share of the tier's accesses served by rank r (its rows' share of ``volume``), summing
+    to 1 over the owners' scope (each group when ``within_group``, else the cluster); ``volume``: lookups
+    (or unique ids) per requesting GPU per iteration.
     """
     out = Traffic.zeros(view.num_ranks)
     if volume <= 0:
@@ -162,7 +208,7 @@ def group_lookup_traffic(
 ) -> Traffic:
     """Expected bytes per rank of one tier's lookups in a group fetch
     (:func:`solvers.wire.group_lookups_by_link`): ``volume`` lookups per GPU (per-rank dedup or not),
-    ``group_volume`` distinct rows per group, ``share[r]`` rank r's share of the tier's rows."""
+    ``group_volume`` distinct rows per group, ``share[r]`` rank r's share of the tier's accesses."""
     out = Traffic.zeros(view.num_ranks)
     if volume <= 0 and group_volume <= 0:
         return out
@@ -240,14 +286,25 @@ def check_plan(workload: Workload, view: ClusterView, plan: Plan) -> None:
                 raise PlannerError(f"plan table {t.name!r}: warm rows need groups of equal size")
         if tp.fetch is FetchMode.GROUP and tp.cold_rows > 0 and view.uniform_group_size is None:
             raise PlannerError(f"plan table {t.name!r}: a group fetch needs groups of equal size")
+        if tp.deal is Deal.RANGES and tp.cold_rows != t.num_rows:
+            raise PlannerError(f"plan table {t.name!r}: the ranges deal needs every row cold")
+        for fld in ("warm_start", "cold_start"):
+            start = getattr(tp, fld)
+            if not 0 <= start < dealing.OWNER_PATTERN_PERIOD:
+                period = dealing.OWNER_PATTERN_PERIOD
+                raise PlannerError(f"plan table {t.name!r}: {fld} must be in [0, {period}), got {start!r}")
 
 
-def evaluate(workload: Workload, view: ClusterView, plan: Plan) -> CostReport:
-    """Modeled per-iteration bytes, time and memory of ``plan`` (see the module docstring)."""
+def evaluate(workload: Workload, view: ClusterView, plan: Plan, dealt: bool = True) -> CostReport:
+    """Modeled per-iteration bytes, time and memory of ``plan`` (see the module docstring), with the
+    rows dealt to their owners as the runtime deals them (:func:`dealt_volumes`), or with ``dealt=False``
+    every owner's share of the accesses equal to its share of the rows (the symmetric model the tier
+    optimizer minimises, :mod:`solvers.coefficients`)."""
     check_plan(workload, view, plan)
     volumes = [
-        tier_volumes(view_mass(workload, view, t), tp, plan.dedup)
+        dealt_volumes(mass, t, tp, view, plan.dedup) if dealt else tier_volumes(mass, tp, plan.dedup)
         for t, tp in zip(workload.tables, plan.tables, strict=True)
+        for mass in (view_mass(workload, view, t),)
     ]
     return evaluate_volumes(workload, view, plan, volumes)
 
@@ -261,17 +318,27 @@ def evaluate_volumes(
     memory = np.zeros((n, 4))  # hot, warm, cold, routing
     hot_payload = 0.0
     warm_payload = np.zeros(n)
+    position = view.local_index
     for t, tp, vol in zip(workload.tables, plan.tables, volumes, strict=True):
         vec = t.vector_bytes
-        traffic += lookup_traffic(view, tp.warm_share, vol.warm_volume, vec, within_group=True)
+        warm_share = _access_share(vol.warm_by_position, tp.warm_share, position)
+        traffic += lookup_traffic(view, warm_share, vol.warm_volume, vec, within_group=True)
+        cold_share = _access_share(vol.cold_by_rank, tp.cold_share)
         if tp.fetch is FetchMode.GROUP:
             if vol.cold_group_volume is None:
                 raise PlannerError(f"table {t.name!r}: a group fetch needs the cold rows' group volume")
-            traffic += group_lookup_traffic(view, tp.cold_share, vol.cold_volume, vol.cold_group_volume, vec)
+            group_share = _access_share(vol.cold_group_by_rank, tp.cold_share)
+            traffic += group_lookup_traffic(view, cold_share, vol.cold_volume, 0.0, vec)
+            traffic += group_lookup_traffic(view, group_share, 0.0, vol.cold_group_volume, vec)
         else:
-            traffic += lookup_traffic(view, tp.cold_share, vol.cold_volume, vec, within_group=False)
+            traffic += lookup_traffic(view, cold_share, vol.cold_volume, vec, within_group=False)
         hot_payload += wire.sync_payload(vol.hot_touched, tp.hot_rows, vec, plan.sync)
-        warm_payload += tp.warm_share * wire.sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
+        if vol.warm_rows_by_position is not None and vol.warm_touched_by_position is not None:
+            warm_payload += wire.sync_payload(
+                vol.warm_touched_by_position[position], vol.warm_rows_by_position[position], vec, plan.sync
+            )
+        else:
+            warm_payload += tp.warm_share * wire.sync_payload(vol.warm_touched, tp.warm_rows, vec, plan.sync)
         memory[:, 0] += t.row_bytes * tp.hot_rows
         memory[:, 1] += t.row_bytes * tp.warm_rows * tp.warm_share
         memory[:, 2] += t.row_bytes * tp.cold_rows * tp.cold_share
@@ -288,6 +355,15 @@ def evaluate_volumes(
     return CostReport(
         traffic=traffic, time_s=link_time_s(view, traffic), memory_by_part_bytes=memory, latency_s=latency
     )
+
+
+def _access_share(by_owner: np.ndarray | None, row_share: np.ndarray, position: np.ndarray | None = None):
+    """Each rank's share of a tier's accesses: ``by_owner`` normalised (indexed by ``position`` for warm
+    owners, which are positions in the group), or the row shares where there is no split or no volume."""
+    if by_owner is None or by_owner.sum() <= 0:
+        return row_share
+    share = by_owner / by_owner.sum()
+    return share if position is None else share[position]
 
 
 def link_time_s(view: ClusterView, traffic: Traffic) -> np.ndarray:

@@ -1,12 +1,18 @@
 """Placement: which GPU owns which warm and cold rows.
 
-Rows of a tier are dealt to owners by a weighted interleave over hotness rank, so a rank's share
-of the rows is also its share of the tier's accesses. On a homogeneous cluster every share is
-even. Where links differ (a host behind a slower uplink), a small PuLP program picks the shares
-that minimise the slowest rank's modeled time under the per-GPU memory budget: one cold share per
-rank and one warm share per position in the group (replicas of a warm shard must line up across
-groups for their all-reduce). Send and receive bytes are both bounded, so the program balances
-each rank's traffic by its link speed.
+Rows of a tier are dealt to owners by a weighted interleave over hotness rank (:mod:`solvers.dealing`).
+Two decisions are left to placement:
+
+* the owners' shares. On a homogeneous cluster every share is even. Where links differ (a host behind
+  a slower uplink), a small PuLP program (:func:`balance`) picks the shares that minimise the slowest
+  rank's modeled time under the per-GPU memory budget: one cold share per rank and one warm share per
+  position in the group (replicas of a warm shard must line up across groups for their all-reduce).
+  Send and receive bytes are both bounded, so the program balances each rank's traffic by its link
+  speed;
+* where each table's deal starts (:func:`spread_heads`). The owner dealt a tier's hottest row also gets
+  the hottest row of every round of the pattern, so it serves more than its share of the accesses;
+  started at the same owner, every table would add its excess to the same rank. Tables are taken
+  heaviest head first and each starts at the owner with the least load so far.
 """
 
 from __future__ import annotations
@@ -16,10 +22,10 @@ from dataclasses import replace
 import numpy as np
 import pulp
 
-from core.errors import PlannerError
-from core.vocabulary import Direction, FetchMode, LinkClass
-from solvers import wire
+from core.vocabulary import Deal, Direction, FetchMode, LinkClass
+from solvers import dealing, wire
 from solvers.cost_model import (
+    MASS_FIELDS,
     evaluate,
     exchanges,
     hierarchical_allreduce_bytes,
@@ -28,32 +34,13 @@ from solvers.cost_model import (
     tier_volumes,
     view_mass,
 )
-from solvers.types import Plan, TablePlan, Workload
+from solvers.types import Plan, Workload
 from topology.views import ClusterView
 
 
 def is_homogeneous(view: ClusterView) -> bool:
     arrays = (view.intra_bw_Bps, view.inter_bw_Bps)
     return view.uniform_group_size is not None and all(np.ptp(a) <= 1e-9 * a.max() for a in arrays)
-
-
-def interleave_pattern(shares: np.ndarray, period: int) -> np.ndarray:
-    """Owner of each position in a repeating pattern of ``period`` rows (smooth weighted round-robin).
-
-    Over every prefix of the pattern each owner's count stays within one of ``share * prefix``.
-    """
-    shares = np.asarray(shares, dtype=np.float64)
-    if shares.sum() <= 0:
-        raise PlannerError("placement: shares must have a positive sum")
-    w = shares / shares.sum()
-    credit = np.zeros_like(w)
-    out = np.empty(period, dtype=np.int64)
-    for j in range(period):  # O(period x owners), independent of the number of rows
-        credit += w
-        k = int(np.argmax(credit))
-        out[j] = k
-        credit[k] -= 1.0
-    return out
 
 
 def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: float) -> Plan:
@@ -158,12 +145,60 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
     b_val = np.clip(np.array([x.value() or 0.0 for x in b]), 0, None)
     a_val /= a_val.sum()
     b_val /= b_val.sum()
-    tables = tuple(
-        TablePlan(tp.name, tp.hot_rows, tp.warm_rows, tp.cold_rows, b_val[loc].copy(), a_val.copy())
-        for tp in plan.tables
-    )
+    tables = tuple(replace(tp, warm_share=b_val[loc].copy(), cold_share=a_val.copy()) for tp in plan.tables)
     balanced = replace(plan, tables=tables, solver={**plan.solver, "placement": "balanced"})
     before, after = evaluate(workload, view, plan), evaluate(workload, view, balanced)
     if after.modeled_time_s > before.modeled_time_s or after.memory_per_gpu_bytes > budget_bytes * (1 + 1e-9):
         return plan
     return balanced
+
+
+def spread_heads(workload: Workload, view: ClusterView, plan: Plan) -> Plan:
+    """``plan`` with each table's warm and cold deal started at the owner least loaded so far.
+
+    Load is the bytes of vectors an owner serves per iteration (lookup volume, or for a group fetch the
+    groups' distinct rows, times the vector bytes), divided by the owner's share. Tables whose tier has
+    the heaviest first row go first. Tiers dealt by ``ranges`` or held by a single owner keep their
+    start. The plan is returned unchanged when spreading does not lower its modeled time."""
+    period = dealing.OWNER_PATTERN_PERIOD
+    volume = MASS_FIELDS.index("unique" if plan.dedup else "lookups")
+    tiers = []  # (bytes of the tier's first row, table, tier, first row, last row, owner shares, column)
+    cumulative = {}
+    for i, (t, tp) in enumerate(zip(workload.tables, plan.tables, strict=True)):
+        mass = view_mass(workload, view, t)
+        cumulative[i] = (mass.rows, np.stack([getattr(mass, f) for f in MASS_FIELDS], axis=1))
+        h, w = tp.hot_rows, tp.warm_rows
+        cold_column = MASS_FIELDS.index("group") if tp.fetch is FetchMode.GROUP else volume
+        for tier, first, last, shares, col in (
+            ("warm", h, h + w, np.asarray(tp.warm_share, dtype=np.float64)[list(view.groups[0])], volume),
+            ("cold", h + w, t.num_rows, np.asarray(tp.cold_share, dtype=np.float64), cold_column),
+        ):
+            if last <= first or (shares > 0).sum() < 2 or (tier == "cold" and tp.deal is Deal.RANGES):
+                continue
+            head = np.diff(np.interp([first, first + 1], mass.rows, cumulative[i][1][:, col]))[0]
+            tiers.append((float(head) * t.vector_bytes, i, tier, first, last, shares, col))
+    if not tiers:
+        return plan
+    load = {"warm": np.zeros(int(view.group_sizes.max())), "cold": np.zeros(view.num_ranks)}
+    starts = {}
+    for _, i, tier, first, last, shares, col in sorted(tiers, key=lambda x: -x[0]):
+        base = dealing.owner_pattern(shares, period)
+        live = np.bincount(base, minlength=shares.size) > 0  # owners with a position in the pattern
+        owner = int(np.flatnonzero(live)[np.argmin(load[tier][live] / shares[live])])
+        start = dealing.first_position(base, owner)
+        pattern = dealing.owner_pattern(shares, period, start)
+        _, masses = dealing.interleave_masses(*cumulative[i], first, last, pattern, shares.size)
+        load[tier] += masses[:, col] * workload.tables[i].vector_bytes
+        starts[(i, tier)] = start
+    tables = tuple(
+        replace(
+            tp,
+            warm_start=starts.get((i, "warm"), tp.warm_start),
+            cold_start=starts.get((i, "cold"), tp.cold_start),
+        )
+        for i, tp in enumerate(plan.tables)
+    )
+    spread = replace(plan, tables=tables)
+    if evaluate(workload, view, spread).modeled_time_s > evaluate(workload, view, plan).modeled_time_s:
+        return plan
+    return spread

@@ -6,11 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.errors import ConfigError, PlannerError
-from core.vocabulary import SyncMode
+from core.vocabulary import Deal, SyncMode
 from solvers.baselines import BASELINES
 from solvers.cost_model import evaluate, row_wise_memory_bytes
 from solvers.optimizer import OptimizerConfig, optimize_tiers
-from solvers.placement import balance
+from solvers.placement import balance, spread_heads
 from solvers.types import CostReport, Plan, Workload
 from topology.views import ClusterView
 
@@ -49,26 +49,29 @@ def make_plan(
         raise ConfigError(f"strategy: unknown {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     sync = SyncMode.parse(sync)
     if strategy != "flexshard":
-        plan = BASELINES[strategy](workload, view, budget, dedup, sync)
+        plan = spread_heads(workload, view, BASELINES[strategy](workload, view, budget, dedup, sync))
         return PlannedStrategy(plan, evaluate(workload, view, plan))
     cfg = replace(config or OptimizerConfig(), dedup=dedup, sync=sync)
     plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
+    plan = spread_heads(workload, view, plan)
     best = PlannedStrategy(plan, evaluate(workload, view, plan))
     if best.report.memory_per_gpu_bytes > budget * (1 + 1e-9):  # a bug, not bad input
         raise AssertionError(
             f"optimizer returned {best.report.memory_per_gpu_bytes:.0f} B per GPU over {budget:.0f}"
         )
-    # Every baseline is a point of FlexShard's plan space (tiers plus owner shares); the tier
+    # Every baseline's tiers and owner shares are a point of FlexShard's plan space; the tier
     # optimizer assumes even shares and cannot see table-wise's, so they are priced as candidates
-    # and the cheapest plan is kept.
+    # (dealt FlexShard's way) and the cheapest plan is kept.
     for name, baseline in BASELINES.items():
         try:
             candidate = baseline(workload, view, budget, dedup, sync)
         except PlannerError:
             continue
+        tables = tuple(replace(tp, deal=Deal.INTERLEAVE) for tp in candidate.tables)  # FlexShard's deal
         candidate = replace(
-            candidate, strategy="flexshard", solver={**plan.solver, "chosen": f"{name} tiers"}
+            candidate, strategy="flexshard", tables=tables, solver={**plan.solver, "chosen": f"{name} tiers"}
         )
+        candidate = spread_heads(workload, view, candidate)
         report = evaluate(workload, view, candidate)
         if report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(report, best.report):
             best = PlannedStrategy(candidate, report)

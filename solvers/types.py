@@ -11,13 +11,13 @@ distributions are bucketed on a fine geometric grid of ranks. Memory is O(bucket
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from core.errors import PlannerError
 from core.traffic import Traffic
-from core.vocabulary import Component, FetchMode, LinkClass, SyncMode
+from core.vocabulary import Component, Deal, FetchMode, LinkClass, SyncMode
 
 ROUTING_BYTES_PER_REPLICATED_ROW = 12  # int64 sorted id + int32 slot, per hot/warm row, on every rank
 MEMORY_PARTS = ("hot", "warm", "cold", "routing")  # columns of CostReport.memory_by_part_bytes
@@ -196,7 +196,8 @@ class TableSpec:
     ``ids_per_sample`` is the mean sequence length (lookups per sample); ``length_values`` /
     ``length_probs`` optionally give its distribution (a sparse pmf). ``touch``: measured per-sample
     statistics (:class:`TouchProfile`); without it the cost model takes a batch's ids as independent
-    draws from ``hist``.
+    draws from ``hist``. ``order``: the row ids hottest first (a stats file's order; ``None``: ids are
+    hotness ranks, as in synthetic workloads); only TorchRec's contiguous id ranges are priced by it.
     """
 
     name: str
@@ -209,6 +210,7 @@ class TableSpec:
     length_values: np.ndarray | None = None
     length_probs: np.ndarray | None = None
     touch: TouchProfile | None = None
+    order: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -280,6 +282,13 @@ class Workload:
     def num_rows(self) -> int:
         return sum(t.num_rows for t in self.tables)
 
+    def with_orders(self, orders: dict[str, np.ndarray] | None) -> Workload:
+        """This workload with each table's hotness ``order`` (ids hottest first) from ``orders``; tables
+        it does not name keep theirs."""
+        orders = orders or {}
+        tables = tuple(replace(t, order=orders[t.name]) if t.name in orders else t for t in self.tables)
+        return replace(self, tables=tables)
+
     def lookups_per_gpu(self, table: TableSpec) -> float:
         """Expected lookups of ``table`` per GPU per iteration."""
         return self.batch_size_per_gpu * table.ids_per_sample
@@ -292,9 +301,10 @@ class TablePlan:
     Rows are taken in hotness order: the first ``hot_rows`` are hot, the next ``warm_rows`` warm,
     the rest cold. ``warm_share[r]`` is the share of the warm rows rank ``r`` holds within its
     group (sums to 1 over each group); ``cold_share[r]`` the share of cold rows it holds (sums to
-    1 over the cluster). Rows are dealt to owners by a weighted interleave over hotness rank, so a
-    rank's share of rows is also its share of accesses. ``fetch``: how the cold rows' lookups reach
-    their owners (:class:`core.vocabulary.FetchMode`).
+    1 over the cluster). Rows are dealt to owners by a weighted interleave over hotness rank
+    (:mod:`solvers.dealing`), the tier's hottest row at position ``warm_start`` / ``cold_start`` of
+    the owner pattern, or (``deal`` ``ranges``, all rows cold) by TorchRec's contiguous id ranges.
+    ``fetch``: how the cold rows' lookups reach their owners (:class:`core.vocabulary.FetchMode`).
     """
 
     name: str
@@ -304,9 +314,13 @@ class TablePlan:
     warm_share: np.ndarray  # float64[N]
     cold_share: np.ndarray  # float64[N]
     fetch: FetchMode = FetchMode.FLAT
+    deal: Deal = Deal.INTERLEAVE
+    warm_start: int = 0  # owner pattern position of the hottest warm row
+    cold_start: int = 0  # owner pattern position of the hottest cold row
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fetch", FetchMode.parse(self.fetch))
+        object.__setattr__(self, "deal", Deal.parse(self.deal))
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,15 @@
 Rows are ranked by hotness (a permutation of the ids, hottest first). Hotness rank ``r`` is hot
 when ``r < hot_rows``, warm when ``r < hot_rows + warm_rows``, cold otherwise. Warm rows (warm index
 ``j = r - hot_rows``) are dealt to *positions* inside a group and cold rows (cold index ``c``) to
-*ranks* of the cluster by :func:`solvers.placement.interleave_pattern` over ``period`` rows:
+*ranks* of the cluster by the owner pattern of :mod:`solvers.dealing` (the weighted interleave over
+``period`` rows, rotated to the tier's start position in the plan):
 
     owner = pattern[j % P]
     slot  = (j // P) * count(pattern == owner) + #{i < j % P : pattern[i] == owner}
 
-so the rows an owner holds are numbered 0, 1, 2, ... in hotness order. Two layouts implement it:
+so the rows an owner holds are numbered 0, 1, 2, ... in hotness order. A table whose plan deals its rows
+by ``ranges`` (TorchRec's row-wise layout; every row cold) has ``owner = id // B`` and ``slot = id % B``
+with ``B = ceil(rows / N)``. Two layouts implement it:
 
 * ``exact`` (:class:`TableRouting`): cold rows dealt in hotness order, as the cost model prices them,
   so a rank's share of the cold rows is exactly its share of their accesses. It keeps per-row arrays:
@@ -30,8 +33,8 @@ import numpy as np
 import torch
 
 from core.errors import DataError
-from core.vocabulary import Tier
-from solvers.placement import interleave_pattern
+from core.vocabulary import Deal, Tier
+from solvers.dealing import owner_pattern, range_rows, range_size
 from solvers.types import TablePlan
 
 LAYOUTS = ("exact", "compact")
@@ -68,9 +71,9 @@ class Dealer:
     prefix: np.ndarray  # int64[P]: earlier positions of the same owner in the period
 
     @classmethod
-    def of(cls, shares: np.ndarray, period: int) -> Dealer:
+    def of(cls, shares: np.ndarray, period: int, start: int = 0) -> Dealer:
         shares = np.asarray(shares, dtype=np.float64)
-        pattern = interleave_pattern(shares, period)
+        pattern = owner_pattern(shares, period, start).copy()
         per_period = np.bincount(pattern, minlength=shares.size).astype(np.int64)
         by_owner = np.argsort(pattern, kind="stable")
         first = np.concatenate([[0], np.cumsum(per_period)[:-1]])
@@ -98,13 +101,15 @@ class Dealer:
         return items[items < num_items]
 
 
-def deal(num_items: int, shares: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def deal(
+    num_items: int, shares: np.ndarray, period: int, start: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(owner int64[n], slot int64[n], rows per owner int64[K]) of items 0..n-1 dealt by the weighted
-    interleave of ``shares`` (K owners) repeating every ``period`` items."""
+    interleave of ``shares`` (K owners) repeating every ``period`` items, item 0 at position ``start``."""
     shares = np.asarray(shares, dtype=np.float64)
     if num_items == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(shares.size, np.int64)
-    dealer = Dealer.of(shares, period)
+    dealer = Dealer.of(shares, period, start)
     owner, slot = dealer.owner_slot(np.arange(num_items, dtype=np.int64))
     return owner, slot, dealer.count(num_items)
 
@@ -180,6 +185,7 @@ class CompactTableRouting:
     cold: Dealer | None
     warm_rows_per_position: np.ndarray
     cold_rows_per_rank: np.ndarray
+    range_ids: int = 0  # ids per rank of the ``ranges`` deal (0: cold rows by ``cold``)
 
     layout = "compact"
 
@@ -197,6 +203,8 @@ class CompactTableRouting:
             j = self.rep_rank[sel].astype(np.int64) - h
             mine = self.warm.owner_slot(j)[0] == owner
             return self.rep_ids[sel[mine][np.argsort(j[mine])]]
+        if self.range_ids:
+            return np.arange(owner * self.range_ids, min((owner + 1) * self.range_ids, self.num_rows))
         if self.cold is None or not self.cold_rows:
             return np.zeros(0, np.int64)
         ids = self.cold.items_of(owner, self.num_rows)
@@ -208,7 +216,8 @@ class CompactTableRouting:
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The arrays this routing keeps (its memory, and what a checkpoint's layout hash covers)."""
         deals = [a for d in (self.warm, self.cold) if d is not None for a in (d.pattern, d.prefix)]
-        return (self.rep_ids, self.rep_rank, self.holes, self.hole_start, *deals)
+        ranges = [np.array([self.range_ids], dtype=np.int64)] if self.range_ids else []
+        return (self.rep_ids, self.rep_rank, self.holes, self.hole_start, *deals, *ranges)
 
     def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tier, owner, slot) of ``ids`` (int64 on any device) as int64 tensors on that device."""
@@ -232,7 +241,10 @@ class CompactTableRouting:
                 warm = rep & ~hot
                 owner = torch.where(warm, w_owner, owner)
                 slot = torch.where(warm, w_slot, slot)
-        if self.cold is not None:
+        if self.range_ids:
+            owner = torch.div(ids, self.range_ids, rounding_mode="floor")
+            slot = ids - owner * self.range_ids
+        elif self.cold is not None:
             c_owner, raw = _deal_torch(self, "cold", ids)
             before = torch.searchsorted(holes, (c_owner << _OWNER_SHIFT) | raw) - hole_start.index_select(
                 0, c_owner
@@ -265,8 +277,13 @@ def build_routing(
     order = complete_order(order, num_rows, plan.name)
     h, w = plan.hot_rows, plan.warm_rows
     warm_by_position = np.asarray(plan.warm_share, dtype=np.float64)[list(groups[0])]
-    w_owner, w_slot, w_sizes = deal(w, warm_by_position, period)
-    c_owner, c_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period)
+    w_owner, w_slot, w_sizes = deal(w, warm_by_position, period, plan.warm_start)
+    if plan.deal is Deal.RANGES:  # every row cold, dealt by id
+        size = range_size(num_rows, len(plan.cold_share))
+        c_owner, c_slot = np.divmod(order[h + w :], size)
+        c_sizes = np.bincount(c_owner, minlength=len(plan.cold_share)).astype(np.int64)
+    else:
+        c_owner, c_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period, plan.cold_start)
     tier = np.empty(num_rows, dtype=np.int8)
     owner = np.empty(num_rows, dtype=np.int32)
     slot = np.empty(num_rows, dtype=np.int32 if num_rows < 2**31 else np.int64)
@@ -304,10 +321,15 @@ def build_compact_routing(
     rep_ids = rep[by_id]
     rep_rank = by_id.astype(np.int32 if h + w < 2**31 else np.int64)
     warm_by_position = np.asarray(plan.warm_share, dtype=np.float64)[list(groups[0])]
-    warm = Dealer.of(warm_by_position, period) if w else None
+    warm = Dealer.of(warm_by_position, period, plan.warm_start) if w else None
     n = len(plan.cold_share)
-    cold = Dealer.of(plan.cold_share, period) if plan.cold_rows else None
-    if cold is not None:
+    ranges = plan.deal is Deal.RANGES
+    cold = Dealer.of(plan.cold_share, period, plan.cold_start) if plan.cold_rows and not ranges else None
+    range_ids = range_size(num_rows, n) if ranges else 0
+    if ranges:  # every row cold, dealt by id: no holes
+        holes, hole_start = np.zeros(0, np.int64), np.zeros(n, np.int64)
+        cold_sizes = range_rows(num_rows, n)
+    elif cold is not None:
         c_owner, raw = cold.owner_slot(rep_ids)
         holes = np.sort((c_owner << _OWNER_SHIFT) | raw)
         hole_start = np.searchsorted(holes, np.arange(n, dtype=np.int64) << _OWNER_SHIFT)
@@ -329,4 +351,5 @@ def build_compact_routing(
         cold,
         w_sizes,
         cold_sizes,
+        range_ids,
     )

@@ -102,7 +102,8 @@ def load_workload_with_orders(
     batch_size_per_gpu: int | None = None,
     max_len: int | None = None,
 ) -> tuple[Workload, dict[str, np.ndarray]]:
-    """Load a stats ``.npz``, a data file/folder or a preset, with hotness orders (``{}`` if none).
+    """Load a stats ``.npz``, a data file/folder or a preset, with hotness orders (``{}`` if none; also
+    set on the workload's tables, for the row-wise baseline's id ranges).
 
     ``batch_size_per_gpu`` overrides the workload's (default: the file's or preset's; 512 for raw
     data). ``fmt``, ``dim`` and ``max_len`` apply to raw data files only.
@@ -120,7 +121,7 @@ def load_workload_with_orders(
         workload, orders = preset(str(spec)), {}
     if batch_size_per_gpu is not None and batch_size_per_gpu != workload.batch_size_per_gpu:
         workload = dataclasses.replace(workload, batch_size_per_gpu=batch_size_per_gpu)
-    return workload, orders
+    return workload.with_orders(orders), orders
 
 
 def load_workload(

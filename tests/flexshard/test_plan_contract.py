@@ -150,6 +150,13 @@ def _edit(path: Path, change) -> Path:
             "tables[0] ('items'): a group fetch needs groups of equal size, got [[0, 1, 2], [3]]",
         ),
         (lambda d: d.pop("settings"), "missing field 'settings'"),
+        (lambda d: d["tables"][0].update(deal="hashed"), "tables[0] ('items').deal: unknown 'hashed'"),
+        (lambda d: d["tables"][0].update(cold_start=4096), "cold_start: must be an integer in [0, 4096)"),
+        (lambda d: d["tables"][1].update(warm_start=-1), "warm_start: must be an integer in [0, 4096)"),
+        (
+            lambda d: d["tables"][0].update(deal="ranges", hot_rows=1, cold_rows=11),
+            "the ranges deal needs every row cold, got 1 hot and 0 warm",
+        ),
     ],
 )
 def test_bad_plan_files_give_one_line(plan_path, change, message):
@@ -202,3 +209,29 @@ def test_plans_priced_on_measured_rates_name_the_sampling(tmp_path):
         "this run forms 'next-item, window 50, negatives 4'"
     )
     assert "\n" not in message and "--override-plan" in message
+
+
+def test_deal_and_start_positions_round_trip(tmp_path):
+    """Row-wise on real ids is TorchRec's layout (``ranges``); FlexShard's deal starts each table at its
+    own position. Files written before either existed read as ``interleave`` from position 0."""
+    workload, view = _workload(), uniform_view(2, 2, 100e9, 10e9)
+    workload = workload.with_orders({"items": ORDERS["items"]})
+    budget = budget_bytes(workload, view, 2.0)
+    row_wise = make_plan("row_wise", workload, view, budget, dedup=False)
+    path = tmp_path / "row_wise.json"
+    write_plan(
+        path, to_dict(row_wise.plan, workload, view, row_wise.report, "wfp", {"items": ORDERS["items"]})
+    )
+    assert [t["deal"] for t in json.loads(path.read_text())["tables"]] == ["ranges", "interleave"]
+    assert [t.deal.value for t in read_plan(path).plan.tables] == ["ranges", "interleave"]
+    plan = dataclasses.replace(
+        row_wise.plan,
+        tables=tuple(
+            dataclasses.replace(tp, deal="interleave", cold_start=3 + i)
+            for i, tp in enumerate(row_wise.plan.tables)
+        ),
+    )
+    write_plan(path, to_dict(plan, workload, view, row_wise.report, "wfp"))
+    assert [(t.cold_start, t.warm_start) for t in read_plan(path).plan.tables] == [(3, 0), (4, 0)]
+    old = _edit(path, lambda d: [t.pop(k) for t in d["tables"] for k in ("deal", "warm_start", "cold_start")])
+    assert [(t.deal.value, t.cold_start) for t in read_plan(old).plan.tables] == [("interleave", 0)] * 2

@@ -15,7 +15,7 @@ from flexshard.plan_file import OWNER_PATTERN_PERIOD, PlanFile, read_plan, to_di
 from flexshard.runtime import ShardedSequenceEmbedding, complete_order, seeded_initializer
 from flexshard.runtime.local import run_on_ranks
 from solvers.cost_model import evaluate
-from solvers.placement import interleave_pattern
+from solvers.dealing import interleave_pattern
 from solvers.types import Plan, RowHistogram, TablePlan, TableSpec, Workload
 from topology.views import uniform_view
 

@@ -18,7 +18,7 @@ from flexshard.runtime import (
     seeded_initializer,
     to_padded,
 )
-from solvers.placement import interleave_pattern
+from solvers.dealing import interleave_pattern
 from solvers.types import TablePlan
 
 
@@ -135,3 +135,42 @@ def test_nccl_on_the_local_gpus(tmp_path):
         for name, _rows, _dim in TABLES:
             assert torch.equal(res["forward"][True][name], embedding(feats[name][0], w[name]))
     check_training(read_plan(plan), results, "sgd", steps=2)
+
+
+@pytest.mark.parametrize("build", [build_routing, build_compact_routing])
+def test_start_positions_rotate_both_deals(build):
+    """A tier dealt from position ``start`` gives item j to ``pattern[(j + start) % P]``: hotness-ordered
+    warm (and exact cold) rows, id-ordered compact cold rows; each owner still numbers its rows 0, 1, ..."""
+    groups, n = [[0, 1], [2, 3]], 61
+    tp = TablePlan(
+        "t", 4, 9, n - 13, np.array([0.6, 0.4, 0.6, 0.4]), np.full(4, 0.25), warm_start=1, cold_start=3
+    )
+    order = np.random.default_rng(2).permutation(n)
+    routing = build(tp, groups, order, period=7)
+    tier, owner, slot = (t.numpy() for t in routing.lookup(torch.arange(n)))
+    warm_pattern = np.roll(interleave_pattern(np.array([0.6, 0.4]), 7), -1)
+    cold_pattern = np.roll(interleave_pattern(np.full(4, 0.25), 7), -3)
+    warm_ids = order[4:13]
+    assert owner[warm_ids].tolist() == [warm_pattern[j % 7] for j in range(9)]
+    cold = np.flatnonzero(tier == Tier.COLD)
+    if build is build_routing:  # cold rows in hotness order
+        cold_ids = order[13:]
+        assert owner[cold_ids].tolist() == [cold_pattern[j % 7] for j in range(cold_ids.size)]
+    else:  # cold ids dealt by id
+        assert owner[cold].tolist() == [cold_pattern[i % 7] for i in cold]
+    for rank in range(4):
+        mine = np.flatnonzero((tier == Tier.COLD) & (owner == rank))
+        assert sorted(slot[mine].tolist()) == list(range(mine.size))
+        assert routing.cold_rows_per_rank[rank] == mine.size
+
+
+@pytest.mark.parametrize("build", [build_routing, build_compact_routing])
+def test_ranges_deal_is_torchrec_row_wise(build):
+    """Every row cold, ids in contiguous ranges of ceil(23 / 4) = 6: owner id // 6, slot id % 6."""
+    tp = TablePlan("t", 0, 0, 23, np.full(4, 0.5), np.full(4, 0.25), deal="ranges", cold_start=5)
+    routing = build(tp, [[0, 1], [2, 3]], np.random.default_rng(4).permutation(23), period=7)
+    tier, owner, slot = (t.numpy() for t in routing.lookup(torch.arange(23)))
+    assert (tier == Tier.COLD).all()
+    assert owner.tolist() == [i // 6 for i in range(23)] and slot.tolist() == [i % 6 for i in range(23)]
+    assert routing.cold_rows_per_rank.tolist() == [6, 6, 6, 5]
+    assert routing.ids_of(Tier.COLD, 3).tolist() == [18, 19, 20, 21, 22]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solvers.placement import interleave_pattern
+from solvers.dealing import interleave_pattern
 from solvers.types import PlannerError
 
 

@@ -1,0 +1,171 @@
+"""Dealing: which owner each row of a tier goes to, and how many accesses each owner gets from it.
+
+Two deals (:class:`core.vocabulary.Deal`), shared by the cost model and the runtime's routing:
+
+* ``interleave`` (FlexShard's): the rows of a tier, hottest first, go to owners by a weighted
+  round-robin pattern of ``period`` positions (:func:`interleave_pattern`), rotated so that the tier's
+  hottest row lands at pattern position ``start`` (:func:`owner_pattern`). Over any prefix an owner's
+  row count stays within about one of its share, but its share of the *accesses* is larger where a few
+  rows carry much of a tier's mass: the owner dealt the first row of every round gets the heaviest.
+  :func:`interleave_masses` prices exactly that, bucket by bucket of the hotness histogram.
+* ``ranges`` (TorchRec's row-wise sharding): a table's ids split into ``N`` contiguous ranges of
+  ``ceil(R / N)`` ids, rank ``r`` owning ``[r B, (r + 1) B)``. Where ids follow hotness (synthetic
+  workloads, whose ids *are* hotness ranks), the first range holds the whole head.
+  :func:`range_masses` prices it from the table's hotness order.
+
+Rows inside one histogram bucket are identical to the cost model (its masses are linear inside a
+bucket), so both functions are exact for the model's masses: per bucket, the rows each owner gets times
+the bucket's per-row value. Arrays of buckets x owners, never one entry per row (except the hotness order
+that :func:`range_masses` reads).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from core.errors import PlannerError
+
+OWNER_PATTERN_PERIOD = 4096  # rows per repetition of the weighted owner interleave
+
+
+def interleave_pattern(shares: np.ndarray, period: int) -> np.ndarray:
+    """Owner of each position in a repeating pattern of ``period`` rows (smooth weighted round-robin).
+
+    Over every prefix of the pattern each owner's count stays within one of ``share * prefix``.
+    """
+    shares = np.asarray(shares, dtype=np.float64)
+    if shares.sum() <= 0:
+        raise PlannerError("placement: shares must have a positive sum")
+    w = shares / shares.sum()
+    credit = np.zeros_like(w)
+    out = np.empty(period, dtype=np.int64)
+    for j in range(period):  # O(period x owners), independent of the number of rows
+        credit += w
+        k = int(np.argmax(credit))
+        out[j] = k
+        credit[k] -= 1.0
+    return out
+
+
+def owner_pattern(shares: np.ndarray, period: int, start: int = 0) -> np.ndarray:
+    """The interleave pattern of ``shares`` rotated so that item 0 takes position ``start``:
+    ``out[j] = interleave_pattern(shares, period)[(j + start) % period]`` (int64[period], read-only;
+    cached, as the cost model asks for the same few patterns many times)."""
+    return _owner_pattern(
+        tuple(float(x) for x in np.asarray(shares, dtype=np.float64)), int(period), int(start)
+    )
+
+
+@lru_cache(maxsize=1024)
+def _owner_pattern(shares: tuple[float, ...], period: int, start: int) -> np.ndarray:
+    pattern = np.roll(interleave_pattern(np.array(shares), period), -(start % period))
+    pattern.flags.writeable = False
+    return pattern
+
+
+def first_position(pattern: np.ndarray, owner: int) -> int:
+    """The first position of ``owner`` in ``pattern`` (the ``start`` that deals it a tier's hottest row)."""
+    where = np.flatnonzero(pattern == owner)
+    if not where.size:
+        raise PlannerError(f"placement: owner {owner} has no position in the pattern (zero share)")
+    return int(where[0])
+
+
+def owner_counts(pattern: np.ndarray, items: np.ndarray, num_owners: int) -> np.ndarray:
+    """int64[E, K]: how many of the items ``0 .. items[e] - 1`` each of ``K`` owners gets when item ``j``
+    goes to ``pattern[j % P]``. O(P + E K), whatever the item counts."""
+    items = np.asarray(items, dtype=np.int64)
+    period = pattern.size
+    per_period = np.bincount(pattern, minlength=num_owners).astype(np.int64)
+    full, rest = np.divmod(items, period)
+    by_rest = np.argsort(rest, kind="stable")
+    # position j counts for every item count whose remainder exceeds j
+    first_edge = np.searchsorted(rest[by_rest], np.arange(period), side="right")
+    partial = np.zeros((items.size + 1, num_owners), dtype=np.int64)
+    np.add.at(partial, (first_edge, pattern), 1)
+    partial = np.cumsum(partial, axis=0)[:-1]
+    out = np.empty_like(partial)
+    out[by_rest] = partial
+    return full[:, None] * per_period[None, :] + out
+
+
+def bucket_values(edges: np.ndarray, cumulative: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows per bucket int64[K], per-row value float64[K, Q]) of cumulative quantities ``cumulative``
+    (float64[K + 1, Q]) at row ``edges`` (float64[K + 1]); empty buckets get value 0."""
+    rows = np.diff(np.rint(edges).astype(np.int64))
+    total = np.diff(cumulative, axis=0)
+    per_row = np.divide(total, rows[:, None], out=np.zeros_like(total), where=rows[:, None] > 0)
+    return rows, per_row
+
+
+def interleave_masses(
+    edges: np.ndarray, cumulative: np.ndarray, first: int, last: int, pattern: np.ndarray, num_owners: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows int64[K], masses float64[K, Q]) each of ``num_owners`` owners gets when the rows
+    ``first .. last - 1`` (hotness ranks) are dealt by ``pattern`` (item 0 = row ``first``).
+
+    ``edges`` (float64[B + 1], from 0 to the table's rows) and ``cumulative`` (float64[B + 1, Q]) are the
+    table's cumulative quantities at its bucket edges (rows inside a bucket identical)."""
+    cut = np.unique(np.clip(np.rint(edges).astype(np.int64), first, last))
+    if cut.size < 2:
+        return np.zeros(num_owners, np.int64), np.zeros((num_owners, cumulative.shape[1]))
+    at = np.stack([np.interp(cut, edges, cumulative[:, q]) for q in range(cumulative.shape[1])], axis=1)
+    _, per_row = bucket_values(cut.astype(np.float64), at)
+    counts = owner_counts(pattern, cut - first, num_owners)  # [E, K]
+    dealt = np.diff(counts, axis=0)  # rows of each bucket each owner gets
+    return counts[-1] - counts[0], dealt.T @ per_row
+
+
+def hotness_ids(order: np.ndarray | None, count: int, num_rows: int) -> np.ndarray:
+    """int64[count]: the ids of the ``count`` hottest rows. ``order`` lists ids hottest first (a stats
+    file's order; ids it omits follow in ascending id order); ``None``: ids are hotness ranks."""
+    if order is None:
+        return np.arange(count, dtype=np.int64)
+    order = np.asarray(order, dtype=np.int64)
+    if order.size >= count:
+        return order[:count]
+    listed = np.zeros(num_rows, dtype=bool)
+    listed[order] = True
+    return np.concatenate([order, np.flatnonzero(~listed)[: count - order.size]])
+
+
+def range_size(num_rows: int, num_ranks: int) -> int:
+    """Ids per contiguous range of the ``ranges`` deal: ``ceil(num_rows / num_ranks)``."""
+    return -(-int(num_rows) // int(num_ranks))
+
+
+def range_rows(num_rows: int, num_ranks: int) -> np.ndarray:
+    """int64[N]: ids each rank owns under the ``ranges`` deal (the last ranges may be short or empty)."""
+    size = range_size(num_rows, num_ranks)
+    return np.minimum(size, np.maximum(int(num_rows) - size * np.arange(num_ranks), 0)).astype(np.int64)
+
+
+def range_masses(
+    edges: np.ndarray, cumulative: np.ndarray, order: np.ndarray | None, num_rows: int, num_ranks: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows int64[N], masses float64[N, Q]) each rank owns under the ``ranges`` deal of a whole table
+    (``edges``/``cumulative`` as in :func:`interleave_masses`; ``order`` as in :func:`hotness_ids`).
+
+    Without an order, O(N); with one, only rows of a positive quantity are looked up by id (O(those
+    rows)); the rest add rows, not mass."""
+    size = range_size(num_rows, num_ranks)
+    rows = range_rows(num_rows, num_ranks)
+    if order is None:  # ids are hotness ranks: each range is a stretch of the hotness order, O(N)
+        bounds = np.minimum(size * np.arange(num_ranks + 1), num_rows).astype(np.float64)
+        at = np.stack(
+            [np.interp(bounds, edges, cumulative[:, q]) for q in range(cumulative.shape[1])], axis=1
+        )
+        return rows, np.diff(at, axis=0)
+    bucket_rows, per_row = bucket_values(edges, cumulative)
+    live = np.flatnonzero((per_row > 0).any(axis=1))
+    if not live.size:
+        return rows, np.zeros((num_ranks, cumulative.shape[1]))
+    count = int(np.rint(edges[live[-1] + 1]))  # rows up to the last bucket with mass
+    ids = hotness_ids(order, count, num_rows)
+    bucket = np.repeat(np.arange(bucket_rows.size), bucket_rows)[:count]
+    owner = ids // size
+    k = bucket_rows.size
+    composition = np.bincount(owner * k + bucket, minlength=num_ranks * k).reshape(num_ranks, k)
+    return rows, composition.astype(np.float64) @ per_row
