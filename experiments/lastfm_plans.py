@@ -198,8 +198,8 @@ def report(runs: list[Run], steps: int, seconds: float, quick: bool) -> str:
         "touches (row-wise itself is priced at "
         f"{runs[1].row_wise_predicted / base.measured('inter_group', 'max'):.0f}x what it moves): it "
         f"promised a {cut(runs[1], 'predicted'):.1%} cut against row-wise and sized its tiers for it; "
-        f"the runtime realised {cut(runs[1], 'realised'):+.1%}, the replicas' sync costing more than "
-        "the lookups it saves. The plan made from measured touch rates promised "
+        f"the runtime realised {cut(runs[1], 'realised'):+.1%}. The plan made from measured touch "
+        "rates promised "
         f"{cut(runs[2], 'predicted'):.1%} and realised {cut(runs[2], 'realised'):.1%}: at this batch "
         "few rows are shared enough between samples to be worth replicating, and the measured plan "
         "knows it.",

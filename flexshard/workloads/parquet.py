@@ -144,22 +144,9 @@ def parquet_chunks(
     if total == 0:
         raise DataError(f"{path}: empty file (no rows)")
     names = list(dict.fromkeys(c for _, c in wanted))
-    batches = (
-        batch
-        for group in range(pf.num_row_groups)  # one row group at a time: a batch never spans two
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=names)
-    )
     row0 = 0
-    while True:
-        try:
-            batch = next(batches, None)
-        except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{path}: cannot read rows from {row0} on ({str(exc).splitlines()[0]})") from None
-        if batch is None:
-            break
+    for row0, batch in record_batches(pf, path, names, batch_rows, "rows"):
         n = batch.num_rows
-        if n == 0:
-            continue
         got = {role: _as_numpy(batch.column(name), path, name, row0) for role, name in wanted}
         _check_ids(got["user"], path, columns.user, USER_TABLE, limits.get(USER_TABLE), row0)
         _check_ids(got["item"], path, columns.item, ITEM_TABLE, limits.get(ITEM_TABLE), row0)
@@ -183,6 +170,31 @@ def parquet_chunks(
         row0 += n
     if row0 != total:
         raise DataError(f"{path}: read {row0} rows, the file's metadata says {total}")
+
+
+def record_batches(
+    pf: pq.ParquetFile, path: Path, columns: list[str], batch_rows: int, what: str
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(index of its first record, batch) of ``columns``, one row group at a time (a batch never spans
+    two), empty batches skipped; a read error is a DataError naming where (``what``: "rows", "records")."""
+    batches = (
+        batch
+        for group in range(pf.num_row_groups)
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns)
+    )
+    start = 0
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            raise DataError(
+                f"{path}: cannot read {what} from {start} on ({str(exc).splitlines()[0]})"
+            ) from None
+        if batch is None:
+            return
+        if batch.num_rows:
+            yield start, batch
+            start += batch.num_rows
 
 
 # ------------------------------------------------------------------------------------------ counts

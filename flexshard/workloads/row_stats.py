@@ -48,7 +48,7 @@ from core.errors import ConfigError, DataError
 from solvers.types import RowHistogram, TableSpec, Workload
 
 from .measured import measured_table
-from .parquet import BATCH_ROWS, open_parquet
+from .parquet import BATCH_ROWS, open_parquet, record_batches
 from .parsed import MAX_ID, table_limits
 from .readers import DEFAULT_DIM, PARQUET_SUFFIXES, hotness_order
 from .synthetic import DEFAULT_BATCH_SIZE_PER_GPU
@@ -300,23 +300,9 @@ def _read(path: Path, accs: dict[str, _Table], limits: Mapping[str, int], batch_
     has_touched = _schema(pf, path)
     float_lookups = pa.types.is_floating(pf.schema_arrow.field(LOOKUPS).type)
     columns = [TABLE, ROW, LOOKUPS, SAMPLES] + [TOUCHED] * has_touched
-    batches = (
-        batch
-        for group in range(pf.num_row_groups)
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[group], columns=columns)
-    )
-    rec0 = 0
-    while True:
-        try:
-            batch = next(batches, None)
-        except (pa.ArrowException, OSError) as exc:
-            problem = str(exc).splitlines()[0]
-            raise DataError(f"{path}: cannot read records from {rec0} on ({problem})") from None
-        if batch is None:
-            break
-        n = batch.num_rows
-        if n == 0:
-            continue
+    done = 0  # records read
+    for rec0, batch in record_batches(pf, path, columns, batch_rows, "records"):
+        done = rec0 + batch.num_rows
         codes, names = _table_codes(batch.column(TABLE), path, rec0)
         got = {c: _numpy(batch.column(c), path, c, rec0, names, codes) for c in columns[1:]}
         order = np.argsort(codes, kind="stable")
@@ -342,9 +328,8 @@ def _read(path: Path, accs: dict[str, _Table], limits: Mapping[str, int], batch_
                 acc.lookups = acc.lookups.astype(np.float64)
                 lookups = lookups.astype(np.float64)
             _add(acc, path, table, rec0 + idx, rows, lookups, samples, touched, limit)
-        rec0 += n
-    if rec0 != int(pf.metadata.num_rows):
-        raise DataError(f"{path}: read {rec0} records, the file's metadata says {pf.metadata.num_rows}")
+    if done != int(pf.metadata.num_rows):
+        raise DataError(f"{path}: read {done} records, the file's metadata says {pf.metadata.num_rows}")
 
 
 def row_stats_has_touched(paths: Sequence[str | Path]) -> bool:
