@@ -63,14 +63,17 @@ class TableMass:
     group: np.ndarray
     touched: np.ndarray
 
+    FIELDS = ("lookups", "unique", "group", "touched")  # the quantities, in :meth:`stacked`'s order
+
     def at(self, row: float | np.ndarray) -> dict[str, np.ndarray]:
         """``{"lookups", "unique", "group", "touched"}`` of the first ``row`` rows, linear inside a
         bucket (rows in a bucket are identical)."""
         x = np.asarray(row, dtype=np.float64)
-        return {
-            name: np.interp(x, self.rows, getattr(self, name))
-            for name in ("lookups", "unique", "group", "touched")
-        }
+        return {name: np.interp(x, self.rows, getattr(self, name)) for name in self.FIELDS}
+
+    def stacked(self) -> np.ndarray:
+        """float64[K+1, 4]: the quantities side by side, columns in ``FIELDS`` order."""
+        return np.stack([getattr(self, name) for name in self.FIELDS], axis=1)
 
 
 def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int, group_size: int = 1) -> TableMass:
@@ -141,9 +144,6 @@ def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
     )
 
 
-MASS_FIELDS = ("lookups", "unique", "group", "touched")
-
-
 def dealt_volumes(
     mass: TableMass, table: TableSpec, plan: TablePlan, view: ClusterView, dedup: bool
 ) -> TierVolumes:
@@ -152,9 +152,9 @@ def dealt_volumes(
     contiguous id ranges. A rank's share of a tier's accesses is then the share of the rows it holds,
     weighted by their masses, not its share of the rows."""
     volumes = tier_volumes(mass, plan, dedup)
-    cumulative = np.stack([getattr(mass, f) for f in MASS_FIELDS], axis=1)
-    volume = MASS_FIELDS.index("unique" if dedup else "lookups")
-    group, touched = MASS_FIELDS.index("group"), MASS_FIELDS.index("touched")
+    cumulative = mass.stacked()
+    volume = TableMass.FIELDS.index("unique" if dedup else "lookups")
+    group, touched = TableMass.FIELDS.index("group"), TableMass.FIELDS.index("touched")
     h, w, n = plan.hot_rows, plan.warm_rows, view.num_ranks
     warm = {}
     if w > 0:

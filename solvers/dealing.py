@@ -100,6 +100,12 @@ def bucket_values(edges: np.ndarray, cumulative: np.ndarray) -> tuple[np.ndarray
     return rows, per_row
 
 
+def interp_columns(x: np.ndarray, edges: np.ndarray, cumulative: np.ndarray) -> np.ndarray:
+    """float64[len(x), Q]: each column of ``cumulative`` (float64[K + 1, Q] at row ``edges``) at rows ``x``,
+    linear inside a bucket."""
+    return np.stack([np.interp(x, edges, column) for column in cumulative.T], axis=1)
+
+
 def interleave_masses(
     edges: np.ndarray, cumulative: np.ndarray, first: int, last: int, pattern: np.ndarray, num_owners: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -111,8 +117,7 @@ def interleave_masses(
     cut = np.unique(np.clip(np.rint(edges).astype(np.int64), first, last))
     if cut.size < 2:
         return np.zeros(num_owners, np.int64), np.zeros((num_owners, cumulative.shape[1]))
-    at = np.stack([np.interp(cut, edges, cumulative[:, q]) for q in range(cumulative.shape[1])], axis=1)
-    _, per_row = bucket_values(cut.astype(np.float64), at)
+    _, per_row = bucket_values(cut.astype(np.float64), interp_columns(cut, edges, cumulative))
     counts = owner_counts(pattern, cut - first, num_owners)  # [E, K]
     dealt = np.diff(counts, axis=0)  # rows of each bucket each owner gets
     return counts[-1] - counts[0], dealt.T @ per_row
@@ -154,10 +159,7 @@ def range_masses(
     rows = range_rows(num_rows, num_ranks)
     if order is None:  # ids are hotness ranks: each range is a stretch of the hotness order, O(N)
         bounds = np.minimum(size * np.arange(num_ranks + 1), num_rows).astype(np.float64)
-        at = np.stack(
-            [np.interp(bounds, edges, cumulative[:, q]) for q in range(cumulative.shape[1])], axis=1
-        )
-        return rows, np.diff(at, axis=0)
+        return rows, np.diff(interp_columns(bounds, edges, cumulative), axis=0)
     bucket_rows, per_row = bucket_values(edges, cumulative)
     live = np.flatnonzero((per_row > 0).any(axis=1))
     if not live.size:

@@ -25,7 +25,7 @@ import pulp
 from core.vocabulary import Deal, Direction, FetchMode, LinkClass
 from solvers import dealing, wire
 from solvers.cost_model import (
-    MASS_FIELDS,
+    TableMass,
     evaluate,
     exchanges,
     hierarchical_allreduce_bytes,
@@ -159,16 +159,16 @@ def spread_heads(workload: Workload, view: ClusterView, plan: Plan) -> Plan:
     Load is the bytes of vectors an owner serves per iteration (lookup volume, or for a group fetch the
     groups' distinct rows, times the vector bytes), divided by the owner's share. Tables whose tier has
     the heaviest first row go first. Tiers dealt by ``ranges`` or held by a single owner keep their
-    start. The plan is returned unchanged when spreading does not lower its modeled time."""
+    start. The plan is returned unchanged when spreading would raise its modeled time."""
     period = dealing.OWNER_PATTERN_PERIOD
-    volume = MASS_FIELDS.index("unique" if plan.dedup else "lookups")
+    volume = TableMass.FIELDS.index("unique" if plan.dedup else "lookups")
     tiers = []  # (bytes of the tier's first row, table, tier, first row, last row, owner shares, column)
     cumulative = {}
     for i, (t, tp) in enumerate(zip(workload.tables, plan.tables, strict=True)):
         mass = view_mass(workload, view, t)
-        cumulative[i] = (mass.rows, np.stack([getattr(mass, f) for f in MASS_FIELDS], axis=1))
+        cumulative[i] = (mass.rows, mass.stacked())
         h, w = tp.hot_rows, tp.warm_rows
-        cold_column = MASS_FIELDS.index("group") if tp.fetch is FetchMode.GROUP else volume
+        cold_column = TableMass.FIELDS.index("group") if tp.fetch is FetchMode.GROUP else volume
         for tier, first, last, shares, col in (
             ("warm", h, h + w, np.asarray(tp.warm_share, dtype=np.float64)[list(view.groups[0])], volume),
             ("cold", h + w, t.num_rows, np.asarray(tp.cold_share, dtype=np.float64), cold_column),

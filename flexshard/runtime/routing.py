@@ -279,9 +279,8 @@ def build_routing(
     warm_by_position = np.asarray(plan.warm_share, dtype=np.float64)[list(groups[0])]
     w_owner, w_slot, w_sizes = deal(w, warm_by_position, period, plan.warm_start)
     if plan.deal is Deal.RANGES:  # every row cold, dealt by id
-        size = range_size(num_rows, len(plan.cold_share))
-        c_owner, c_slot = np.divmod(order[h + w :], size)
-        c_sizes = np.bincount(c_owner, minlength=len(plan.cold_share)).astype(np.int64)
+        c_owner, c_slot = np.divmod(order[h + w :], range_size(num_rows, len(plan.cold_share)))
+        c_sizes = range_rows(num_rows, len(plan.cold_share))
     else:
         c_owner, c_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period, plan.cold_start)
     tier = np.empty(num_rows, dtype=np.int8)

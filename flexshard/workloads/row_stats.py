@@ -36,7 +36,7 @@ value; a bad argument raises :class:`~core.errors.ConfigError`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -183,59 +183,64 @@ def _table_codes(col: pa.Array, path: Path, rec0: int) -> tuple[np.ndarray, list
     return codes, names
 
 
-def _check(
-    path: Path,
-    table: str,
-    records: np.ndarray,
-    rows: np.ndarray,
-    lookups: np.ndarray,
-    samples: np.ndarray,
-    touched: np.ndarray | None,
-    limit: int | None,
-) -> None:
-    """Every value of one table's records in one batch (``records``: their indices in the file)."""
+@dataclass(frozen=True)
+class _Records:
+    """One table's records of one batch, as columns (``records``: their indices in the file)."""
+
+    path: Path
+    table: str
+    records: np.ndarray
+    rows: np.ndarray
+    lookups: np.ndarray
+    samples: np.ndarray
+    touched: np.ndarray | None
+    limit: int | None
+
+
+def _check(r: _Records) -> None:
+    """Every value of one table's records in one batch."""
 
     def fail(k: int | None, column: str, value: object, problem: str) -> None:
         if k is not None:
-            raise _bad(path, int(records[k]), table, column, value, problem)
+            raise _bad(r.path, int(r.records[k]), r.table, column, value, problem)
 
-    k = _first(rows < 0)
-    fail(k, ROW, rows[k] if k is not None else 0, "row ids must be >= 0")
-    k = _first(rows >= (MAX_ID if limit is None else limit))
+    k = _first(r.rows < 0)
+    fail(k, ROW, r.rows[k] if k is not None else 0, "row ids must be >= 0")
+    k = _first(r.rows >= (MAX_ID if r.limit is None else r.limit))
     if k is not None:
         problem = (
             f"row ids of {MAX_ID:,} and above need remapping to dense ids (or an explicit num_rows)"
-            if limit is None
-            else f"outside the table ({table!r} has num_rows {limit})"
+            if r.limit is None
+            else f"outside the table ({r.table!r} has num_rows {r.limit})"
         )
-        fail(k, ROW, rows[k], problem)
-    if lookups.dtype.kind == "f":
-        k = _first(~np.isfinite(lookups))
-        fail(k, LOOKUPS, lookups[k] if k is not None else 0, "must be a finite number")
-    k = _first(lookups < 0)
-    fail(k, LOOKUPS, lookups[k] if k is not None else 0, "must be >= 0")
-    k = _first(lookups >= MAX_COUNT) if lookups.dtype.kind in "iu" else None
-    fail(k, LOOKUPS, lookups[k] if k is not None else 0, "too large")
-    k = _first((samples <= 0) | (samples >= MAX_COUNT))
-    fail(k, SAMPLES, samples[k] if k is not None else 0, "must be a positive integer (below 2^62)")
-    if touched is not None:
-        k = _first(touched < 0)
-        fail(k, TOUCHED, touched[k] if k is not None else 0, "must be >= 0")
-        k = _first(touched > samples)
-        fail(k, TOUCHED, touched[k] if k is not None else 0, f"more than the samples {samples[k or 0]}")
-        k = _first(touched > lookups)
+        fail(k, ROW, r.rows[k], problem)
+    if r.lookups.dtype.kind == "f":
+        k = _first(~np.isfinite(r.lookups))
+        fail(k, LOOKUPS, r.lookups[k] if k is not None else 0, "must be a finite number")
+    k = _first(r.lookups < 0)
+    fail(k, LOOKUPS, r.lookups[k] if k is not None else 0, "must be >= 0")
+    k = _first(r.lookups >= MAX_COUNT) if r.lookups.dtype.kind in "iu" else None
+    fail(k, LOOKUPS, r.lookups[k] if k is not None else 0, "too large")
+    k = _first((r.samples <= 0) | (r.samples >= MAX_COUNT))
+    fail(k, SAMPLES, r.samples[k] if k is not None else 0, "must be a positive integer (below 2^62)")
+    if r.touched is not None:
+        k = _first(r.touched < 0)
+        fail(k, TOUCHED, r.touched[k] if k is not None else 0, "must be >= 0")
+        k = _first(r.touched > r.samples)
+        fail(k, TOUCHED, r.touched[k] if k is not None else 0, f"more than the samples {r.samples[k or 0]}")
+        k = _first(r.touched > r.lookups)
         fail(
             k,
             TOUCHED,
-            touched[k] if k is not None else 0,
-            f"more than the row's lookups {lookups[k or 0]} (a sample that touches a row looks it up)",
+            r.touched[k] if k is not None else 0,
+            f"more than the row's lookups {r.lookups[k or 0]} (a sample that touches a row looks it up)",
         )
-        k = _first((touched == 0) & (lookups > 0))
-        fail(k, TOUCHED, 0, f"the row has lookups {lookups[k or 0]}, so some sample touches it")
-    ordered = np.argsort(rows, kind="stable")
-    repeat = _first(rows[ordered][1:] == rows[ordered][:-1])
+        k = _first((r.touched == 0) & (r.lookups > 0))
+        fail(k, TOUCHED, 0, f"the row has lookups {r.lookups[k or 0]}, so some sample touches it")
+    ordered = np.argsort(r.rows, kind="stable")
+    repeat = _first(r.rows[ordered][1:] == r.rows[ordered][:-1])
     if repeat is not None:
-        fail(int(ordered[repeat + 1]), ROW, rows[ordered[repeat + 1]], DUPLICATE)
+        fail(int(ordered[repeat + 1]), ROW, r.rows[ordered[repeat + 1]], DUPLICATE)
 
 
 def _int64(a: np.ndarray) -> np.ndarray:
@@ -250,47 +255,37 @@ def _grow(a: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def _add(
-    acc: _Table,
-    path: Path,
-    table: str,
-    records: np.ndarray,
-    rows: np.ndarray,
-    lookups: np.ndarray,
-    samples: np.ndarray,
-    touched: np.ndarray | None,
-    limit: int | None,
-) -> None:
+def _add(acc: _Table, r: _Records) -> None:
     """Check one table's records of one batch against what was read before, then store them."""
-    k = _first(samples != acc.samples)
+    k = _first(r.samples != acc.samples)
     if k is not None:
         raise _bad(
-            path,
-            int(records[k]),
-            table,
+            r.path,
+            int(r.records[k]),
+            r.table,
             SAMPLES,
-            samples[k],
+            r.samples[k],
             f"differs from the table's samples {acc.samples} ({acc.first}); every record of a table "
             "carries the same samples",
         )
-    if (touched is None) != (acc.touched is None):
+    if (r.touched is None) != (acc.touched is None):
         raise DataError(
-            f"{path}: table {table!r}: some of its records have a {TOUCHED!r} column and some do not "
+            f"{r.path}: table {r.table!r}: some of its records have a {TOUCHED!r} column and some do not "
             f"(the files differ); give it for all of a table's records or for none"
         )
-    top = int(rows.max()) + 1
+    top = int(r.rows.max()) + 1
     if top > acc.seen.size:  # geometric growth: ids arriving in ascending order copy O(rows) in all
-        size = limit if limit is not None else min(max(top, 2 * acc.seen.size), MAX_ID)
+        size = r.limit if r.limit is not None else min(max(top, 2 * acc.seen.size), MAX_ID)
         acc.lookups, acc.seen = _grow(acc.lookups, size), _grow(acc.seen, size)
         if acc.touched is not None:
             acc.touched = _grow(acc.touched, size)
-    k = _first(acc.seen[rows])
+    k = _first(acc.seen[r.rows])
     if k is not None:
-        raise _bad(path, int(records[k]), table, ROW, rows[k], DUPLICATE)
-    acc.seen[rows] = True
-    acc.lookups[rows] = lookups
-    if acc.touched is not None and touched is not None:
-        acc.touched[rows] = touched
+        raise _bad(r.path, int(r.records[k]), r.table, ROW, r.rows[k], DUPLICATE)
+    acc.seen[r.rows] = True
+    acc.lookups[r.rows] = r.lookups
+    if acc.touched is not None and r.touched is not None:
+        acc.touched[r.rows] = r.touched
     acc.top = max(acc.top, top)
 
 
@@ -313,8 +308,8 @@ def _read(path: Path, accs: dict[str, _Table], limits: Mapping[str, int], batch_
             rows, samples = _int64(got[ROW][idx]), _int64(got[SAMPLES][idx])
             lookups = got[LOOKUPS][idx].astype(np.float64) if float_lookups else _int64(got[LOOKUPS][idx])
             touched = _int64(got[TOUCHED][idx]) if has_touched else None
-            limit = limits.get(table)
-            _check(path, table, rec0 + idx, rows, lookups, samples, touched, limit)
+            records = _Records(path, table, rec0 + idx, rows, lookups, samples, touched, limits.get(table))
+            _check(records)
             if table not in accs:
                 accs[table] = _Table(
                     lookups=np.zeros(0, dtype=lookups.dtype),
@@ -326,8 +321,8 @@ def _read(path: Path, accs: dict[str, _Table], limits: Mapping[str, int], batch_
             acc = accs[table]
             if acc.lookups.dtype != lookups.dtype:  # integer in one file, float in another
                 acc.lookups = acc.lookups.astype(np.float64)
-                lookups = lookups.astype(np.float64)
-            _add(acc, path, table, rec0 + idx, rows, lookups, samples, touched, limit)
+                records = replace(records, lookups=lookups.astype(np.float64))
+            _add(acc, records)
     if done != int(pf.metadata.num_rows):
         raise DataError(f"{path}: read {done} records, the file's metadata says {pf.metadata.num_rows}")
 

@@ -173,7 +173,7 @@ def test_spread_heads_puts_each_tables_head_on_another_owner():
 def test_table_mass_unchanged_by_dealing():
     # dealing splits the same volumes: the sum over owners equals the tier's volume
     mass = table_mass(TABLE, 3.0, 4)
-    cumulative = np.stack([mass.lookups, mass.unique, mass.group, mass.touched], axis=1)
+    cumulative = mass.stacked()
     _, masses = dealing.interleave_masses(
         mass.rows, cumulative, 1, 4, dealing.owner_pattern(np.full(4, 0.25), 8), 4
     )
