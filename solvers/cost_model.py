@@ -55,6 +55,10 @@ class TableMass:
     those rows, ``unique`` their expected distinct rows per GPU batch (per-rank dedup volume),
     ``group`` their expected distinct rows per group batch (group fetch volume), ``touched`` their
     expected rows touched anywhere in the cluster per iteration.
+
+    With a measured profile that says which row is which (``TouchProfile.rank_entry``), ``per_entry``
+    holds one row's quantities in each profile entry, so that a deal by id can be priced row by row
+    (:func:`solvers.dealing.range_masses`).
     """
 
     rows: np.ndarray  # float64[K+1]
@@ -62,6 +66,8 @@ class TableMass:
     unique: np.ndarray
     group: np.ndarray
     touched: np.ndarray
+    rank_entry: np.ndarray | None = None  # int32[L]: profile entry of each row in hotness order (-1: none)
+    per_entry: np.ndarray | None = None  # float64[E, 4]: one row's quantities per entry, ``FIELDS`` order
 
     FIELDS = ("lookups", "unique", "group", "touched")  # the quantities, in :meth:`stacked`'s order
 
@@ -94,12 +100,25 @@ def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int, group_s
     if table.touch is not None:
         samples = lookups_per_gpu / table.ids_per_sample
         tp = table.touch
+        per_entry = None
+        if tp.rank_entry is not None:  # a bucket's lookups spread over its touched rows
+            touched_rows = tp.rows_per_bucket()
+            lookups_per_row = np.divide(
+                tp.lookups * samples, touched_rows, out=np.zeros(tp.num_buckets), where=touched_rows > 0
+            )
+            per_entry = np.stack(
+                [lookups_per_row[tp.entry_bucket]]
+                + [tp.entry_touched(samples * k) for k in (1, group_size, num_ranks)],
+                axis=1,
+            )
         return TableMass(
             rows=cumulative(rows),
             lookups=cumulative(tp.lookups * samples),
             unique=cumulative(tp.distinct(samples)),
             group=cumulative(tp.distinct(samples * group_size)),
             touched=cumulative(tp.distinct(samples * num_ranks)),
+            rank_entry=tp.rank_entry,
+            per_entry=per_entry,
         )
     p = table.hist.prob
     return TableMass(
@@ -169,7 +188,8 @@ def dealt_volumes(
     cold = {}
     if plan.cold_rows > 0:
         if plan.deal is Deal.RANGES:
-            _, masses = dealing.range_masses(mass.rows, cumulative, table.order, table.num_rows, n)
+            entries = None if mass.per_entry is None else (mass.rank_entry, mass.per_entry)
+            _, masses = dealing.range_masses(mass.rows, cumulative, table.order, table.num_rows, n, entries)
         else:
             pattern = dealing.owner_pattern(plan.cold_share, dealing.OWNER_PATTERN_PERIOD, plan.cold_start)
             _, masses = dealing.interleave_masses(mass.rows, cumulative, h + w, table.num_rows, pattern, n)

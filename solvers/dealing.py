@@ -16,7 +16,9 @@ Two deals (:class:`core.vocabulary.Deal`), shared by the cost model and the runt
 Rows inside one histogram bucket are identical to the cost model (its masses are linear inside a
 bucket), so both functions are exact for the model's masses: per bucket, the rows each owner gets times
 the bucket's per-row value. Arrays of buckets x owners, never one entry per row (except the hotness order
-that :func:`range_masses` reads).
+that :func:`range_masses` reads). A deal by id can take a bucket's rows unevenly (ids numbered by first
+visit follow how many users touch a row), so where a measured profile says which row is which
+(``TouchProfile.rank_entry``) :func:`range_masses` prices every row as itself.
 """
 
 from __future__ import annotations
@@ -148,15 +150,30 @@ def range_rows(num_rows: int, num_ranks: int) -> np.ndarray:
 
 
 def range_masses(
-    edges: np.ndarray, cumulative: np.ndarray, order: np.ndarray | None, num_rows: int, num_ranks: int
+    edges: np.ndarray,
+    cumulative: np.ndarray,
+    order: np.ndarray | None,
+    num_rows: int,
+    num_ranks: int,
+    entries: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rows int64[N], masses float64[N, Q]) each rank owns under the ``ranges`` deal of a whole table
     (``edges``/``cumulative`` as in :func:`interleave_masses`; ``order`` as in :func:`hotness_ids`).
 
     Without an order, O(N); with one, only rows of a positive quantity are looked up by id (O(those
-    rows)); the rest add rows, not mass."""
+    rows)); the rest add rows, not mass. ``entries`` = (``rank_entry`` int[L], ``per_entry``
+    float64[E, Q]): which entry each of the hottest ``L`` rows is and one row's quantities per entry
+    (``TouchProfile.rank_entry``); then every row is priced as itself, not as its bucket's average
+    (O(L))."""
     size = range_size(num_rows, num_ranks)
     rows = range_rows(num_rows, num_ranks)
+    if entries is not None:
+        rank_entry, per_entry = entries
+        ranks = np.flatnonzero(rank_entry >= 0)
+        owner = hotness_ids(order, rank_entry.size, num_rows)[ranks] // size
+        value = per_entry[rank_entry[ranks]]  # [rows, Q]
+        masses = [np.bincount(owner, weights=column, minlength=num_ranks) for column in value.T]
+        return rows, np.stack(masses, axis=1)
     if order is None:  # ids are hotness ranks: each range is a stretch of the hotness order, O(N)
         bounds = np.minimum(size * np.arange(num_ranks + 1), num_rows).astype(np.float64)
         return rows, np.diff(interp_columns(bounds, edges, cumulative), axis=0)

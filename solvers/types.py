@@ -126,6 +126,12 @@ class TouchProfile:
     interpolated inside a bucket against the per-row masses, as a share of the table's total (stated
     by whoever measured the profile). ``sampling``: how a sample was formed (e.g.
     ``"next-item, window 20, negatives 4"``), for reports and contracts.
+
+    ``rank_entry`` (optional): which entry each row belongs to, along the hotness order (int32[L] for
+    ranks ``0 .. L - 1``, ``-1`` for a row of ``q = 0``; ranks past ``L`` have ``q = 0``). It tells
+    *which* rows of a bucket are the widely shared ones, which only a deal by id needs (TorchRec's
+    contiguous id ranges, :func:`solvers.dealing.range_masses`): 4 bytes per touched row, beside the
+    hotness order's 8.
     """
 
     lookups: np.ndarray  # float64[K] lookups per sample
@@ -135,6 +141,7 @@ class TouchProfile:
     quantization: float
     bucket_error: float
     sampling: str
+    rank_entry: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name, dtype in (
@@ -144,6 +151,8 @@ class TouchProfile:
             ("entry_rows", np.int64),
         ):
             object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), dtype=dtype))
+        if self.rank_entry is not None:
+            self._check_rank_entry()
         e = self.entry_bucket.size
         if self.lookups.ndim != 1 or any(a.shape != (e,) for a in (self.entry_prob, self.entry_rows)):
             raise PlannerError("touch profile: lookups and entry arrays must be 1-D, entries of equal length")
@@ -168,6 +177,48 @@ class TouchProfile:
             if not np.isfinite(v) or v < 0:
                 raise PlannerError(f"touch profile.{name}: must be finite and >= 0, got {v!r}")
 
+    def _check_rank_entry(self) -> None:
+        """``rank_entry`` as int32 holding exactly ``entry_rows[e]`` ranks of every entry ``e``."""
+        ranks = np.asarray(self.rank_entry)
+        if ranks.ndim != 1 or ranks.dtype.kind not in "iu":
+            raise PlannerError(
+                f"touch profile.rank_entry: expected 1-D integers, got {ranks.dtype} {ranks.shape}"
+            )
+        e = self.entry_bucket.size
+        if ranks.size and (ranks.min() < -1 or ranks.max() >= e):
+            bad = int(ranks.min()) if ranks.min() < -1 else int(ranks.max())
+            raise PlannerError(f"touch profile.rank_entry: entry {bad} is outside -1..{e - 1}")
+        ranks = np.ascontiguousarray(ranks, dtype=np.int32)
+        counts = np.bincount(ranks[ranks >= 0], minlength=e)
+        if not np.array_equal(counts, self.entry_rows):
+            first = int(np.flatnonzero(counts != self.entry_rows)[0])
+            raise PlannerError(
+                f"touch profile.rank_entry: lists {int(counts[first])} rows of entry {first}, "
+                f"which has {int(self.entry_rows[first])}"
+            )
+        object.__setattr__(self, "rank_entry", ranks)
+
+    def check_ranks(self, bucket_edges: np.ndarray) -> None:
+        """Raise PlannerError unless every rank of ``rank_entry`` lies in its entry's bucket
+        (``bucket_edges``: int64[K + 1], the first rank of each histogram bucket and the table's rows)."""
+        if self.rank_entry is None:
+            return
+        if self.rank_entry.size > bucket_edges[-1]:
+            size, rows = self.rank_entry.size, int(bucket_edges[-1])
+            raise PlannerError(f"touch profile.rank_entry: {size} ranks for a table of {rows} rows")
+        rank = np.flatnonzero(self.rank_entry >= 0)
+        bucket = self.entry_bucket[self.rank_entry[rank]]
+        wrong = (rank < bucket_edges[bucket]) | (rank >= bucket_edges[bucket + 1])
+        if wrong.any():
+            r = int(rank[np.argmax(wrong)])
+            raise PlannerError(
+                f"touch profile.rank_entry: rank {r} is outside bucket {int(bucket[np.argmax(wrong)])}"
+            )
+
+    def entry_touched(self, samples: float) -> np.ndarray:
+        """float64[E]: one row's probability of being in a batch of ``samples`` samples, per entry."""
+        return batch_touch_probability(self.entry_prob, samples)
+
     @property
     def num_buckets(self) -> int:
         return int(self.lookups.size)
@@ -185,7 +236,7 @@ class TouchProfile:
     def distinct(self, samples: float) -> np.ndarray:
         """float64[K]: expected distinct rows of each bucket in a batch of ``samples`` independent samples
         (``sum over rows of 1 - (1 - q)^samples``)."""
-        per_entry = batch_touch_probability(self.entry_prob, samples) * self.entry_rows
+        per_entry = self.entry_touched(samples) * self.entry_rows
         return np.bincount(self.entry_bucket, weights=per_entry, minlength=self.num_buckets)
 
 

@@ -5,7 +5,8 @@ arrays ``t{i}.rows`` (int64), ``t{i}.prob`` (float64), optionally ``t{i}.order``
 hottest first), ``t{i}.len_values`` / ``t{i}.len_probs`` (its sequence-length pmf) and, when its
 touch rates were measured (version 2), ``t{i}.touch_lookups`` / ``touch_bucket`` / ``touch_prob`` /
 ``touch_rows`` (a :class:`~solvers.types.TouchProfile`; its quantization, bucket error and sampling
-in the table's metadata). Version 1 files (no touch rates) are read too. Files are
+in the table's metadata) and, from version 3, ``t{i}.touch_rank_entry`` (int32: the profile entry of
+each touched row along the hotness order). Versions 1 (no touch rates) and 2 are read too. Files are
 written to a temporary file beside the target and moved into place with ``os.replace``, so a
 reader never sees a partial file. Loading validates everything and raises ``core.errors.DataError``
 (a path that cannot be written raises ``OutputError``; bad orders passed to ``save_stats``, ``ConfigError``).
@@ -30,8 +31,8 @@ from core.osutil import atomic_open
 from solvers.types import PlannerError, RowHistogram, TableSpec, TouchProfile, Workload
 
 FORMAT = "flexshard-stats"
-VERSION = 2
-READS = (1, 2)
+VERSION = 3
+READS = (1, 2, 3)
 TOUCH_ARRAYS = (("lookups", "f"), ("bucket", "i"), ("prob", "f"), ("rows", "i"))
 
 
@@ -83,6 +84,9 @@ def fingerprint(workload: Workload) -> str:
                 blob(a.tobytes())
             blob(struct.pack("<dd", tp.quantization, tp.bucket_error))
             blob(tp.sampling.encode("utf-8"))
+            if tp.rank_entry is not None:  # absent from the hash otherwise: version 2 fingerprints stay valid
+                blob(b"rank_entry")
+                blob(np.ascontiguousarray(tp.rank_entry, dtype="<i4").tobytes())
     return h.hexdigest()
 
 
@@ -129,10 +133,13 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
             tp = t.touch
             for key, a in _touch_arrays(tp).items():
                 arrays[f"t{i}.touch_{key}"] = a
+            if tp.rank_entry is not None:
+                arrays[f"t{i}.touch_rank_entry"] = np.ascontiguousarray(tp.rank_entry, dtype="<i4")
             touch = {
                 "quantization": tp.quantization,
                 "bucket_error": tp.bucket_error,
                 "sampling": tp.sampling,
+                "has_rank_entry": tp.rank_entry is not None,
             }
         tables_meta.append(
             {
@@ -217,13 +224,12 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
     tables = []
     orders: dict[str, np.ndarray] = {}
 
-    def array(key: str, kind: str) -> np.ndarray:
+    def array(key: str, kind: str, itemsize: int = 8) -> np.ndarray:
         a = arrays.get(key)
-        if a is None or a.ndim != 1 or a.dtype.kind != kind:
+        if a is None or a.ndim != 1 or a.dtype.kind != kind or a.dtype.itemsize != itemsize:
             got = "missing" if a is None else f"{a.dtype} {a.shape}"
-            raise DataError(
-                f"{where}: array {key!r} is {got}, expected 1-D {'int64' if kind == 'i' else 'float64'}"
-            )
+            expected = f"{'int' if kind == 'i' else 'float'}{8 * itemsize}"
+            raise DataError(f"{where}: array {key!r} is {got}, expected 1-D {expected}")
         return a
 
     with _from_file(where):  # what TableSpec / Workload reject in a stored table is bad data
@@ -254,7 +260,13 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
                     quantization=float(_field(touch_meta, "quantization", (int, float), tw)),
                     bucket_error=float(_field(touch_meta, "bucket_error", (int, float), tw)),
                     sampling=_field(touch_meta, "sampling", str, tw),
+                    rank_entry=(
+                        array(f"t{i}.touch_rank_entry", "i", 4)
+                        if _field({"has_rank_entry": False, **touch_meta}, "has_rank_entry", bool, tw)
+                        else None
+                    ),
                 )
+                touch.check_ranks(np.concatenate([[0], np.cumsum(hist.rows)]))
             table = TableSpec(
                 name=tname,
                 num_rows=rows_meta,

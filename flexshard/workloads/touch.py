@@ -21,7 +21,8 @@ The user table (one id per sample) gets ``q = m = 1 / users`` for every user tha
 
 The profile (:func:`touch_profile`) is kept along the table's hotness order: the histogram's buckets
 refined on a geometric grid of hotness rank (ratio ``1 + REFINE``), per bucket the lookups and the
-distribution of ``q`` rounded to a geometric grid (ratio ``1 + QUANTIZATION``). Its stated error
+distribution of ``q`` rounded to a geometric grid (ratio ``1 + QUANTIZATION``), and which entry of that
+distribution each touched row is (for deals by id, which take a bucket's rows unevenly). Its stated error
 (``bucket_error``) is measured against the per-row values: the largest difference, at any cut point
 and for batches of ``ERROR_SAMPLES`` samples, between the masses the cost model interpolates and the
 exact per-row sums, as a share of the table's total.
@@ -210,7 +211,10 @@ def touch_profile(
     step = np.log1p(quantization)
     level = np.round(np.log(q_rank[touched]) / step).astype(np.int64)
     key = bucket[touched] * (1 << 20) + (level + (1 << 19))  # level is in (-2^19, 0]
-    keys, rows = np.unique(key, return_counts=True)
+    keys, entry_of_touched, rows = np.unique(key, return_inverse=True, return_counts=True)
+    touched_rank = np.flatnonzero(touched)
+    rank_entry = np.full(touched_rank[-1] + 1 if touched_rank.size else 0, -1, dtype=np.int32)
+    rank_entry[touched_rank] = entry_of_touched
     entry_bucket = keys >> 20
     entry_prob = np.minimum(np.exp(((keys & ((1 << 20) - 1)) - (1 << 19)) * step), 1.0)
     profile = TouchProfile(
@@ -221,6 +225,7 @@ def touch_profile(
         quantization=quantization,
         bucket_error=0.0,
         sampling=sampling.describe(),
+        rank_entry=rank_entry,
     )
     error = profile_error(profile, edges, q_rank, m_rank)
     return refined, dataclasses.replace(profile, bucket_error=error)

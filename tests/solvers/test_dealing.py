@@ -11,9 +11,9 @@ import pytest
 from core.vocabulary import COMPONENTS, Deal
 from solvers import dealing
 from solvers.baselines import row_wise
-from solvers.cost_model import evaluate, table_mass, table_plan
+from solvers.cost_model import dealt_volumes, evaluate, table_mass, table_plan
 from solvers.placement import spread_heads
-from solvers.types import Plan, RowHistogram, TableSpec, Workload
+from solvers.types import Plan, RowHistogram, TableSpec, TouchProfile, Workload
 from topology.views import uniform_view
 
 
@@ -77,6 +77,54 @@ def test_range_masses_against_brute_force(order):
     for rank_in_hotness, row_id in enumerate(full):
         want[row_id // 6] += value[rank_in_hotness]
     np.testing.assert_allclose(masses[:, 0], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("order", [None, "permuted", "short"])
+def test_range_masses_by_entry_against_brute_force(order):
+    rng = np.random.default_rng(5)
+    rank_entry = np.array([2, 0, 1, -1, 1, 2, 0, 0, -1, 1, 2], dtype=np.int32)  # 11 of 23 rows listed
+    per_entry = rng.uniform(0.1, 1.0, (3, 2))
+    ids = {None: None, "permuted": rng.permutation(23), "short": rng.permutation(23)[:7]}[order]
+    edges, cumulative = np.array([0.0, 23.0]), np.zeros((2, 2))  # bucket averages, unused with entries
+    rows, masses = dealing.range_masses(edges, cumulative, ids, 23, 4, (rank_entry, per_entry))
+    assert rows.tolist() == [6, 6, 6, 5]
+    full = np.arange(23) if ids is None else np.concatenate([ids, np.setdiff1d(np.arange(23), ids)])
+    want = np.zeros((4, 2))
+    for rank_in_hotness, entry in enumerate(rank_entry):
+        if entry >= 0:
+            want[full[rank_in_hotness] // 6] += per_entry[entry]
+    np.testing.assert_allclose(masses, want, rtol=1e-12)
+
+
+def test_ranges_price_which_rows_of_a_bucket_are_widely_shared():
+    """One bucket of 4 rows, 2 lookups per sample: two rows touched by 90% of samples, two by 10%. Ids by
+    hotness rank [0, 2, 3, 1] put both 0.9 rows (ranks 0 and 3) on rank 0 (ids 0, 1) of 2. At 2 samples
+    per GPU, rank 0 serves 2 (1 - 0.1^2) = 1.98 distinct rows per GPU and rank 1 2 (1 - 0.9^2) = 0.38; the
+    bucket's average would give each 1.18."""
+    hist = RowHistogram(np.array([4]), np.array([0.25]))
+    profile = TouchProfile(
+        lookups=np.array([2.0]),
+        entry_bucket=np.array([0, 0]),
+        entry_prob=np.array([0.1, 0.9]),
+        entry_rows=np.array([2, 2]),
+        quantization=0.0,
+        bucket_error=0.0,
+        sampling="history, whole history",
+        rank_entry=np.array([1, 0, 0, 1], dtype=np.int32),
+    )
+    table = TableSpec("t", 4, 2, 2.0, hist, touch=profile, order=np.array([0, 2, 3, 1]))
+    workload = Workload("shared", (table,), batch_size_per_gpu=2)
+    view = uniform_view(1, 2, 100.0, 10.0)
+    plan = row_wise(workload, view, 1e9, True, "sparse")
+    assert plan.tables[0].deal is Deal.RANGES
+    mass = table_mass(table, workload.lookups_per_gpu(table), 2, 2)
+    volumes = dealt_volumes(mass, table, plan.tables[0], view, dedup=True)
+    np.testing.assert_allclose(volumes.cold_by_rank, [1.98, 0.38], rtol=1e-12)
+    np.testing.assert_allclose(volumes.cold_group_by_rank, [2 * (1 - 0.1**4), 2 * (1 - 0.9**4)], rtol=1e-12)
+    bare = dataclasses.replace(table, touch=dataclasses.replace(profile, rank_entry=None))
+    bare_mass = table_mass(bare, workload.lookups_per_gpu(bare), 2, 2)
+    averaged = dealt_volumes(bare_mass, bare, plan.tables[0], view, dedup=True)
+    np.testing.assert_allclose(averaged.cold_by_rank, [1.18, 1.18], rtol=1e-12)
 
 
 # --- the cost model with rows dealt: hand-computed figures ---------------------------------------

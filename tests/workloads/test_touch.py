@@ -145,6 +145,29 @@ def test_profile_distinct_within_the_stated_quantization() -> None:
     np.testing.assert_allclose(profile.lookups.sum(), m.sum())
 
 
+def test_rank_entry_names_each_rows_bucket_and_rate() -> None:
+    hist, order, q, m = profile_case(seed=3)
+    refined, profile = touch_profile(hist, order, q, m, Sampling("history", None, 0), quantization=0.02)
+    edges = np.concatenate([[0], np.cumsum(refined.rows)])
+    listed = np.zeros(500, dtype=bool)
+    listed[order] = True
+    q_rank = q[np.concatenate([order, np.flatnonzero(~listed)])]
+    ranks = profile.rank_entry
+    assert ranks.dtype == np.int32 and ranks.size == np.flatnonzero(q_rank > 0)[-1] + 1
+    for rank in range(500):  # brute force, row by row
+        entry = int(ranks[rank]) if rank < ranks.size else -1
+        if q_rank[rank] == 0:
+            assert entry == -1
+            continue
+        assert edges[profile.entry_bucket[entry]] <= rank < edges[profile.entry_bucket[entry] + 1]
+        assert abs(profile.entry_prob[entry] / q_rank[rank] - 1) <= 0.01 + 1e-12  # quantization / 2
+    profile.check_ranks(edges)
+    with pytest.raises(PlannerError, match="rank_entry: lists"):
+        TouchProfile(**{**profile.__dict__, "rank_entry": np.where(ranks == ranks.max(), -1, ranks)})
+    with pytest.raises(PlannerError, match="rank_entry: entry 9999 is outside"):
+        TouchProfile(**{**profile.__dict__, "rank_entry": np.append(ranks, 9999)})
+
+
 def test_profile_bucket_error_is_the_worst_cut_by_brute_force() -> None:
     hist, order, q, m = profile_case(seed=4)
     refined, profile = touch_profile(hist, order, q, m, Sampling("history", None, 0))

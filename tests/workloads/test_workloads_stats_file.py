@@ -234,8 +234,71 @@ def test_version_1_files_are_still_read(tmp_path: Path) -> None:
     np.savez(tmp_path / "v1.npz", **arrays)
     loaded, _ = load_stats(tmp_path / "v1.npz")
     assert fingerprint(loaded) == fingerprint(w) and all(t.touch is None for t in loaded.tables)
-    meta["version"] = 3
+    meta["version"] = 4
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    np.savez(tmp_path / "v3.npz", **arrays)
-    with pytest.raises(DataError, match="stats file version 3; this FlexShard reads versions 1, 2"):
-        load_stats(tmp_path / "v3.npz")
+    np.savez(tmp_path / "v4.npz", **arrays)
+    with pytest.raises(DataError, match="stats file version 4; this FlexShard reads versions 1, 2, 3"):
+        load_stats(tmp_path / "v4.npz")
+
+
+def _rewrite(path: Path, out: Path, edit) -> Path:
+    """``path``'s arrays and metadata, changed by ``edit(arrays, meta)``, written to ``out``."""
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    edit(arrays, meta)
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(out, **arrays)
+    return out
+
+
+def test_rank_entry_round_trip_and_version_2_files(tmp_path: Path) -> None:
+    w, orders = measured_workload()
+    tp = w.tables[0].touch
+    assert tp is not None and tp.rank_entry is not None and tp.rank_entry.dtype == np.int32
+    path = save_stats(tmp_path / "m.npz", w, orders)
+    loaded, _ = load_stats(path)
+    assert np.array_equal(loaded.tables[0].touch.rank_entry, tp.rank_entry)
+
+    def as_version_2(arrays, meta):  # what a version 2 writer made: no rank_entry, its own fingerprint
+        meta["version"] = 2
+        del arrays["t0.touch_rank_entry"]
+        del meta["tables"][0]["touch"]["has_rank_entry"]
+        bare = dataclasses.replace(tp, rank_entry=None)
+        meta["fingerprint"] = fingerprint(
+            dataclasses.replace(w, tables=(dataclasses.replace(w.tables[0], touch=bare),))
+        )
+
+    old, _ = load_stats(_rewrite(path, tmp_path / "v2.npz", as_version_2))
+    assert old.tables[0].touch.rank_entry is None
+    assert fingerprint(old) != fingerprint(w)  # which row is which is hashed: it prices TorchRec's ranges
+
+
+def test_bad_rank_entry_raises(tmp_path: Path) -> None:
+    w, orders = measured_workload()
+    path = save_stats(tmp_path / "m.npz", w, orders)
+    ranks = w.tables[0].touch.rank_entry
+    live = np.flatnonzero(ranks >= 0)
+
+    def swap(arrays, meta):  # rows of two buckets trade entries: every entry's count holds
+        a, bucket = arrays["t0.touch_rank_entry"].copy(), arrays["t0.touch_bucket"]
+        i, j = live[0], next(k for k in live if bucket[a[k]] != bucket[a[live[0]]])
+        a[i], a[j] = a[j], a[i]
+        arrays["t0.touch_rank_entry"] = a
+
+    with pytest.raises(DataError, match=r"rank_entry: rank \d+ is outside bucket \d+"):
+        load_stats(_rewrite(path, tmp_path / "swap.npz", swap))
+
+    def drop(arrays, meta):
+        a = arrays["t0.touch_rank_entry"].copy()
+        a[live[0]] = -1
+        arrays["t0.touch_rank_entry"] = a
+
+    with pytest.raises(DataError, match="touch profile.rank_entry: lists .* rows of entry"):
+        load_stats(_rewrite(path, tmp_path / "drop.npz", drop))
+
+    def wide(arrays, meta):
+        arrays["t0.touch_rank_entry"] = arrays["t0.touch_rank_entry"].astype(np.int64)
+
+    with pytest.raises(DataError, match="'t0.touch_rank_entry' is int64 .*, expected 1-D int32"):
+        load_stats(_rewrite(path, tmp_path / "wide.npz", wide))
