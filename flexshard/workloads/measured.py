@@ -18,18 +18,19 @@ from solvers.types import TableSpec, Workload
 
 from .parquet import parquet_histories
 from .parsed import ITEM_TABLE, USER_TABLE
+from .recbole import recbole_histories
 from .sequences import Sequences, read_count_sequences, read_sequences
 from .touch import Sampling, item_rates, touch_profile, user_rates
 
-HISTORY_FORMATS = ("seq", "csv", "parquet")
+HISTORY_FORMATS = ("seq", "csv", "recbole", "parquet")
 
 
 def histories(
     path: str | Path, fmt: str, max_len: int | None = None, **parquet_options
 ) -> Callable[[], Iterable[Sequences]]:
     """A function giving the per-user histories of one data file as chunks of users (one chunk for the
-    text formats; partitions of bounded size for Parquet), each truncated to its last ``max_len`` items
-    when given (as ``flexshard stats --max-len`` counts them)."""
+    text formats and RecBole; partitions of bounded size for Parquet), each truncated to its last
+    ``max_len`` items when given (as ``flexshard stats --max-len`` counts them)."""
     path = Path(path)
     if fmt == "seq":
         return lambda: [read_sequences(path, max_len=max_len)]
@@ -37,6 +38,8 @@ def histories(
         if max_len is not None:
             raise ConfigError(f"max_len: {path} is a csv count matrix without order; it cannot be truncated")
         return lambda: [read_count_sequences(path)]
+    if fmt == "recbole":
+        return lambda: [recbole_histories(path, max_len=max_len)]
     if fmt == "parquet":
         return lambda: parquet_histories(path, max_len=max_len, **parquet_options)
     raise ConfigError(

@@ -7,6 +7,7 @@ row, a ``token_seq`` one row per space-separated token (multi-hot); float fields
 tables and are skipped. Tokens are remapped to dense row ids in first-seen order (``.inter``
 first, then the feature file). One sample per user: its interactions in timestamp order (so
 ``max_len`` keeps the most recent ones); a table's ids per sample are its lookups per user.
+:func:`recbole_histories` gives the same users' item histories, for measured touch rates and training.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from core.errors import DataError
 
 from ._text import _WS, bad_value, split_cells
 from .parsed import ITEM_TABLE, USER_TABLE, Parsed, table_limits
+from .sequences import Sequences
 
 TYPES = ("token", "token_seq", "float", "float_seq")
 
@@ -134,12 +136,8 @@ def _check_vocab(
         )
 
 
-def read_recbole(
-    path: str | Path, num_rows: Mapping[str, int] | None = None, max_len: int | None = None
-) -> Parsed:
-    """Parse ``<stem>.inter`` and, when present, ``<stem>.user`` / ``<stem>.item`` beside it."""
-    path = Path(path)
-    limits = table_limits(num_rows)
+def _interactions(path: Path) -> AtomicFile:
+    """The ``.inter`` beside ``path``, checked for non-empty ``user_id`` and ``item_id`` tokens."""
     inter = AtomicFile(path.with_suffix(".inter"))
     for key in (USER_TABLE, ITEM_TABLE):
         if not inter.has(key) or inter.kind(key) != "token":
@@ -149,6 +147,36 @@ def read_recbole(
         empty = inter.column(key) == b""
         if empty.any():
             raise bad_value(inter.path, int(inter.line[int(np.argmax(empty))]), key, "", "empty id")
+    return inter
+
+
+def _timestamps(inter: AtomicFile) -> np.ndarray:
+    """float64 per interaction: its ``timestamp:float`` field, or its file position when there is none."""
+    if inter.has("timestamp") and inter.kind("timestamp") == "float":
+        return inter.floats("timestamp")
+    return np.arange(inter.cells.shape[0], dtype=np.float64)
+
+
+def recbole_histories(path: str | Path, max_len: int | None = None) -> Sequences:
+    """Per-user item histories of ``<stem>.inter``: users and items as the dense ids :func:`read_recbole`
+    gives them (first seen in the ``.inter``), each history in timestamp order (file order on ties),
+    truncated to its last ``max_len`` items when given."""
+    inter = _interactions(Path(path))
+    user, _ = _dense(inter.column(USER_TABLE))
+    item, _ = _dense(inter.column(ITEM_TABLE))
+    order = np.lexsort((np.arange(user.size), _timestamps(inter), user))
+    users, lengths = np.unique(user, return_counts=True)
+    seq = Sequences(users, np.concatenate([[0], np.cumsum(lengths)]), item[order])
+    return seq if max_len is None else seq.truncated(max_len)
+
+
+def read_recbole(
+    path: str | Path, num_rows: Mapping[str, int] | None = None, max_len: int | None = None
+) -> Parsed:
+    """Parse ``<stem>.inter`` and, when present, ``<stem>.user`` / ``<stem>.item`` beside it."""
+    path = Path(path)
+    limits = table_limits(num_rows)
+    inter = _interactions(path)
     n_inter = inter.cells.shape[0]
     side: dict[str, AtomicFile] = {}
     for key, suffix in ((USER_TABLE, ".user"), (ITEM_TABLE, ".item")):
@@ -186,8 +214,7 @@ def read_recbole(
 
     # keep each user's most recent max_len interactions (timestamp order, file order on ties)
     user, item = ids[USER_TABLE], ids[ITEM_TABLE]
-    has_time = inter.has("timestamp") and inter.kind("timestamp") == "float"
-    when = inter.floats("timestamp") if has_time else np.arange(n_inter, dtype=np.float64)
+    when = _timestamps(inter)
     kept = np.arange(n_inter)
     if max_len is not None:
         order = np.lexsort((np.arange(n_inter), when, user))

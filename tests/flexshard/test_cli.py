@@ -166,6 +166,10 @@ def test_stats_measures_touch_rates_by_default(tmp_path, capsys):
     line = fails(capsys, "stats", str(seqs), "--window", "0", "--out", str(tmp_path / "x.npz"))
     assert "sampling.window: must be a positive integer, got 0" in line
     assert not (tmp_path / "x.npz").exists()
+    inter = tmp_path / "toy.inter"  # RecBole: histories in timestamp order
+    inter.write_text("user_id:token\titem_id:token\ttimestamp:float\na\tx\t2\na\ty\t1\nb\ty\t5\nb\tz\t6\n")
+    rc, text, _ = run(capsys, "stats", str(inter), "--window", "3", "--out", str(tmp_path / "r.npz"))
+    assert rc == 0 and "item_id measured (next-item, window 3, negatives 4" in text
 
 
 def test_topology_command_exports_json(tmp_path, capsys):

@@ -11,6 +11,7 @@ import pytest
 from core.errors import ConfigError, DataError
 from flexshard.workloads import detect_format, hotness_order, read_workload
 from flexshard.workloads._text import read_chunks, tokenize
+from flexshard.workloads.recbole import recbole_histories
 
 
 def write(path: Path, text: str) -> Path:
@@ -158,6 +159,22 @@ def test_recbole_max_len_uses_timestamps(tmp_path: Path) -> None:
     # u1 by time: i2 (20), i1 (30), i3 (40) -> keeps i1, i3; u2 keeps i2
     assert orders["item_id"].tolist() == [0, 1, 2]
     assert tables(w)["user_id"].hist.prob[:2].tolist() == [2 / 3, 1 / 3]
+
+
+def test_recbole_histories_by_timestamp_with_the_workloads_ids(tmp_path: Path) -> None:
+    inter = recbole_files(tmp_path)
+    seq = recbole_histories(inter)
+    # users u1=0, u2=1; items i1=0, i2=1, i3=2; u1 by time: i2 (20), i1 (30), i3 (40)
+    assert seq.users.tolist() == [0, 1] and seq.offsets.tolist() == [0, 3, 4]
+    assert seq.items.tolist() == [1, 0, 2, 1]
+    short = recbole_histories(inter, max_len=2)
+    assert short.items.tolist() == [0, 2, 1]  # the most recent two, as read_workload(max_len=2) counts
+    w, orders = read_workload(inter, max_len=2)
+    counts = np.bincount(short.items, minlength=tables(w)["item_id"].num_rows)
+    assert counts[orders["item_id"]].tolist() == [1, 1, 1]
+    write(tmp_path / "plain.inter", "user_id:token\titem_id:token\nb\tx\na\ty\nb\tz\n")
+    plain = recbole_histories(tmp_path / "plain.inter")  # no timestamp: file order
+    assert plain.users.tolist() == [0, 1] and plain.items.tolist() == [0, 2, 1]
 
 
 def test_recbole_folder_and_feature_file_paths(tmp_path: Path) -> None:

@@ -6,9 +6,11 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from flexshard.workloads import read_workload, top_share
+from flexshard.workloads import Sampling, read_workload, top_share
+from flexshard.workloads.measured import histories, with_touch_rates
 
 
 def _data_dir() -> Path:
@@ -129,6 +131,13 @@ def test_movielens_100k_recbole() -> None:
     item = t["item_id"]
     once = item.hist.rows[item.hist.prob == item.hist.prob[item.hist.prob > 0].min()].sum() / item.num_rows
     assert once == pytest.approx(0.08, abs=0.005)
+    # the histories behind measured touch rates: every rating, with the item table's ids
+    (seq,) = histories(folder / "ml-100k.inter", "recbole")()
+    assert len(seq) == 943 and seq.items.size == 100_000
+    counts = np.bincount(seq.items, minlength=item.num_rows)
+    np.testing.assert_allclose(np.sort(counts)[::-1] / 100_000, np.repeat(item.hist.prob, item.hist.rows))
+    measured = with_touch_rates(w, orders, lambda: [seq], Sampling("next-item", 50, 4))
+    assert {x.name for x in measured.tables if x.touch is not None} == {"user_id", "item_id"}
     # truncating histories to the 50 most recent ratings (by timestamp) keeps 943 users
     short, short_orders = read_workload(folder, max_len=50)
     assert short_orders["user_id"].size == 943
