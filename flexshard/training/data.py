@@ -36,6 +36,7 @@ from flexshard.workloads import (
     sequences_from_lines,
 )
 from flexshard.workloads.measured import HISTORY_FORMATS
+from flexshard.workloads.row_stats import is_row_stats
 from solvers.types import RowHistogram, TableSpec, Workload
 
 SYN_ITEMS, SYN_ITEMS_PER_CREATOR, SYN_ALPHA, SYN_HEAD, SYN_TAIL = 50_000, 10, 0.9, 5_000, 0.05
@@ -117,6 +118,11 @@ class SequenceFileSource:
         if fmt not in HISTORY_FORMATS:
             raise DataError(
                 f"--data: {path}: train reads histories ({', '.join(HISTORY_FORMATS)} files), got {fmt!r}"
+            )
+        if fmt == "parquet" and is_row_stats(self.path):
+            raise DataError(
+                f"--data: {path}: per-row statistics (table, row, lookups columns), not an interaction log; "
+                "train samples user histories: pass the log they were computed from"
             )
         workload, orders = load_workload_with_orders(self.path, dim=dim, batch_size_per_gpu=batch_size)
         specs = {t.name: t for t in workload.tables}

@@ -13,6 +13,7 @@ import pytest
 from core.errors import ConfigError, DataError
 from flexshard.cli import main
 from flexshard.plan_file import read_plan
+from flexshard.training import data
 from flexshard.workloads import (
     ITEM_TABLE,
     USER_TABLE,
@@ -283,3 +284,10 @@ def test_stats_on_rows_flags(tmp_path, capsys):
     assert "has no samples_touched column" in fails(counts_only, "--touch-rates", "history")
     rc, text, _ = cli(capsys, "stats", counts_only, "--out", out)
     assert rc == 0 and "note: no samples_touched column" in text
+
+
+def test_train_refuses_row_statistics_as_data(tmp_path):
+    path = tmp_path / "rows.parquet"
+    write_rows(path, [("item_id", 0, 3, 2, 5), ("item_id", 1, 1, 1, 5)])
+    with pytest.raises(DataError, match=r"--data: .*rows\.parquet: per-row statistics \(table, row, lookups"):
+        data.SequenceFileSource(str(path), dim=4, max_len=2, negatives=1, batch_size=8, seed=0)
