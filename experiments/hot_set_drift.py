@@ -26,9 +26,11 @@ Method, per data set, at ``h100:8`` (64 GPUs), budget 2x row-wise, dedup on and 
 2. **evaluate on the later window without re-sorting**: the later window's per-row probabilities are
    listed in the earlier window's order (``RowHistogram`` requires non-increasing probabilities, so
    ``solvers.cost_model.evaluate`` cannot price that order). ``tier_volumes_from_probs`` computes each
-   tier's lookup volume, dedup volume ``sum 1 - (1 - p)^n`` and touched rows ``sum 1 - (1 - p)^(N n)``
-   from the per-row probabilities with the formulas of ``solvers.cost_model.table_mass`` (``n`` = the
-   later window's lookups per GPU), and ``solvers.cost_model.evaluate_volumes`` prices them with
+   row's lookups, dedup volume ``1 - (1 - p)^n`` and touched probability ``1 - (1 - p)^(N n)`` with the
+   formulas of ``solvers.cost_model.table_mass`` (``n`` = the later window's lookups per GPU), deals the
+   rows to their owners as the runtime would (``solvers.cost_model.dealt_volumes``, every row its own
+   bucket; row-wise is TorchRec's contiguous ranges of the real ids), and
+   ``solvers.cost_model.evaluate_volumes`` prices them with
    the same traffic, sync, split-size and time functions as ``solvers.cost_model.evaluate``
    (self-check on sorted input: the oracle below and row-wise agree with ``evaluate`` to 1e-9);
 3. **oracle**: ``make_plan`` on the later window itself, priced by ``evaluate``.
@@ -46,6 +48,7 @@ chosen from the earlier window). Writes docs/results/hot_set_drift.md and hot_se
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -57,9 +60,9 @@ import numpy as np
 import study
 
 from flexshard import workloads
-from solvers.cost_model import TierVolumes, evaluate_volumes
+from solvers.cost_model import TableMass, TierVolumes, dealt_volumes, evaluate_volumes
 from solvers.planner import budget_bytes, make_plan
-from solvers.types import CostReport, Plan, RowHistogram, TableSpec, Workload
+from solvers.types import CostReport, Plan, RowHistogram, TablePlan, TableSpec, Workload
 from topology import ClusterView, cluster_view, h100_cluster
 
 DIM = 64
@@ -177,26 +180,26 @@ def full_order(counts: np.ndarray) -> np.ndarray:
 
 
 def tier_volumes_from_probs(
-    p: np.ndarray, hot: int, warm: int, lookups_per_gpu: float, view: ClusterView, dedup: bool
+    p: np.ndarray, table: TableSpec, tp: TablePlan, view: ClusterView, dedup: bool
 ) -> TierVolumes:
-    """Tier volumes of a table whose rows, in tier order (hot, then warm, then cold), have per-lookup
-    probabilities ``p`` (any order): the per-row formulas of ``solvers.cost_model.table_mass`` (a GPU's
-    batch, a group's, the cluster's)."""
+    """Tier volumes of ``table`` under plan ``tp`` when its rows, listed in the order the plan's tiers are
+    taken along (``table.order``: hot, then warm, then cold), have per-lookup probabilities ``p`` (any
+    order): the per-row formulas of ``solvers.cost_model.table_mass`` (a GPU's batch, a group's, the
+    cluster's), dealt to owners row by row as ``solvers.cost_model.dealt_volumes`` deals them."""
+    n = BATCH * table.ids_per_sample  # lookups per GPU per iteration
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))
-    unique = -np.expm1(lookups_per_gpu * log_miss)
-    group = -np.expm1(lookups_per_gpu * int(view.group_sizes.max()) * log_miss)
-    touched = -np.expm1(lookups_per_gpu * view.num_ranks * log_miss)
-    per_row = unique if dedup else p * lookups_per_gpu
-    edges = (slice(0, hot), slice(hot, hot + warm), slice(hot + warm, None))
-    vol = [float(per_row[s].sum()) for s in edges]
-    tch = [float(touched[s].sum()) for s in edges]
-    return TierVolumes(
-        warm_volume=vol[1],
-        cold_volume=vol[2],
-        hot_touched=tch[0],
-        warm_touched=tch[1],
-        cold_group_volume=float(group[edges[2]].sum()),
+
+    def cumulative(per_row: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(per_row)])
+
+    mass = TableMass(  # every row its own bucket: the dealt volumes are exact per row
+        rows=np.arange(p.size + 1, dtype=np.float64),
+        lookups=cumulative(p * n),
+        unique=cumulative(-np.expm1(n * log_miss)),
+        group=cumulative(-np.expm1(n * int(view.group_sizes.max()) * log_miss)),
+        touched=cumulative(-np.expm1(n * view.num_ranks * log_miss)),
     )
+    return dealt_volumes(mass, table, tp, view, dedup)
 
 
 def price_in_order(
@@ -208,11 +211,8 @@ def price_in_order(
     for t, tp in zip(workload.tables, plan.tables, strict=True):
         c = window.counts[t.name][orders[t.name]].astype(np.float64)
         p = c / c.sum()
-        volumes.append(
-            tier_volumes_from_probs(
-                p, tp.hot_rows, tp.warm_rows, workload.lookups_per_gpu(t), view, plan.dedup
-            )
-        )
+        listed = dataclasses.replace(t, order=orders[t.name])  # rank -> id, for TorchRec's id ranges
+        volumes.append(tier_volumes_from_probs(p, listed, tp, view, plan.dedup))
         hit = float(c[: tp.hot_rows + tp.warm_rows].sum())
         per_table[t.name] = hit / float(c.sum())
         replicated += hit
@@ -221,9 +221,11 @@ def price_in_order(
 
 
 def drift_study(name: str, early: Window, late: Window, view: ClusterView, dedup: bool, quick: bool) -> dict:
-    w_early, w_late = workload_of(f"{name}-earlier", early), workload_of(f"{name}-later", late)
     order_early = {t: full_order(c) for t, c in early.counts.items()}
     order_late = {t: full_order(c) for t, c in late.counts.items()}
+    # the real ids ride along: row-wise is TorchRec's contiguous id ranges of them
+    w_early = workload_of(f"{name}-earlier", early).with_orders(order_early)
+    w_late = workload_of(f"{name}-later", late).with_orders(order_late)
     rw_late = make_plan("row_wise", w_late, view, budget_bytes(w_late, view, BUDGET_X), dedup).report
     rw_early = make_plan("row_wise", w_early, view, budget_bytes(w_early, view, BUDGET_X), dedup).report
     rec: dict = {"rw_inter": rw_late.inter_group_bytes, "rw_time": rw_late.modeled_time_s}

@@ -35,8 +35,7 @@ same alpha, no tail), batch 16 per rank. Real: Amazon Beauty, Sports, Toys, Yelp
 (``amazon-yelp-sequences``: ``user item ...`` lines, few repeats), gowalla check-ins
 (``train_reconstructed.txt``), and the repeat-consumption count matrices lastfm (``test.csv``), tw_ny,
 go_sf and go_ny (``train.csv``; a user's history is its rows in file order, each item ``count`` times),
-dim 16. ``movielens-100k-recbole`` (RecBole atomic files) has no history reader for measured rates yet
-and is not in the grid.
+and MovieLens-100K (``ml-100k.inter``, RecBole; a user's ratings in timestamp order), dim 16.
 Cluster shapes:
 4 ranks = 2 groups of 2, 8 ranks = 4 groups of 2.
 Strategies: every strategy of ``solvers.planner.STRATEGIES`` at a 2x row-wise memory budget (the
@@ -100,6 +99,7 @@ REAL_DATA = (  # every data set of user histories under data_root()
     ("tw_ny", "repeat-consumption-uci/tw_ny/train.csv"),
     ("go_sf", "repeat-consumption-uci/go_sf/train.csv"),
     ("go_ny", "repeat-consumption-uci/go_ny/train.csv"),
+    ("ml-100k", "movielens-100k-recbole/ml-100k.inter"),  # histories in timestamp order
 )
 QUICK_REAL = ("beauty", "lastfm")
 SEED = 1
@@ -680,11 +680,12 @@ def main(argv: list[str] | None = None) -> int:
             "each owner is actually dealt (FlexShard's interleave from each table's start position, or",
             "TorchRec's contiguous id ranges for row_wise on the real ids), so a rank that holds a heavy row",
             "is predicted to serve its accesses; what remains is sampling noise, larger at the busiest rank",
-            "(a maximum over ranks of noisy means) than for the mean over ranks, and one approximation:",
-            "rows inside a hotness bucket are priced alike. FlexShard's interleave deals every owner rows",
-            "from all over a bucket, which averages them; TorchRec's id ranges take a bucket's rows by id,",
-            "and where ids follow how many users touch a row (ids numbered by first visit) a range can",
-            "hold more widely-shared rows than the bucket's average (row_wise with dedup on go_sf).",
+            "(a maximum over ranks of noisy means) than for the mean over ranks. Rows inside a hotness",
+            "bucket are alike to FlexShard's interleave, which deals every owner rows from all over a",
+            "bucket; TorchRec's id ranges take a bucket's rows by id, and where ids follow how many users",
+            "touch a row (ids numbered by first visit) a range holds more widely shared rows than the",
+            "bucket's average, so ranges are priced row by row from the profile's record of which entry",
+            "each row is (docs/cost_model.md 2.1; bucket averages left go_sf's busiest rank 11% short).",
             "",
             "## Scenarios",
             "",
