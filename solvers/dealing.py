@@ -15,10 +15,10 @@ Two deals (:class:`core.vocabulary.Deal`), shared by the cost model and the runt
 
 Rows inside one histogram bucket are identical to the cost model (its masses are linear inside a
 bucket), so both functions are exact for the model's masses: per bucket, the rows each owner gets times
-the bucket's per-row value. Arrays of buckets x owners, never one entry per row (except the hotness order
-that :func:`range_masses` reads). A deal by id can take a bucket's rows unevenly (ids numbered by first
-visit follow how many users touch a row), so where a measured profile says which row is which
-(``TouchProfile.rank_entry``) :func:`range_masses` prices every row as itself.
+the bucket's per-row value. Arrays of buckets or pattern positions, never one entry per row (except
+the hotness order that :func:`range_masses` reads). A deal by id can take a bucket's rows unevenly
+(ids numbered by first visit follow how many users touch a row), so where a measured profile says
+which row is which (``TouchProfile.rank_entry``) :func:`range_masses` prices every row as itself.
 """
 
 from __future__ import annotations
@@ -62,9 +62,14 @@ def owner_pattern(shares: np.ndarray, period: int, start: int = 0) -> np.ndarray
 
 @lru_cache(maxsize=1024)
 def _owner_pattern(shares: tuple[float, ...], period: int, start: int) -> np.ndarray:
-    pattern = np.roll(interleave_pattern(np.array(shares), period), -(start % period))
+    pattern = np.roll(_base_pattern(shares, period), -(start % period))
     pattern.flags.writeable = False
     return pattern
+
+
+@lru_cache(maxsize=64)
+def _base_pattern(shares: tuple[float, ...], period: int) -> np.ndarray:
+    return interleave_pattern(np.array(shares), period)  # every start of these shares rolls this one
 
 
 def first_position(pattern: np.ndarray, owner: int) -> int:
@@ -75,22 +80,12 @@ def first_position(pattern: np.ndarray, owner: int) -> int:
     return int(where[0])
 
 
-def owner_counts(pattern: np.ndarray, items: np.ndarray, num_owners: int) -> np.ndarray:
-    """int64[E, K]: how many of the items ``0 .. items[e] - 1`` each of ``K`` owners gets when item ``j``
-    goes to ``pattern[j % P]``. O(P + E K), whatever the item counts."""
-    items = np.asarray(items, dtype=np.int64)
-    period = pattern.size
-    per_period = np.bincount(pattern, minlength=num_owners).astype(np.int64)
-    full, rest = np.divmod(items, period)
-    by_rest = np.argsort(rest, kind="stable")
-    # position j counts for every item count whose remainder exceeds j
-    first_edge = np.searchsorted(rest[by_rest], np.arange(period), side="right")
-    partial = np.zeros((items.size + 1, num_owners), dtype=np.int64)
-    np.add.at(partial, (first_edge, pattern), 1)
-    partial = np.cumsum(partial, axis=0)[:-1]
-    out = np.empty_like(partial)
-    out[by_rest] = partial
-    return full[:, None] * per_period[None, :] + out
+def owner_rows(pattern: np.ndarray, count: int, num_owners: int) -> np.ndarray:
+    """int64[K]: how many of the items ``0 .. count - 1`` each of ``K`` owners gets when item ``j`` goes to
+    ``pattern[j % P]``. O(P)."""
+    full, rest = divmod(int(count), pattern.size)
+    per_period = np.bincount(pattern, minlength=num_owners)
+    return (full * per_period + np.bincount(pattern[:rest], minlength=num_owners)).astype(np.int64)
 
 
 def bucket_values(edges: np.ndarray, cumulative: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -115,14 +110,27 @@ def interleave_masses(
     ``first .. last - 1`` (hotness ranks) are dealt by ``pattern`` (item 0 = row ``first``).
 
     ``edges`` (float64[B + 1], from 0 to the table's rows) and ``cumulative`` (float64[B + 1, Q]) are the
-    table's cumulative quantities at its bucket edges (rows inside a bucket identical)."""
+    table's cumulative quantities at its bucket edges (rows inside a bucket identical).
+
+    With ``C_k(x)`` owner k's items among the first ``x`` and ``v_e`` bucket e's per-row values, owner k's
+    mass ``sum_e (C_k(x_{e+1}) - C_k(x_e)) v_e`` is summed by parts, ``sum_i C_k(x_i) (v_{i-1} - v_i)``, and
+    ``C_k(x) = (x // P) n_k + [pattern[:x % P] == k]``: a whole-period part and, per pattern position
+    ``j``, the weight of the edges past it. O(P Q + B log B), never buckets x owners."""
     cut = np.unique(np.clip(np.rint(edges).astype(np.int64), first, last))
     if cut.size < 2:
         return np.zeros(num_owners, np.int64), np.zeros((num_owners, cumulative.shape[1]))
     _, per_row = bucket_values(cut.astype(np.float64), interp_columns(cut, edges, cumulative))
-    counts = owner_counts(pattern, cut - first, num_owners)  # [E, K]
-    dealt = np.diff(counts, axis=0)  # rows of each bucket each owner gets
-    return counts[-1] - counts[0], dealt.T @ per_row
+    zero = np.zeros((1, per_row.shape[1]))
+    weight = -np.diff(np.vstack([zero, per_row, zero]), axis=0)  # [E + 1, Q]: v_{i-1} - v_i
+    full, rest = np.divmod(cut - first, pattern.size)
+    per_period = np.bincount(pattern, minlength=num_owners).astype(np.float64)
+    masses = per_period[:, None] * (full.astype(np.float64) @ weight)[None, :]
+    by_rest = np.argsort(rest, kind="stable")
+    past = np.vstack([np.cumsum(weight[by_rest][::-1], axis=0)[::-1], zero])  # past[m]: sorted edges >= m
+    beyond = past[np.searchsorted(rest[by_rest], np.arange(pattern.size), side="right")]  # [P, Q]
+    for q in range(weight.shape[1]):
+        masses[:, q] += np.bincount(pattern, weights=beyond[:, q], minlength=num_owners)
+    return owner_rows(pattern, int(cut[-1] - first), num_owners), masses
 
 
 def hotness_ids(order: np.ndarray | None, count: int, num_rows: int) -> np.ndarray:

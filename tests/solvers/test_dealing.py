@@ -25,14 +25,12 @@ def test_owner_pattern_is_the_rotated_interleave():
         dealing.first_position(np.array([2, 0, 1, 0]), 3)
 
 
-def test_owner_counts_against_brute_force():
+def test_owner_rows_against_brute_force():
     rng = np.random.default_rng(0)
     pattern = rng.integers(0, 5, size=13)
-    items = np.array([0, 1, 12, 13, 14, 40, 7, 100, 26, 3])
-    got = dealing.owner_counts(pattern, items, 6)
-    for e, x in enumerate(items):
+    for x in (0, 1, 12, 13, 14, 40, 7, 100, 26, 3):
         want = np.bincount(pattern[np.arange(x) % 13], minlength=6)
-        assert got[e].tolist() == want.tolist()
+        assert dealing.owner_rows(pattern, x, 6).tolist() == want.tolist()
 
 
 def _brute_force_masses(hist_rows, per_row, first, last, owner_of_item):
@@ -125,6 +123,27 @@ def test_ranges_price_which_rows_of_a_bucket_are_widely_shared():
     bare_mass = table_mass(bare, workload.lookups_per_gpu(bare), 2, 2)
     averaged = dealt_volumes(bare_mass, bare, plan.tables[0], view, dedup=True)
     np.testing.assert_allclose(averaged.cold_by_rank, [1.18, 1.18], rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_interleave_masses_random_buckets_against_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    hist_rows = rng.integers(1, 40, size=12)  # buckets of any size, values not monotone
+    per_row = rng.uniform(0.0, 3.0, size=(12, 3))
+    edges = np.concatenate([[0], np.cumsum(hist_rows)]).astype(float)
+    cumulative = np.concatenate([np.zeros((1, 3)), np.cumsum(per_row * hist_rows[:, None], axis=0)])
+    total = int(hist_rows.sum())
+    first, last = sorted(rng.integers(0, total + 1, size=2))
+    pattern = dealing.owner_pattern(
+        rng.uniform(0.1, 1.0, size=5), int(rng.integers(3, 30)), int(rng.integers(0, 3))
+    )
+    rows, masses = dealing.interleave_masses(edges, cumulative, first, last, pattern, 5)
+    want_rows, want_mass = _brute_force_masses(
+        hist_rows, per_row, first, last, lambda j: pattern[j % pattern.size]
+    )
+    for o in range(5):
+        assert rows[o] == want_rows.get(o, 0)
+        np.testing.assert_allclose(masses[o], want_mass.get(o, np.zeros(3)), rtol=1e-10, atol=1e-10)
 
 
 # --- the cost model with rows dealt: hand-computed figures ---------------------------------------
