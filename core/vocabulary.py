@@ -107,6 +107,20 @@ class FetchMode(_Setting):
     GROUP = "group"
 
 
+class WireDtype(_Setting):
+    """Element type of embeddings and gradients on the wire: the lookup all-to-alls and the replica sync.
+    Rows and optimizer state stay float32; received gradients are summed in float32."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one element on the wire."""
+        return FLOAT32_BYTES if self is WireDtype.FP32 else 2
+
+
 class Deal(_Setting):
     """How a table's cold rows are dealt to the ranks that own them (:mod:`solvers.dealing`).
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from core.errors import ConfigError, InputError, PlannerError
 from core.osutil import check_writable
-from core.vocabulary import SyncMode
+from core.vocabulary import SyncMode, WireDtype
 from flexshard import probe, workloads
 from flexshard.cli_common import first_line, positive_float, positive_int
 from flexshard.plan_file import to_dict, write_plan
@@ -55,6 +55,12 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         choices=[m.value for m in SyncMode],
         default=SyncMode.SPARSE.value,
         help="replica gradient sync (default sparse)",
+    )
+    p.add_argument(
+        "--wire-dtype",
+        choices=[m.value for m in WireDtype],
+        default=WireDtype.FP32.value,
+        help="element type of embeddings and gradients on the wire, as the plan prices it (default fp32)",
     )
     p.add_argument(
         "--batch-size",
@@ -278,7 +284,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     budget = budget_bytes(workload, view, args.budget)
     with Progress(1, "plan") as bar:
         planned = make_plan(
-            args.strategy, workload, view, budget, not args.no_dedup, args.sync, progress=bar.note
+            args.strategy,
+            workload,
+            view,
+            budget,
+            not args.no_dedup,
+            args.sync,
+            progress=bar.note,
+            wire=args.wire_dtype,
         )
         bar.advance()
     document = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload), orders)
@@ -301,6 +314,7 @@ def simulate_records(
     strategies: Sequence[str],
     sync: SyncMode | str = SyncMode.SPARSE,
     config: OptimizerConfig | None = None,
+    wire: WireDtype | str = WireDtype.FP32,
 ) -> list[dict[str, Any]]:
     """One record per (dedup, budget, strategy); infeasible ones have ``feasible: false``."""
     records = []
@@ -317,7 +331,7 @@ def simulate_records(
                         "dedup": dedup,
                     }
                     try:
-                        planned = make_plan(strategy, workload, view, budget, dedup, sync, config)
+                        planned = make_plan(strategy, workload, view, budget, dedup, sync, config, wire=wire)
                     except PlannerError as e:
                         record.update(feasible=False, error=str(e))
                         for key in ("inter_group_bytes", "intra_group_bytes", "sync_bytes", "modeled_time_s"):
@@ -349,7 +363,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload, _orders = _workload(args)
     view = cluster_view(load_topology(args.topology))
     dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
-    records = simulate_records(workload, view, args.budgets, dedups, strategies, args.sync)
+    records = simulate_records(
+        workload, view, args.budgets, dedups, strategies, args.sync, wire=args.wire_dtype
+    )
     if args.json:
         print(json.dumps(records, indent=1))
     else:
@@ -357,7 +373,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             f"workload {workload.name!r}: {len(workload.tables)} tables, {workload.num_rows:,} rows, "
             f"batch {workload.batch_size_per_gpu} per GPU; topology {args.topology}: "
             f"{view.num_ranks} GPUs in "
-            f"{view.num_groups} groups; {args.sync} sync. Bytes per iteration at the bottleneck rank."
+            f"{view.num_groups} groups; {args.sync} sync; {args.wire_dtype} vectors on the wire. Bytes per "
+            "iteration at the bottleneck rank."
         )
         print(comparison_table(records))
         notes = tradeoffs(records)

@@ -9,7 +9,8 @@ row-wise layout) by contiguous id ranges, so the file never lists rows. Files wi
 start positions (written before they existed) read as ``interleave`` from position 0.
 
 The file is a contract (:mod:`flexshard.contract`): it records what the plan was made for and a run
-is checked against it. ``settings`` (dedup, sync, batch per GPU), ``world`` (size and groups), per
+is checked against it. ``settings`` (dedup, sync, wire precision, batch per GPU; files without ``wire``
+read as fp32), ``world`` (size and groups), per
 table its size, dim, cold fetch mode, the fingerprint of the hotness order the tiers refer to and how
 its samples were formed when its touch rates were measured (``touch_rates``; null: independent
 draws), and the fingerprints of the workload statistics, the topology and the world. It also carries the
@@ -30,7 +31,7 @@ import numpy as np
 from core.errors import ConfigError, DataError
 from core.osutil import atomic_open
 from core.ranks import RankLayout
-from core.vocabulary import Deal, FetchMode, SyncMode
+from core.vocabulary import Deal, FetchMode, SyncMode, WireDtype
 from flexshard.fingerprints import order_fingerprint, topology_fingerprint
 from solvers.dealing import OWNER_PATTERN_PERIOD
 from solvers.types import CostReport, Plan, TablePlan, Workload
@@ -170,6 +171,7 @@ def to_dict(
         "settings": {
             "dedup": plan.dedup,
             "sync": plan.sync.value,
+            "wire": plan.wire.value,
             "batch_size_per_gpu": workload.batch_size_per_gpu,
         },
         "budget_bytes": plan.budget_bytes,
@@ -234,6 +236,7 @@ def _parse(doc: dict, where: str) -> PlanFile:
     settings = doc["settings"]
     try:
         sync = SyncMode.parse(settings["sync"])
+        wire = WireDtype.parse(settings.get("wire", WireDtype.FP32.value))  # files before it: float32
     except ConfigError as e:
         raise DataError(f"{where}: settings.{e}") from None
     batch = settings["batch_size_per_gpu"]
@@ -291,6 +294,7 @@ def _parse(doc: dict, where: str) -> PlanFile:
         sync=sync,
         budget_bytes=doc.get("budget_bytes"),
         solver=dict(doc.get("solver", {})),
+        wire=wire,
     )
     fingerprints = {str(k): str(v) for k, v in dict(doc["fingerprints"]).items()}
     return PlanFile(plan, layout, batch, tuple(metas), fingerprints, dict(doc["predicted"]), period)

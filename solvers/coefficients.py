@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core.vocabulary import FetchMode, LinkClass, SyncMode, Tier
+from core.vocabulary import FetchMode, LinkClass, SyncMode, Tier, WireDtype
 from solvers import wire
 from solvers.cost_model import (
     Exchanges,
@@ -116,25 +116,28 @@ def table_coefficients(
     dedup: bool,
     sync: SyncMode,
     routing_metadata: bool = True,
+    wire_dtype: WireDtype = WireDtype.FP32,
 ) -> list[TableCoefficients]:
     """Coefficients of every table's histogram buckets (cold priced flat; :meth:`TableCoefficients.for_fetch`
-    gives the group fetch's prices where the cluster has several groups of equal size)."""
+    gives the group fetch's prices where the cluster has several groups of equal size), vectors sent as
+    ``wire_dtype``."""
     lt = link_times(view)
     g, n = lt.group_size, lt.num_ranks
     meta = ROUTING_BYTES_PER_REPLICATED_ROW if routing_metadata else 0
     groups_of_equal_size = view.num_groups > 1 and view.uniform_group_size is not None
     out = []
     for t in workload.tables:
+        vec = t.wire_bytes(wire_dtype)
         mass = view_mass(workload, view, t)
         rows = np.diff(mass.rows)
         volume = np.diff(mass.unique if dedup else mass.lookups)
         touched = np.diff(mass.touched)
-        payload = wire.sync_payload(touched, rows, t.vector_bytes, sync)
+        payload = wire.sync_payload(touched, rows, vec, sync)
         time_s = np.stack(
             [
                 lt.hot_sync * payload,
-                lt.lookup_s(t.vector_bytes, within_group=True) * volume + lt.warm_sync * payload,
-                lt.lookup_s(t.vector_bytes, within_group=False) * volume,
+                lt.lookup_s(vec, within_group=True) * volume + lt.warm_sync * payload,
+                lt.lookup_s(vec, within_group=False) * volume,
             ]
         )
         memory = np.stack(
@@ -142,7 +145,7 @@ def table_coefficients(
         )
         cold_group = None
         if groups_of_equal_size:
-            per_lookup_s, per_group_row_s = lt.group_lookup_s(t.vector_bytes)
+            per_lookup_s, per_group_row_s = lt.group_lookup_s(vec)
             cold_group = per_lookup_s * volume + per_group_row_s * np.diff(mass.group)
         out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows), cold_group))
     return out

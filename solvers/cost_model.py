@@ -340,7 +340,7 @@ def evaluate_volumes(
     warm_payload = np.zeros(n)
     position = view.local_index
     for t, tp, vol in zip(workload.tables, plan.tables, volumes, strict=True):
-        vec = t.vector_bytes
+        vec = t.wire_bytes(plan.wire)
         warm_share = _access_share(vol.warm_by_position, tp.warm_share, position)
         traffic += lookup_traffic(view, warm_share, vol.warm_volume, vec, within_group=True)
         cold_share = _access_share(vol.cold_by_rank, tp.cold_share)

@@ -72,7 +72,7 @@ def optimize_tiers(
     the smallest feasible budget)."""
     cfg = config or OptimizerConfig()
     t0 = time.perf_counter()
-    coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata)
+    coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata, cfg.wire)
     floor_bytes = float(sum(c.memory_bytes[Tier.COLD].sum() for c in coeffs))
     if budget_bytes < floor_bytes * (1 - 1e-12):
         rw = row_wise_memory_bytes(workload, view)
@@ -106,7 +106,9 @@ def optimize_tiers(
         "variables": best["variables"],
         "solve_time_s": solve_time,
     }
-    plan = Plan("flexshard", tables, dedup=cfg.dedup, sync=cfg.sync, budget_bytes=budget_bytes, solver=solver)
+    plan = Plan(
+        "flexshard", tables, cfg.dedup, cfg.sync, budget_bytes=budget_bytes, solver=solver, wire=cfg.wire
+    )
     return OptimizerResult(
         plan, best["total_s"], lower, gap, best["rounds"], best["variables"], solve_time, history
     )

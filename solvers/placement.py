@@ -66,9 +66,9 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
             cold = (("cold", v.cold_volume),)
         for key, vol in (("warm", v.warm_volume), *cold):
             volume[key] += vol
-            vector_volume[key] += vol * t.vector_bytes
-        hot_payload += wire.sync_payload(v.hot_touched, tp.hot_rows, t.vector_bytes, plan.sync)
-        warm_payload += wire.sync_payload(v.warm_touched, tp.warm_rows, t.vector_bytes, plan.sync)
+            vector_volume[key] += vol * t.wire_bytes(plan.wire)
+        hot_payload += wire.sync_payload(v.hot_touched, tp.hot_rows, t.wire_bytes(plan.wire), plan.sync)
+        warm_payload += wire.sync_payload(v.warm_touched, tp.warm_rows, t.wire_bytes(plan.wire), plan.sync)
         mem_fixed += t.row_bytes * tp.hot_rows + routing_bytes(tp)
         mem_cold += t.row_bytes * tp.cold_rows
         mem_warm += t.row_bytes * tp.warm_rows
@@ -176,7 +176,7 @@ def spread_heads(workload: Workload, view: ClusterView, plan: Plan) -> Plan:
             if last <= first or (shares > 0).sum() < 2 or (tier == "cold" and tp.deal is Deal.RANGES):
                 continue
             head = np.diff(np.interp([first, first + 1], mass.rows, cumulative[i][1][:, col]))[0]
-            tiers.append((float(head) * t.vector_bytes, i, tier, first, last, shares, col))
+            tiers.append((float(head) * t.wire_bytes(plan.wire), i, tier, first, last, shares, col))
     if not tiers:
         return plan
     load = {"warm": np.zeros(int(view.group_sizes.max())), "cold": np.zeros(view.num_ranks)}
@@ -188,7 +188,7 @@ def spread_heads(workload: Workload, view: ClusterView, plan: Plan) -> Plan:
         start = dealing.first_position(base, owner)
         pattern = dealing.owner_pattern(shares, period, start)
         _, masses = dealing.interleave_masses(*cumulative[i], first, last, pattern, shares.size)
-        load[tier] += masses[:, col] * workload.tables[i].vector_bytes
+        load[tier] += masses[:, col] * workload.tables[i].wire_bytes(plan.wire)
         starts[(i, tier)] = start
     tables = tuple(
         replace(

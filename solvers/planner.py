@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from core.errors import ConfigError, PlannerError
-from core.vocabulary import Deal, SyncMode
+from core.vocabulary import Deal, SyncMode, WireDtype
 from solvers.baselines import BASELINES
 from solvers.cost_model import evaluate, row_wise_memory_bytes
 from solvers.optimizer import OptimizerConfig, optimize_tiers
@@ -39,19 +39,21 @@ def make_plan(
     sync: SyncMode | str = SyncMode.SPARSE,
     config: OptimizerConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    wire: WireDtype | str = WireDtype.FP32,
 ) -> PlannedStrategy:
     """Plan ``workload`` on ``view`` with ``strategy`` under ``budget`` bytes per GPU, and price it.
 
-    ``dedup`` and ``sync`` apply to every strategy and take precedence over ``config``'s (the
-    optimizer's other knobs); no argument is modified.
+    ``dedup``, ``sync`` and ``wire`` (the element type of vectors on the wire) apply to every strategy
+    and take precedence over ``config``'s (the optimizer's other knobs); no argument is modified.
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy: unknown {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    sync = SyncMode.parse(sync)
+    sync, wire = SyncMode.parse(sync), WireDtype.parse(wire)
     if strategy != "flexshard":
-        plan = spread_heads(workload, view, BASELINES[strategy](workload, view, budget, dedup, sync))
+        baseline = replace(BASELINES[strategy](workload, view, budget, dedup, sync), wire=wire)
+        plan = spread_heads(workload, view, baseline)
         return PlannedStrategy(plan, evaluate(workload, view, plan))
-    cfg = replace(config or OptimizerConfig(), dedup=dedup, sync=sync)
+    cfg = replace(config or OptimizerConfig(), dedup=dedup, sync=sync, wire=wire)
     plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
     plan = spread_heads(workload, view, plan)
     best = PlannedStrategy(plan, evaluate(workload, view, plan))
@@ -68,9 +70,8 @@ def make_plan(
         except PlannerError:
             continue
         tables = tuple(replace(tp, deal=Deal.INTERLEAVE) for tp in candidate.tables)  # FlexShard's deal
-        candidate = replace(
-            candidate, strategy="flexshard", tables=tables, solver={**plan.solver, "chosen": f"{name} tiers"}
-        )
+        chosen = {**plan.solver, "chosen": f"{name} tiers"}
+        candidate = replace(candidate, strategy="flexshard", tables=tables, solver=chosen, wire=wire)
         candidate = spread_heads(workload, view, candidate)
         report = evaluate(workload, view, candidate)
         if report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(report, best.report):

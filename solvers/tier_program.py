@@ -25,7 +25,7 @@ import numpy as np
 import pulp
 
 from core.errors import PlannerError
-from core.vocabulary import FetchMode, SyncMode, Tier
+from core.vocabulary import FetchMode, SyncMode, Tier, WireDtype
 from solvers.coefficients import TableCoefficients
 
 INTEGER_ROWS_MAX = 64  # segments this small get whole-row variables in the final (integer) solve
@@ -37,6 +37,7 @@ class OptimizerConfig:
 
     dedup: bool = True  # per-rank id dedup before the exchange
     sync: SyncMode = SyncMode.SPARSE  # replica gradient sync: touched rows, or every replicated row
+    wire: WireDtype = WireDtype.FP32  # element type of embeddings and gradients on the wire
     allow_hot: bool = True
     allow_warm: bool = True
     initial_segments: int = 24  # mass-quantile breakpoints per table (plus a geometric row grid)

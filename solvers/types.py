@@ -17,7 +17,8 @@ import numpy as np
 
 from core.errors import PlannerError
 from core.traffic import Traffic
-from core.vocabulary import Component, Deal, FetchMode, LinkClass, SyncMode
+from core.vocabulary import Component, Deal, FetchMode, LinkClass, SyncMode, WireDtype
+from solvers.wire import vector_bytes
 
 ROUTING_BYTES_PER_REPLICATED_ROW = 12  # int64 sorted id + int32 slot, per hot/warm row, on every rank
 MEMORY_PARTS = ("hot", "warm", "cold", "routing")  # columns of CostReport.memory_by_part_bytes
@@ -304,8 +305,12 @@ class TableSpec:
 
     @property
     def vector_bytes(self) -> int:
-        """Bytes of one embedding (or gradient) vector on the wire."""
+        """Bytes of one embedding (or gradient) vector as stored (on the wire at full precision)."""
         return self.dim * self.element_bytes
+
+    def wire_bytes(self, wire: WireDtype) -> int:
+        """Bytes of one embedding (or gradient) vector sent as ``wire`` (``solvers.wire.vector_bytes``)."""
+        return vector_bytes(self.dim, self.element_bytes, wire)
 
 
 @dataclass(frozen=True)
@@ -379,7 +384,8 @@ class Plan:
     """A sharding plan for a workload on a cluster (one strategy, one budget).
 
     ``dedup``: ids deduplicated per rank before the exchange; ``sync``: how replica gradients are
-    summed. Each table's cold fetch mode is in its :class:`TablePlan`. Plans are immutable: derive
+    summed; ``wire``: the element type of embeddings and gradients on the wire. Each table's cold
+    fetch mode is in its :class:`TablePlan`. Plans are immutable: derive
     variants with ``dataclasses.replace``.
     """
 
@@ -389,10 +395,12 @@ class Plan:
     sync: SyncMode = SyncMode.SPARSE
     budget_bytes: float | None = None  # per-GPU memory budget the plan was made for
     solver: dict = field(default_factory=dict)  # solver metadata (bounds, gap, iterations, seconds)
+    wire: WireDtype = WireDtype.FP32
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tables", tuple(self.tables))
         object.__setattr__(self, "sync", SyncMode.parse(self.sync))
+        object.__setattr__(self, "wire", WireDtype.parse(self.wire))
 
     def cold_fetch(self, mode: FetchMode) -> bool:
         """Whether some table has cold rows fetched in ``mode``."""

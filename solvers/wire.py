@@ -23,7 +23,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.vocabulary import INDEX_BYTES, MASK_BYTES_PER_ROW, Component, Direction, LinkClass, SyncMode
+from core.vocabulary import (
+    INDEX_BYTES,
+    MASK_BYTES_PER_ROW,
+    Component,
+    Direction,
+    LinkClass,
+    SyncMode,
+    WireDtype,
+)
+
+
+def vector_bytes(dim: int, element_bytes: int, wire: WireDtype = WireDtype.FP32) -> int:
+    """Bytes of one embedding (= one gradient) of ``dim`` elements stored in ``element_bytes`` each, sent as
+    ``wire``: a vector never travels wider than it is stored."""
+    return int(dim) * min(int(element_bytes), wire.element_bytes)
+
 
 SPLIT_BYTES_PER_TABLE = INDEX_BYTES  # one int64 length per (table, peer) before each tier's exchange
 

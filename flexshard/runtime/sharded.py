@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from core.errors import ConfigError, PlanMismatchError
 from core.traffic import Traffic
-from core.vocabulary import Component, FetchMode, LinkClass, Tier
+from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
 from flexshard.runtime.agreement import agreed_message
@@ -102,6 +102,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         super().__init__()
         if not dist.is_initialized():
             raise ConfigError("ShardedSequenceEmbedding: torch.distributed is not initialised")
+        if plan_file.plan.wire is not WireDtype.FP32:  # priced by the planner; not yet sent by the runtime
+            raise ConfigError(
+                f"plan.settings.wire: {plan_file.plan.wire}; this runtime sends float32 vectors only, "
+                "so plan with --wire-dtype fp32"
+            )
         self.device = _device(device)
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.optimizer, self.lr, self.eps = optimizer, float(lr), float(eps)

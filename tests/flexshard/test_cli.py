@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from cli_helpers import fails, run
 
+from core.errors import ConfigError, DataError
 from flexshard.cli import main
 from flexshard.plan_file import read_plan
 from flexshard.workloads import load_stats
@@ -31,10 +32,30 @@ def test_plan_writes_a_plan_file_that_reads_back(tmp_path, capsys):
         assert abs(tp.cold_share.sum() - 1) < 1e-9
     doc = json.loads(out.read_text())
     assert set(doc["fingerprints"]) == {"workload", "topology", "world"}
-    assert doc["settings"] == {"dedup": True, "sync": "sparse", "batch_size_per_gpu": 512}
+    assert doc["settings"] == {"dedup": True, "sync": "sparse", "wire": "fp32", "batch_size_per_gpu": 512}
     assert pf.batch_size_per_gpu == 512 and pf.plan.dedup and pf.overrides == {}
     assert doc["predicted"]["memory_per_gpu_bytes"] <= doc["budget_bytes"] * (1 + 1e-9)
     assert 0 <= doc["solver"]["gap"] <= 0.01
+
+
+def test_plan_and_simulate_at_a_wire_precision(tmp_path, capsys):
+    """--wire-dtype prices vectors in 2-byte elements: fewer bytes than fp32, recorded in the plan file;
+    a file without the setting reads as fp32; a bad value in a file is one line naming it."""
+    full, half = tmp_path / "fp32.json", tmp_path / "bf16.json"
+    assert run(capsys, "plan", *SMALL, "--out", str(full))[0] == 0
+    rc, _, _ = run(capsys, "plan", *SMALL, "--wire-dtype", "bf16", "--out", str(half))
+    assert rc == 0 and read_plan(half).plan.wire.value == "bf16"
+    doc_full, doc_half = json.loads(full.read_text()), json.loads(half.read_text())
+    assert doc_half["predicted"]["inter_group_bytes"] < doc_full["predicted"]["inter_group_bytes"]
+    del doc_half["settings"]["wire"]
+    half.write_text(json.dumps(doc_half))
+    assert read_plan(half).plan.wire.value == "fp32"
+    doc_half["settings"]["wire"] = "fp8"
+    half.write_text(json.dumps(doc_half))
+    with pytest.raises(DataError, match="settings.wiredtype: unknown 'fp8'; choose one of fp32, bf16, fp16"):
+        read_plan(half)
+    rc, text, _ = run(capsys, "simulate", *SMALL, "--budgets", "2", "--wire-dtype", "fp16")
+    assert rc == 0 and "fp16 vectors on the wire" in text
 
 
 def test_simulate_json_records(capsys):
@@ -229,3 +250,20 @@ def test_batch_size_replaces_the_workloads_batch(capsys):
         main(["simulate", *SMALL, "--batch-size", "0"])
     assert e.value.code == 2
     assert "--batch-size: must be positive, got '0'" in capsys.readouterr().err
+
+
+def test_runtime_refuses_a_plan_priced_at_half_precision(tmp_path, capsys):
+    """The planner prices bf16 vectors; until the runtime sends them, it says so instead of running fp32."""
+    import torch.distributed as dist
+
+    from flexshard.runtime import ShardedSequenceEmbedding
+
+    out = tmp_path / "bf16.json"
+    assert run(capsys, "plan", *SMALL, "--wire-dtype", "bf16", "--out", str(out))[0] == 0
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with pytest.raises(ConfigError, match="plan.settings.wire: bf16; this runtime sends float32 vectors"):
+            ShardedSequenceEmbedding(read_plan(out), [])
+    finally:
+        dist.destroy_process_group()

@@ -42,7 +42,7 @@ def plan_path(tmp_path) -> Path:
 def test_round_trip_records_what_the_plan_was_made_for(plan_path):
     doc = json.loads(plan_path.read_text())
     assert doc["schema"] == SCHEMA == "flexshard-plan/2"
-    assert doc["settings"] == {"dedup": True, "sync": "sparse", "batch_size_per_gpu": 32}
+    assert doc["settings"] == {"dedup": True, "sync": "sparse", "wire": "fp32", "batch_size_per_gpu": 32}
     assert doc["world"] == {"size": 4, "groups": [[0, 1], [2, 3]]}
     assert doc["fingerprints"]["world"] == RankLayout.consecutive(4, 2).fingerprint()
     pf = read_plan(plan_path)

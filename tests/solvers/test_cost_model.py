@@ -24,11 +24,13 @@ backward). With even cold shares 1/4, a rank sends a quarter of its cold lookups
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from core.errors import ConfigError, PlannerError
-from core.vocabulary import COMPONENTS, INDEX_BYTES, LINK_CLASSES, FetchMode
+from core.vocabulary import COMPONENTS, INDEX_BYTES, LINK_CLASSES, FetchMode, WireDtype
 from solvers import cost_model
 from solvers.cost_model import Exchanges, split_bytes, table_mass, table_plan
 from solvers.types import Plan, RowHistogram, TablePlan, TableSpec, Workload
@@ -163,6 +165,36 @@ def test_one_hot_row_sparse_sync_no_dedup():
     np.testing.assert_allclose(report.memory_bytes, 33.0, rtol=REL)
     # sync bytes: intra + inter of the bottleneck rank = 8.982585741312 + 4.491292870656
     assert report.sync_bytes == pytest.approx(13.473878611968, rel=1e-12)
+
+
+@pytest.mark.parametrize("wire", ["bf16", "fp16"])
+def test_half_precision_wire_halves_vectors_not_ids(wire):
+    """The case above with vectors sent in 2-byte elements: vec = 2 x 2 = 4 B. ids and split sizes keep
+    their bytes; forward and backward halve; the sparse payload S = 0.997823217664 x 4 + 1 mask byte."""
+    plan = dataclasses.replace(_plan(1, 0, dedup=False, sync="sparse"), wire=wire)
+    report = evaluate(WORKLOAD, VIEW, plan)
+    payload = 0.997823217664 * 4 + 1
+    expected = _rank_bytes(
+        {
+            "ids": (3.6 + 8, 3.6 + 8),
+            "forward": (1.8, 1.8),
+            "backward": (1.8, 1.8),
+            "sync": (payload, payload),
+        },
+        {
+            "ids": (7.2 + 16, 7.2 + 16),
+            "forward": (3.6, 3.6),
+            "backward": (3.6, 3.6),
+            "sync": (payload / 2, payload / 2),
+        },
+    )
+    _assert_every_rank(report, expected)
+    np.testing.assert_allclose(report.memory_bytes, 33.0, rtol=REL)  # rows stay float32
+    # table b is stored in 2-byte elements: never sent wider, so fp32 on the wire costs the same as bf16
+    assert _table_b().wire_bytes(WireDtype.FP32) == _table_b().wire_bytes(WireDtype.BF16) == 8
+    assert TABLE.wire_bytes(WireDtype.FP32) == 8 and TABLE.wire_bytes(WireDtype.FP16) == 4
+    with pytest.raises(ConfigError, match="wiredtype: unknown 'int8'; choose one of fp32, bf16, fp16"):
+        dataclasses.replace(plan, wire="int8")
 
 
 def test_one_hot_row_dense_sync_no_dedup():

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from core.errors import PlannerError
-from core.vocabulary import INDEX_BYTES, FetchMode
+from core.vocabulary import INDEX_BYTES, FetchMode, WireDtype
 from solvers import baselines, cost_model
 from solvers.cost_model import row_wise_memory_bytes, table_plan
 from solvers.optimizer import OptimizerConfig, optimize_tiers
 from solvers.placement import balance
+from solvers.planner import make_plan
 from solvers.types import Plan, RowHistogram, TableSpec, Workload
 from topology.views import uniform_view
 
@@ -237,14 +238,20 @@ def test_optimizer_matches_brute_force_rounding_instance(dedup, sync):
 
 
 @pytest.mark.parametrize(
-    "dedup,sync,latency",
-    [(True, "sparse", (0.0, 0.0)), (False, "dense", (0.0, 0.0)), (False, "sparse", (1e-6, 5e-6))],
+    "dedup,sync,latency,wire",
+    [
+        (True, "sparse", (0.0, 0.0), "fp32"),
+        (False, "dense", (0.0, 0.0), "fp32"),
+        (False, "sparse", (1e-6, 5e-6), "fp32"),
+        (True, "sparse", (0.0, 0.0), "bf16"),
+        (False, "dense", (0.0, 0.0), "fp16"),
+    ],
 )
-def test_objective_equals_evaluate_and_small_gap(dedup, sync, latency):
+def test_objective_equals_evaluate_and_small_gap(dedup, sync, latency, wire):
     workload = medium_workload()
     view = uniform_view(2, 4, 1e11, 1e10, *latency)
     rw = row_wise_memory_bytes(workload, view)
-    cfg = OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY)
+    cfg = OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY, wire=WireDtype.parse(wire))
     for factor in (1.0, 1.1, 1.3, 2.0):
         res = optimize_tiers(workload, view, rw * factor, cfg)
         report = evaluate(workload, view, res.plan)
@@ -253,6 +260,7 @@ def test_objective_equals_evaluate_and_small_gap(dedup, sync, latency):
         assert res.gap <= 1e-3
         assert report.memory_per_gpu_bytes <= rw * factor * (1 + 1e-9)
         assert res.plan.solver["objective_s"] == res.objective_s
+        assert res.plan.wire is WireDtype.parse(wire)
 
 
 def test_medium_case_replicates_under_bandwidth_bound_settings():
@@ -565,3 +573,16 @@ def test_latency_aware_optimizer_matches_brute_force(dedup):
         got = evaluate(workload, view, res.plan)
         assert rel_diff(got.time_with_latency_s, best[0]) < 1e-9, (tiers(res.plan), best[2])
         assert rel_diff(res.objective_s, got.time_with_latency_s) < 1e-9
+
+
+@pytest.mark.parametrize("strategy", ["flexshard", "row_wise", "hybrid"])
+def test_make_plan_prices_every_strategy_at_the_wire_precision(strategy):
+    workload = medium_workload()
+    view = uniform_view(2, 4, 1e11, 1e10)
+    budget = 2 * row_wise_memory_bytes(workload, view)
+    full = make_plan(strategy, workload, view, budget, dedup=False)
+    half = make_plan(strategy, workload, view, budget, dedup=False, wire="bf16")
+    assert full.plan.wire is WireDtype.FP32 and half.plan.wire is WireDtype.BF16
+    assert half.report.modeled_time_s == cost_model.evaluate(workload, view, half.plan).modeled_time_s
+    # ids keep 8 bytes, vectors halve: bf16 saves something, and less than half
+    assert 0.5 * full.report.inter_group_bytes < half.report.inter_group_bytes < full.report.inter_group_bytes
