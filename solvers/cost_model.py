@@ -100,23 +100,22 @@ def table_mass(table: TableSpec, lookups_per_gpu: float, num_ranks: int, group_s
     if table.touch is not None:
         samples = lookups_per_gpu / table.ids_per_sample
         tp = table.touch
+        # one row's chance to be in a GPU's, a group's and the cluster's batch, per profile entry
+        in_batch = [tp.entry_touched(samples * k) for k in (1, group_size, num_ranks)]
         per_entry = None
         if tp.rank_entry is not None:  # a bucket's lookups spread over its touched rows
             touched_rows = tp.rows_per_bucket()
             lookups_per_row = np.divide(
                 tp.lookups * samples, touched_rows, out=np.zeros(tp.num_buckets), where=touched_rows > 0
             )
-            per_entry = np.stack(
-                [lookups_per_row[tp.entry_bucket]]
-                + [tp.entry_touched(samples * k) for k in (1, group_size, num_ranks)],
-                axis=1,
-            )
+            per_entry = np.stack([lookups_per_row[tp.entry_bucket], *in_batch], axis=1)
+        unique, group, touched = (cumulative(tp.bucket_sums(p)) for p in in_batch)
         return TableMass(
             rows=cumulative(rows),
             lookups=cumulative(tp.lookups * samples),
-            unique=cumulative(tp.distinct(samples)),
-            group=cumulative(tp.distinct(samples * group_size)),
-            touched=cumulative(tp.distinct(samples * num_ranks)),
+            unique=unique,
+            group=group,
+            touched=touched,
             rank_entry=tp.rank_entry,
             per_entry=per_entry,
         )

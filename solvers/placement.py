@@ -34,7 +34,7 @@ from solvers.cost_model import (
     tier_volumes,
     view_mass,
 )
-from solvers.types import Plan, Workload
+from solvers.types import CostReport, Plan, Workload
 from topology.views import ClusterView
 
 
@@ -160,6 +160,12 @@ def spread_heads(workload: Workload, view: ClusterView, plan: Plan) -> Plan:
     groups' distinct rows, times the vector bytes), divided by the owner's share. Tables whose tier has
     the heaviest first row go first. Tiers dealt by ``ranges`` or held by a single owner keep their
     start. The plan is returned unchanged when spreading would raise its modeled time."""
+    return priced_spread(workload, view, plan)[0]
+
+
+def priced_spread(workload: Workload, view: ClusterView, plan: Plan) -> tuple[Plan, CostReport]:
+    """:func:`spread_heads` and the :func:`~solvers.cost_model.evaluate` report of the plan it returns
+    (the comparison prices both, and a caller that needs the report need not price it again)."""
     period = dealing.OWNER_PATTERN_PERIOD
     volume = TableMass.FIELDS.index("unique" if plan.dedup else "lookups")
     tiers = []  # (bytes of the tier's first row, table, tier, first row, last row, owner shares, column)
@@ -178,7 +184,7 @@ def spread_heads(workload: Workload, view: ClusterView, plan: Plan) -> Plan:
             head = np.diff(np.interp([first, first + 1], mass.rows, cumulative[i][1][:, col]))[0]
             tiers.append((float(head) * t.wire_bytes(plan.wire), i, tier, first, last, shares, col))
     if not tiers:
-        return plan
+        return plan, evaluate(workload, view, plan)
     load = {"warm": np.zeros(int(view.group_sizes.max())), "cold": np.zeros(view.num_ranks)}
     starts = {}
     for _, i, tier, first, last, shares, col in sorted(tiers, key=lambda x: -x[0]):
@@ -199,6 +205,5 @@ def spread_heads(workload: Workload, view: ClusterView, plan: Plan) -> Plan:
         for i, tp in enumerate(plan.tables)
     )
     spread = replace(plan, tables=tables)
-    if evaluate(workload, view, spread).modeled_time_s > evaluate(workload, view, plan).modeled_time_s:
-        return plan
-    return spread
+    before, after = evaluate(workload, view, plan), evaluate(workload, view, spread)
+    return (plan, before) if after.modeled_time_s > before.modeled_time_s else (spread, after)

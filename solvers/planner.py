@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from core.errors import ConfigError, PlannerError
 from core.vocabulary import Deal, SyncMode, WireDtype
 from solvers.baselines import BASELINES
-from solvers.cost_model import evaluate, row_wise_memory_bytes
+from solvers.cost_model import row_wise_memory_bytes
 from solvers.optimizer import OptimizerConfig, optimize_tiers
-from solvers.placement import balance, spread_heads
+from solvers.placement import balance, priced_spread
 from solvers.types import CostReport, Plan, Workload
 from topology.views import ClusterView
 
@@ -51,12 +51,11 @@ def make_plan(
     sync, wire = SyncMode.parse(sync), WireDtype.parse(wire)
     if strategy != "flexshard":
         baseline = replace(BASELINES[strategy](workload, view, budget, dedup, sync), wire=wire)
-        plan = spread_heads(workload, view, baseline)
-        return PlannedStrategy(plan, evaluate(workload, view, plan))
+        return PlannedStrategy(*priced_spread(workload, view, baseline))
     cfg = replace(config or OptimizerConfig(), dedup=dedup, sync=sync, wire=wire)
     plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
-    plan = spread_heads(workload, view, plan)
-    best = PlannedStrategy(plan, evaluate(workload, view, plan))
+    plan, report = priced_spread(workload, view, plan)
+    best = PlannedStrategy(plan, report)
     if best.report.memory_per_gpu_bytes > budget * (1 + 1e-9):  # a bug, not bad input
         raise AssertionError(
             f"optimizer returned {best.report.memory_per_gpu_bytes:.0f} B per GPU over {budget:.0f}"
@@ -72,8 +71,7 @@ def make_plan(
         tables = tuple(replace(tp, deal=Deal.INTERLEAVE) for tp in candidate.tables)  # FlexShard's deal
         chosen = {**plan.solver, "chosen": f"{name} tiers"}
         candidate = replace(candidate, strategy="flexshard", tables=tables, solver=chosen, wire=wire)
-        candidate = spread_heads(workload, view, candidate)
-        report = evaluate(workload, view, candidate)
+        candidate, report = priced_spread(workload, view, candidate)
         if report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(report, best.report):
             best = PlannedStrategy(candidate, report)
     return best

@@ -237,8 +237,11 @@ class TouchProfile:
     def distinct(self, samples: float) -> np.ndarray:
         """float64[K]: expected distinct rows of each bucket in a batch of ``samples`` independent samples
         (``sum over rows of 1 - (1 - q)^samples``)."""
-        per_entry = self.entry_touched(samples) * self.entry_rows
-        return np.bincount(self.entry_bucket, weights=per_entry, minlength=self.num_buckets)
+        return self.bucket_sums(self.entry_touched(samples))
+
+    def bucket_sums(self, per_row: np.ndarray) -> np.ndarray:
+        """float64[K]: the sum over each bucket's rows of a per-row value given per entry (float64[E])."""
+        return np.bincount(self.entry_bucket, weights=per_row * self.entry_rows, minlength=self.num_buckets)
 
 
 @dataclass(frozen=True)
