@@ -73,7 +73,7 @@ def tables_mismatch(
     return ""
 
 
-SETTINGS = ("dedup", "sync", "batch_size_per_gpu")
+SETTINGS = ("dedup", "sync", "wire", "batch_size_per_gpu")
 
 
 def settings_mismatch(plan_file: PlanFile, requested: Mapping[str, object]) -> str:
@@ -82,6 +82,7 @@ def settings_mismatch(plan_file: PlanFile, requested: Mapping[str, object]) -> s
     made = {
         "dedup": plan_file.plan.dedup,
         "sync": plan_file.plan.sync.value,
+        "wire": plan_file.plan.wire.value,
         "batch_size_per_gpu": plan_file.batch_size_per_gpu,
     }
     for key in SETTINGS:

@@ -101,9 +101,14 @@ class PlanFile:
         dedup: bool | None = None,
         sync: SyncMode | str | None = None,
         batch_size_per_gpu: int | None = None,
+        wire: WireDtype | str | None = None,
     ) -> PlanFile:
         """The plan run with other settings, recorded in ``overrides`` (None keeps the plan's)."""
-        wanted = {"dedup": dedup, "sync": None if sync is None else SyncMode.parse(sync)}
+        wanted = {
+            "dedup": dedup,
+            "sync": None if sync is None else SyncMode.parse(sync),
+            "wire": None if wire is None else WireDtype.parse(wire),
+        }
         plan, overrides = self.plan, dict(self.overrides)
         for key, value in wanted.items():
             if value is not None and value != getattr(plan, key):
@@ -117,7 +122,7 @@ class PlanFile:
 
 
 def _plain(value: Any) -> Any:
-    return value.value if isinstance(value, (SyncMode, FetchMode)) else value
+    return value.value if isinstance(value, (SyncMode, FetchMode, WireDtype)) else value
 
 
 def predicted_metrics(report: CostReport) -> dict[str, Any]:

@@ -34,10 +34,10 @@ from core.vocabulary import (
 )
 
 
-def vector_bytes(dim: int, element_bytes: int, wire: WireDtype = WireDtype.FP32) -> int:
+def vector_bytes(dim: Any, element_bytes: int, wire: WireDtype = WireDtype.FP32) -> Any:
     """Bytes of one embedding (= one gradient) of ``dim`` elements stored in ``element_bytes`` each, sent as
-    ``wire``: a vector never travels wider than it is stored."""
-    return int(dim) * min(int(element_bytes), wire.element_bytes)
+    ``wire``: a vector never travels wider than it is stored. ``dim`` may be an int or an array of dims."""
+    return dim * min(int(element_bytes), wire.element_bytes)
 
 
 SPLIT_BYTES_PER_TABLE = INDEX_BYTES  # one int64 length per (table, peer) before each tier's exchange

@@ -12,8 +12,10 @@ One forward pass:
    (two ``all_to_all_single``; a warm block goes only to ranks of this group).
 
 :meth:`FlatExchange.backward` sends the gradients back along the same routes and sums them per row at
-the owner. Bytes are counted with :mod:`solvers.wire`'s formulas from the realised counts: ids and
-forward at the forward pass, backward when the gradients travel.
+the owner. Embeddings and gradients travel as ``wire_dtype``
+(:func:`~flexshard.runtime.transfer.exchange_vectors`). Bytes are counted with :mod:`solvers.wire`'s
+formulas from the realised counts: ids and forward at the forward pass, backward when the gradients
+travel.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ import torch.distributed as dist
 
 from core.ranks import RankLayout
 from core.traffic import Traffic
-from core.vocabulary import FLOAT32_BYTES, LinkClass, Tier
+from core.vocabulary import FLOAT32_BYTES, LinkClass, Tier, WireDtype
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.shards import Shard
-from flexshard.runtime.transfer import add_lookup_bytes, count_forward, exchange_columns
+from flexshard.runtime.transfer import add_lookup_bytes, count_forward, exchange_columns, exchange_vectors
+from solvers import wire
 
 
 @dataclass
@@ -59,7 +62,7 @@ class FlatExchange:
     ``tiers``: the remote tiers in use, in exchange order (warm, then cold); ``takes[t, k]``: table t's
     lookups of tier ``tiers[k]`` go through this exchange (a table whose cold rows are fetched per group
     takes no part in the cold one, but still sends its zero split sizes); ``shards``: this rank's rows
-    per (table, tier); ``warm_rank``: the global rank of each position of this rank's group.
+    per (table, tier); ``wire_dtype``: the element type of embeddings and gradients on the wire.
     """
 
     def __init__(
@@ -71,8 +74,10 @@ class FlatExchange:
         dims: list[int],
         shards: dict[tuple[int, Tier], Shard],
         device: torch.device,
+        wire_dtype: WireDtype = WireDtype.FP32,
     ) -> None:
         self.layout, self.rank, self.tiers, self.shards, self.device = layout, rank, tiers, shards, device
+        self.wire_dtype = wire_dtype
         self.takes = np.asarray(takes, dtype=bool).reshape(len(dims), len(tiers))
         self.dims = np.asarray(dims, dtype=np.int64)
         world = layout.num_ranks
@@ -145,7 +150,7 @@ class FlatExchange:
             self.shards[(t, tier)].weights.index_select(0, owner_slots[col])
             for col, (t, tier) in enumerate(self._columns())
         ]
-        got = exchange_columns(rows, rc, c, self._widths())
+        got = exchange_vectors(rows, rc, c, self._widths(), self.wire_dtype)
         for col, (t, _tier) in enumerate(self._columns()):
             lookups[t].rows.index_copy_(0, batch.index[col], got[col])
         backward = count_forward(self.lookup_traffic(batch.counts, recv_counts), traffic)
@@ -159,7 +164,7 @@ class FlatExchange:
             unique_grads[t].index_select(0, state.batch.index[col])
             for col, (t, _tier) in enumerate(self._columns())
         ]
-        got = exchange_columns(grads, c, rc, self._widths())
+        got = exchange_vectors(grads, c, rc, self._widths(), self.wire_dtype)
         for col, (t, tier) in enumerate(self._columns()):
             if state.owner_slots[col].numel():
                 self.shards[(t, tier)].add_gradient(state.owner_slots[col], got[col])
@@ -180,7 +185,7 @@ class FlatExchange:
         the lookups sent to and served for each peer, plus the split sizes; this rank itself excluded, and
         each exchange counted only with the ranks it reaches)."""
         out = Traffic.zeros()
-        vector_bytes = self.dims * FLOAT32_BYTES
+        vector_bytes = wire.vector_bytes(self.dims, FLOAT32_BYTES, self.wire_dtype)
         others = np.arange(self.layout.num_ranks) != self.rank
         for k in range(len(self.tiers)):
             for link in LinkClass:

@@ -19,8 +19,10 @@ One forward pass, every table of the exchange in each collective:
 
 Backward runs the stages in reverse: the requesters' gradients to the rail peer (group stage), summed
 there per distinct row (``index_add_``) before one gradient per row crosses to the owner (rail stage),
-which adds it into its cold shard. Each stage exchanges with this rank itself too (a local copy, never
-counted as bytes).
+which adds it into its cold shard. Embeddings and gradients travel as ``wire_dtype``
+(:func:`~flexshard.runtime.transfer.exchange_vectors`); the rail peer sums the gradients it receives in
+float32 and rounds the sum once more to cross the fabric. Each stage exchanges with this rank itself
+too (a local copy, never counted as bytes).
 
 Bytes follow :func:`solvers.wire.group_lookups_by_link` from the realised counts: NVLink asked = ids sent
 to the group peers, served = ids received from them; fabric asked = distinct rows fetched from owners in
@@ -38,11 +40,18 @@ import numpy as np
 import torch
 
 from core.traffic import Traffic
-from core.vocabulary import FLOAT32_BYTES, LinkClass, Tier
+from core.vocabulary import FLOAT32_BYTES, LinkClass, Tier, WireDtype
 from flexshard.runtime.groups import ProcessGroups
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.shards import Shard
-from flexshard.runtime.transfer import add_lookup_bytes, count_forward, exchange_columns, exchange_sizes
+from flexshard.runtime.transfer import (
+    add_lookup_bytes,
+    count_forward,
+    exchange_columns,
+    exchange_sizes,
+    exchange_vectors,
+)
+from solvers import wire
 
 
 @dataclass
@@ -91,7 +100,8 @@ class GroupExchange:
     """The cold lookups of the group-fetch tables (``members[t]``) of one rank, see the module docstring.
 
     ``routing``: every table's routing (the rail peer routes the ids it receives); ``shards``: this rank's
-    rows per (table, tier). Groups must have equal sizes (the rail groups span every group).
+    rows per (table, tier); ``wire_dtype``: the element type of embeddings and gradients on the wire.
+    Groups must have equal sizes (the rail groups span every group).
     """
 
     def __init__(
@@ -102,8 +112,10 @@ class GroupExchange:
         dims: list[int],
         shards: dict[tuple[int, Tier], Shard],
         device: torch.device,
+        wire_dtype: WireDtype = WireDtype.FP32,
     ) -> None:
         self.pg, self.routing, self.shards, self.device = pg, routing, shards, device
+        self.wire_dtype = wire_dtype
         self.members = np.asarray(members, dtype=bool)
         self.dims = np.asarray(dims, dtype=np.int64)
         layout = pg.layout
@@ -158,13 +170,13 @@ class GroupExchange:
             owner_counts, exchange_columns(slots, rail.counts, owner_counts, ones, pg.replica)
         )
         rows = [self.shards[(t, Tier.COLD)].weights.index_select(0, owner.slots[t]) for t in range(n_t)]
-        fetched = exchange_columns(rows, owner.counts, rail.counts, self.dims, pg.replica)
+        fetched = exchange_vectors(rows, owner.counts, rail.counts, self.dims, self.wire_dtype, pg.replica)
         back = []
         for t in range(n_t):
             distinct = torch.empty(rail.distinct(t), int(self.dims[t]), device=self.device)
             distinct.index_copy_(0, rail.order[t], fetched[t])
             back.append(distinct.index_select(0, rail.inverse[t]))
-        got = exchange_columns(back, recv_counts, batch.counts, self.dims, pg.intra)
+        got = exchange_vectors(back, recv_counts, batch.counts, self.dims, self.wire_dtype, pg.intra)
         for t, lk in enumerate(lookups):
             lk.rows.index_copy_(0, batch.index[t], got[t])
         backward = count_forward(self.lookup_traffic(batch, rail, owner), traffic)
@@ -191,13 +203,13 @@ class GroupExchange:
         """Gradients to the rail peers, summed there per distinct row, then to the owners' cold shards."""
         pg, batch, rail, owner = self.pg, state.batch, state.rail, state.owner
         grads = [g.index_select(0, batch.index[t]) for t, g in enumerate(unique_grads)]
-        got = exchange_columns(grads, batch.counts, rail.recv_counts, self.dims, pg.intra)
+        got = exchange_vectors(grads, batch.counts, rail.recv_counts, self.dims, self.wire_dtype, pg.intra)
         summed = []
         for t, g in enumerate(got):
             total = torch.zeros(rail.distinct(t), int(self.dims[t]), device=self.device)
             total.index_add_(0, rail.inverse[t], g)
             summed.append(total.index_select(0, rail.order[t]))
-        arrived = exchange_columns(summed, rail.counts, owner.counts, self.dims, pg.replica)
+        arrived = exchange_vectors(summed, rail.counts, owner.counts, self.dims, self.wire_dtype, pg.replica)
         for t, g in enumerate(arrived):
             if owner.slots[t].numel():
                 self.shards[(t, Tier.COLD)].add_gradient(owner.slots[t], g)
@@ -208,7 +220,7 @@ class GroupExchange:
     def lookup_traffic(self, batch: GroupBatch, rail: RailFetch, owner: OwnerRequests) -> Traffic:
         """Bytes of one batch's group fetch per link class (see the module docstring)."""
         out = Traffic.zeros()
-        vector_bytes = self.dims * FLOAT32_BYTES
+        vector_bytes = wire.vector_bytes(self.dims, FLOAT32_BYTES, self.wire_dtype)
         stages = (  # (link, lookups asked per peer, served per peer, this rank's index among the peers)
             (LinkClass.INTRA_GROUP, batch.counts, rail.recv_counts, self.me_intra),
             (LinkClass.INTER_GROUP, rail.counts, owner.counts, self.me_rail),

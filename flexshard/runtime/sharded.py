@@ -24,7 +24,12 @@ with :meth:`flexshard.plan_file.PlanFile.with_overrides`.
 
 Traffic (bytes per rank per iteration) is a :class:`core.traffic.Traffic` record: lookups counted from
 the realised split sizes, sync bytes from the realised payload, both with :mod:`solvers.wire`'s formulas
-(vectors as ``dim * 4`` bytes: float32 on the wire).
+(vectors as ``dim`` elements of the plan's wire dtype, :func:`solvers.wire.vector_bytes`).
+
+Wire precision: embeddings and gradients cross every all-to-all and the replica sync as the plan's
+``settings.wire`` (:class:`~core.vocabulary.WireDtype`; ``wire_dtype``, when given, must agree with it).
+Rows, optimizer state and every gradient sum stay float32: a vector is rounded when it is sent and
+widened when it arrives (:mod:`~flexshard.runtime.transfer`, :mod:`~flexshard.runtime.replicas`).
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     the rows it holds. ``layout``: ``"exact"`` (per-row routing arrays, cold rows dealt in hotness order
     as the cost model prices them) or ``"compact"`` (only replicated rows listed, cold rows dealt by id;
     for tables too large for 9 bytes per row on every rank), see :mod:`flexshard.runtime.routing`.
+    ``wire_dtype``: ``"fp32"``, ``"bf16"`` or ``"fp16"``; None follows the plan, another value than the
+    plan's is refused (the plan priced its bytes at its own).
     """
 
     def __init__(
@@ -98,24 +105,24 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         period: int | None = None,
         device: torch.device | str | None = None,
         layout: str = "exact",
+        wire_dtype: WireDtype | str | None = None,
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
             raise ConfigError("ShardedSequenceEmbedding: torch.distributed is not initialised")
-        if plan_file.plan.wire is not WireDtype.FP32:  # priced by the planner; not yet sent by the runtime
-            raise ConfigError(
-                f"plan.settings.wire: {plan_file.plan.wire}; this runtime sends float32 vectors only, "
-                "so plan with --wire-dtype fp32"
-            )
         self.device = _device(device)
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.optimizer, self.lr, self.eps = optimizer, float(lr), float(eps)
         self.plan_file = plan_file
-        self.dedup, self.sync = plan_file.plan.dedup, plan_file.plan.sync
+        self.dedup, self.sync, self.wire_dtype = (
+            plan_file.plan.dedup,
+            plan_file.plan.sync,
+            plan_file.plan.wire,
+        )
         self.table_names = [str(t[0]) for t in tables]
         self.dims = [int(t[2]) for t in tables]
         self.layout = layout
-        self._agree(ConfigError, self._option_problem())
+        self._agree(ConfigError, self._option_problem() or self._wire_problem(wire_dtype))
         self._agree(
             PlanMismatchError,
             world_mismatch(plan_file, self.world_size) or tables_mismatch(plan_file, tables, orders),
@@ -135,15 +142,20 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         tiers = ([Tier.WARM] if self.uses_warm else []) + ([Tier.COLD] if flat_cold.any() else [])
         takes = np.array([[tier is Tier.WARM or f for tier in tiers] for f in flat_cold], dtype=bool)
         self.exchange = FlatExchange(
-            plan_file.layout, self.rank, tiers, takes, self.dims, self.shards, self.device
+            plan_file.layout, self.rank, tiers, takes, self.dims, self.shards, self.device, self.wire_dtype
         )
         self.group_exchange = (
-            GroupExchange(self.pg, group_cold, self.routing, self.dims, self.shards, self.device)
+            GroupExchange(
+                self.pg, group_cold, self.routing, self.dims, self.shards, self.device, self.wire_dtype
+            )
             if group_cold.any()
             else None
         )
-        self._hot_all_reduce = hierarchical_all_reduce(self.pg)
-        self._warm_all_reduce = ring_all_reduce(self.pg.replica, len(self.pg.replica_ranks))
+        self._hot_all_reduce = hierarchical_all_reduce(self.pg, self.wire_dtype)
+        replica = self.pg.replica_ranks
+        self._warm_all_reduce = ring_all_reduce(
+            self.pg.replica, len(replica), replica.index(self.rank), self.wire_dtype
+        )
         self._anchor = torch.zeros((), requires_grad=True)
         self.traffic = Traffic.zeros()  # this iteration's bytes
         self.traffic_total = Traffic.zeros()  # bytes of every completed step
@@ -159,6 +171,21 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         if bad:
             return f"table {bad[0][0]!r}: dim must be positive, got {bad[0][1]}"
         return ""
+
+    def _wire_problem(self, wire_dtype: WireDtype | str | None) -> str:
+        """'' when ``wire_dtype`` is None or the plan's ``settings.wire``, else why not."""
+        if wire_dtype is None:
+            return ""
+        try:
+            asked = WireDtype.parse(wire_dtype)
+        except ConfigError as e:
+            return f"wire_dtype: {e}"
+        if asked is self.wire_dtype:
+            return ""
+        return (
+            f"wire_dtype: {asked} differs from the plan's settings.wire {self.wire_dtype}; make the plan "
+            f"with --wire-dtype {asked}, or run it with PlanFile.with_overrides(wire={asked.value!r})"
+        )
 
     def _agree(self, error: type[Exception], message: str) -> None:
         """Raise ``error`` on every rank when any rank's ``message`` is not empty (collective)."""
@@ -257,12 +284,16 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         gradients. Collective."""
         g_size = len(self.pg.intra_ranks)
         n_groups = self.pg.num_groups
-        hot_payload = sync_gradients(self._tier_shards(Tier.HOT), self._hot_all_reduce, self.sync)
+        hot_payload = sync_gradients(
+            self._tier_shards(Tier.HOT), self._hot_all_reduce, self.sync, self.wire_dtype
+        )
         hot = wire.hierarchical_allreduce_bytes(g_size, n_groups, hot_payload)
         for link in LinkClass:
             self.traffic.add(link, Component.SYNC, hot[link], hot[link])
         if self.uses_warm:
-            warm_payload = sync_gradients(self._tier_shards(Tier.WARM), self._warm_all_reduce, self.sync)
+            warm_payload = sync_gradients(
+                self._tier_shards(Tier.WARM), self._warm_all_reduce, self.sync, self.wire_dtype
+            )
             warm = wire.ring_allreduce_bytes(n_groups, warm_payload)
             self.traffic.add(LinkClass.INTER_GROUP, Component.SYNC, warm, warm)
         for shard in self.shards.values():

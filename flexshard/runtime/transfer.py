@@ -6,6 +6,11 @@ a tensor whose rows are sorted by the peer they go to, ``counts[p, c]`` rows for
 all-to-all carries every column, ordered by (peer, column); the receiver gets each column back with its
 rows in peer order. Peers are the ranks of a process group, in group-rank order (this rank included: its
 own block is copied, and never counted as bytes).
+
+Vectors (embeddings forward, gradients backward) travel as the plan's :class:`core.vocabulary.WireDtype`
+(:func:`exchange_vectors`): cast from float32 just before the all-to-all, back to float32 just after it,
+so rows, gradient sums and optimizer state stay float32. The block a rank sends itself is cast too: every
+exchanged vector is rounded the same way wherever its owner is.
 """
 
 from __future__ import annotations
@@ -15,8 +20,14 @@ import torch
 import torch.distributed as dist
 
 from core.traffic import Traffic
-from core.vocabulary import Component, LinkClass
+from core.vocabulary import Component, LinkClass, WireDtype
 from solvers import wire
+
+TORCH_WIRE_DTYPES = {
+    WireDtype.FP32: torch.float32,
+    WireDtype.BF16: torch.bfloat16,
+    WireDtype.FP16: torch.float16,
+}
 
 
 def exchange_columns(
@@ -51,6 +62,22 @@ def exchange_columns(
         parts = torch.cat([got[p * n_c + c] for p in range(peers)])
         out.append(parts.view(-1, *col.shape[1:]))
     return out
+
+
+def exchange_vectors(
+    columns: list[torch.Tensor],
+    counts: np.ndarray,
+    recv_counts: np.ndarray,
+    widths: np.ndarray,
+    wire_dtype: WireDtype,
+    group=None,
+) -> list[torch.Tensor]:
+    """:func:`exchange_columns` of float32 vectors sent as ``wire_dtype``; returns float32 columns."""
+    on_wire = TORCH_WIRE_DTYPES[wire_dtype]
+    if on_wire is torch.float32:
+        return exchange_columns(columns, counts, recv_counts, widths, group)
+    sent = [col.to(on_wire) for col in columns]
+    return [col.float() for col in exchange_columns(sent, counts, recv_counts, widths, group)]
 
 
 def exchange_sizes(sizes: np.ndarray, device: torch.device, group=None) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError
-from core.vocabulary import SyncMode
+from core.vocabulary import SyncMode, WireDtype
 from flexshard.model import OBJECTIVES
 from flexshard.runtime import LAYOUTS, OPTIMIZERS
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
@@ -63,11 +63,19 @@ class TrainConfig:
             "replica gradient sync (default: the plan's, else sparse)", choices=[m.value for m in SyncMode]
         ),
     )
+    wire_dtype: str | None = field(
+        default=None,
+        metadata=_flag(
+            "embeddings and gradients on the all-to-alls and the replica sync (default: the plan's, else "
+            "fp32); rows and optimizer state stay float32",
+            choices=[w.value for w in WireDtype],
+        ),
+    )
     override_plan: bool = field(
         default=False,
         metadata=_flag(
-            "let --dedup/--sync/--batch-size differ from the plan's settings (logged; the plan's predicted "
-            "bytes then do not apply)",
+            "let --dedup/--sync/--wire-dtype/--batch-size differ from the plan's settings (logged; the "
+            "plan's predicted bytes then do not apply)",
             action="store_true",
         ),
     )

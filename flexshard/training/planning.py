@@ -1,8 +1,8 @@
 """The plan a training run executes: a plan file checked against the run, or one made on the fly.
 
-With ``--plan``, the plan's settings (dedup, sync, batch per GPU) apply. A flag that asks for another
-value is refused (:func:`flexshard.contract.settings_mismatch`), unless ``--override-plan`` says the
-difference is on purpose; each override is logged. The data, world and tables are checked when the
+With ``--plan``, the plan's settings (dedup, sync, wire precision, batch per GPU) apply. A flag that asks
+for another value is refused (:func:`flexshard.contract.settings_mismatch`), unless ``--override-plan``
+says the difference is on purpose; each override is logged. The data, world and tables are checked when the
 sharded module is built (:mod:`flexshard.contract`).
 
 Without ``--plan``, rank 0 plans the source's workload with ``--strategy`` on ``--groups`` emulated
@@ -57,13 +57,18 @@ def check_plan(
         message = world_mismatch(plan_file, world, RankLayout.consecutive(world, config.groups, "--groups"))
         if message:
             raise PlanMismatchError(f"--groups {config.groups}: {message}")
-    requested = {"dedup": config.dedup, "sync": config.sync, "batch_size_per_gpu": config.batch_size}
+    requested = {
+        "dedup": config.dedup,
+        "sync": config.sync,
+        "wire": config.wire_dtype,
+        "batch_size_per_gpu": config.batch_size,
+    }
     message = settings_mismatch(plan_file, requested)
     if not message:
         return plan_file, notes
     if not config.override_plan:
         raise PlanMismatchError(message)
-    overridden = plan_file.with_overrides(config.dedup, config.sync, config.batch_size)
+    overridden = plan_file.with_overrides(config.dedup, config.sync, config.batch_size, config.wire_dtype)
     notes += [
         f"override: {key} {show_setting(run)} (the plan was made with {show_setting(made)}; "
         "its predicted bytes do not apply)"
@@ -87,6 +92,7 @@ def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanF
                 budget_bytes(workload, view, config.budget),
                 True if config.dedup is None else config.dedup,
                 config.sync or "sparse",
+                wire=config.wire_dtype or "fp32",
             )
             doc[0] = to_dict(
                 planned.plan, workload, view, planned.report, fingerprint(workload), source.orders

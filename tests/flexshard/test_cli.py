@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from cli_helpers import fails, run
 
-from core.errors import ConfigError, DataError
+from core.errors import DataError
 from flexshard.cli import main
 from flexshard.plan_file import read_plan
 from flexshard.workloads import load_stats
@@ -250,20 +250,3 @@ def test_batch_size_replaces_the_workloads_batch(capsys):
         main(["simulate", *SMALL, "--batch-size", "0"])
     assert e.value.code == 2
     assert "--batch-size: must be positive, got '0'" in capsys.readouterr().err
-
-
-def test_runtime_refuses_a_plan_priced_at_half_precision(tmp_path, capsys):
-    """The planner prices bf16 vectors; until the runtime sends them, it says so instead of running fp32."""
-    import torch.distributed as dist
-
-    from flexshard.runtime import ShardedSequenceEmbedding
-
-    out = tmp_path / "bf16.json"
-    assert run(capsys, "plan", *SMALL, "--wire-dtype", "bf16", "--out", str(out))[0] == 0
-    store = dist.FileStore(str(tmp_path / "store"), 1)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        with pytest.raises(ConfigError, match="plan.settings.wire: bf16; this runtime sends float32 vectors"):
-            ShardedSequenceEmbedding(read_plan(out), [])
-    finally:
-        dist.destroy_process_group()

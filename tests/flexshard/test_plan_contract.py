@@ -12,7 +12,7 @@ import pytest
 
 from core.errors import DataError, PlanMismatchError
 from core.ranks import RankLayout
-from core.vocabulary import SyncMode
+from core.vocabulary import SyncMode, WireDtype
 from flexshard.contract import require, sampling_mismatch, settings_mismatch, tables_mismatch, world_mismatch
 from flexshard.fingerprints import order_fingerprint
 from flexshard.plan_file import SCHEMA, read_plan, to_dict, write_plan
@@ -109,13 +109,19 @@ def test_settings_mismatch_and_explicit_overrides(plan_path):
     assert settings_mismatch(pf, {"sync": SyncMode.DENSE}).startswith(
         "sync: the plan was made with sync sparse"
     )
-    run = pf.with_overrides(dedup=False, sync="dense", batch_size_per_gpu=64)
+    assert settings_mismatch(pf, {"wire": "fp32"}) == ""
+    assert settings_mismatch(pf, {"wire": WireDtype.BF16}).startswith(
+        "wire: the plan was made with wire fp32, this run asks for bf16;"
+    )
+    run = pf.with_overrides(dedup=False, sync="dense", batch_size_per_gpu=64, wire="bf16")
     assert run.overrides == {
         "dedup": [True, False],
         "sync": ["sparse", "dense"],
+        "wire": ["fp32", "bf16"],
         "batch_size_per_gpu": [32, 64],
     }
     assert run.plan.dedup is False and run.plan.sync is SyncMode.DENSE and run.batch_size_per_gpu == 64
+    assert run.plan.wire is WireDtype.BF16
     assert pf.plan.dedup is True and pf.overrides == {}  # the plan as made is untouched
     assert pf.with_overrides(dedup=True) == pf  # asking for the plan's own value overrides nothing
 

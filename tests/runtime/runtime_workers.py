@@ -159,8 +159,11 @@ def with_fetch(plan_file: PlanFile, fetch: dict) -> PlanFile:
     return dataclasses.replace(plan_file, plan=dataclasses.replace(plan_file.plan, tables=tables))
 
 
-def expected_traffic(plan_file, batches: list[dict], dedup: bool, sync: str = "sparse") -> np.ndarray:
-    """Bytes [N, 2 links, 4 components, 2 directions] of one iteration, from an independent routing. A
+def expected_traffic(
+    plan_file, batches: list[dict], dedup: bool, sync: str = "sparse", element_bytes: int = 4
+) -> np.ndarray:
+    """Bytes [N, 2 links, 4 components, 2 directions] of one iteration, from an independent routing, with
+    vectors of ``element_bytes`` per element on the wire. A
     flat lookup goes from the requester to the owner; a group fetch from the requester to its rail peer
     (the rank of its group at the owner's position), then once per group and row from there to the owner."""
     world, groups = plan_file.world_size, plan_file.groups
@@ -175,7 +178,7 @@ def expected_traffic(plan_file, batches: list[dict], dedup: bool, sync: str = "s
     hot_payload, warm_payload = 0.0, np.zeros(world)
     for tp, (name, rows, dim) in zip(plan_file.plan.tables, TABLES, strict=True):
         tier, owner = routes[name]
-        vec = dim * 4
+        vec = dim * element_bytes
         asked = np.zeros((world, world))  # [requester, owner or rail peer] lookups
         fetched = [set() for _ in range(world)]  # the rows each rail peer fetches for its group
         touched = np.zeros(rows, dtype=bool)
