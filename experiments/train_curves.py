@@ -11,10 +11,14 @@ strategy with the same seed, batches, optimizer and learning rate:
   bytes, so replicating them saves more; left out by ``--quick``). Dedup changes only the traffic,
   not the math. (A 4x budget gives the same FlexShard plan as 2x on this data: more replication
   would cost more sync than it saves.)
+* FlexShard and row-wise with embeddings and gradients in bf16 on the wire, and FlexShard in fp16
+  (``--wire-dtype``; rows, optimizer state and gradient sums stay float32): the loss curves against
+  float32 (left out by ``--quick``).
 
 Every run passes ``--metrics-out`` (per-step loss and bytes per link class and component, see
-:mod:`flexshard.training.metrics`); with ``--verify`` also ``--verify`` (each rank trains an unsharded
-reference and compares logits each step and every row at the end, to ``1e-5 x (1 + |reference|)``).
+:mod:`flexshard.training.metrics`); with ``--verify`` also ``--verify`` (:mod:`flexshard.training.verify`:
+each step an unsharded reference takes the same step from the run's state, replicas bitwise equal,
+logits, dense gradient and row updates within 16 unit roundoffs of the wire dtype).
 Bytes are per rank and step: lookups (ids, forward, backward) are counted from the realised split sizes,
 sync bytes are the cost model's all-reduce bytes of the realised payload (not measured); "max" is the
 busiest rank, "mean" the average over ranks. The plan's ``predicted`` metrics (the cost model, expected
@@ -59,6 +63,7 @@ class RunSpec:
     strategy: str
     budget: float  # per-GPU memory, multiple of row-wise
     dedup: bool = True  # per-rank id dedup before the exchange
+    wire: str = "fp32"  # element type of embeddings and gradients on the wire
 
 
 @dataclass
@@ -114,6 +119,8 @@ def train_command(data: Path, spec: RunSpec, steps: int, metrics: Path | str, ve
         "--optimizer",
         "adagrad",
         "--dedup" if spec.dedup else "--no-dedup",
+        "--wire-dtype",
+        spec.wire,
         "--seed",
         str(SEED),
         *(["--verify"] if verify else []),
@@ -127,7 +134,7 @@ def run_one(
 ) -> RunResult:
     """Run one training job under torchrun (``python -m torch.distributed.run``, the same program),
     echoing its progress to stderr; its metrics records."""
-    stem = f"{spec.strategy}-{spec.budget:g}-{'dedup' if spec.dedup else 'nodedup'}"
+    stem = f"{spec.strategy}-{spec.budget:g}-{'dedup' if spec.dedup else 'nodedup'}-{spec.wire}"
     metrics = tmp / f"{stem}.jsonl"
     command = train_command(data, spec, steps, metrics, verify)
     argv = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
@@ -184,8 +191,15 @@ def smooth(x: np.ndarray, window: int) -> np.ndarray:
 
 
 def row_wise_of(results: list[RunResult], r: RunResult) -> RunResult | None:
-    """The row-wise job with ``r``'s dedup setting, if any."""
-    return next((x for x in results if x.spec.strategy == "row_wise" and x.spec.dedup == r.spec.dedup), None)
+    """The float32 row-wise job with ``r``'s dedup setting, if any."""
+    return next(
+        (
+            x
+            for x in results
+            if x.spec.strategy == "row_wise" and x.spec.dedup == r.spec.dedup and x.spec.wire == "fp32"
+        ),
+        None,
+    )
 
 
 def markdown(results: list[RunResult], base: RunResult, steps: int, argv_line: str, total_s: float) -> str:
@@ -206,7 +220,7 @@ def markdown(results: list[RunResult], base: RunResult, steps: int, argv_line: s
         " ".join(results[0].command),
         "```",
         "",
-        "with `--strategy` / `--budget` / `--dedup` as in the table below (`<data_root>`: "
+        "with `--strategy` / `--budget` / `--dedup` / `--wire-dtype` as in the table below (`<data_root>`: "
         "`flexshard.workloads.data_root()`, `FLEXSHARD_DATA`).",
         "",
         "## Setup",
@@ -220,23 +234,24 @@ def markdown(results: list[RunResult], base: RunResult, steps: int, argv_line: s
         f"{cfg['optimizer']} (row-wise for embeddings, element-wise for the dense model), lr {cfg['lr']:g}; "
         f"{steps} steps.",
         (
-            "- Every job ran with `--verify`: each rank also trained an unsharded reference and matched it "
-            "(logits every step, every row and optimizer state at the end) to 1e-5 x (1 + |reference|): "
-            "all jobs printed `verify: OK`."
+            "- Every job ran with `--verify`: each step an unsharded reference took the same step from the "
+            "run's state; replicas matched bit for bit, and logits, the dense gradient and every row update "
+            "matched within 16 unit roundoffs of the job's wire dtype (2-norm): all jobs printed "
+            "`verify: OK`."
             if cfg["verify"]
             else "- Run without `--verify` (pass it to the script to add the unsharded reference check; "
             "`tests/runtime/test_train.py` verifies every strategy)."
         ),
         "",
         study.md_table(
-            ["job", "strategy", "budget (x row-wise)", "id dedup", "tiers hot/warm/cold rows"]
+            ["job", "strategy", "budget (x row-wise)", "id dedup", "wire", "tiers hot/warm/cold rows"]
             + ["wall time (s)"],
             [
                 [r.spec.label, f"`{r.header['plan']['strategy']}`", f"{r.spec.budget:g}"]
-                + ["on" if r.spec.dedup else "off", r.tiers(), f"{r.seconds:.0f}"]
+                + ["on" if r.spec.dedup else "off", r.spec.wire, r.tiers(), f"{r.seconds:.0f}"]
                 for r in results
             ],
-            align="llrllr",
+            align="llrlllr",
         ),
     ]
     # loss
@@ -267,6 +282,24 @@ def markdown(results: list[RunResult], base: RunResult, steps: int, argv_line: s
             f"- {r.spec.label} vs {base.spec.label}: max |loss difference| {d.max():.3g} (at step "
             f"{int(d.argmax()) + 1}), mean {d.mean():.3g}; relative max {np.max(d / losses[id(base)]):.3g}."
         )
+    for r in results:  # each half-precision job against the float32 job of the same strategy and dedup
+        twin = next(
+            (
+                x
+                for x in results
+                if x.spec.wire == "fp32"
+                and (x.spec.strategy, x.spec.dedup) == (r.spec.strategy, r.spec.dedup)
+            ),
+            None,
+        )
+        if r.spec.wire == "fp32" or twin is None:
+            continue
+        d = np.abs(losses[id(r)] - losses[id(twin)])
+        lines.append(
+            f"- {r.spec.label} vs {twin.spec.label} (the precision alone): max |loss difference| "
+            f"{d.max():.3g} (at step {int(d.argmax()) + 1}), mean {d.mean():.3g}; mean loss over the "
+            f"last {k} steps {losses[id(r)][-k:].mean():.4f} vs {losses[id(twin)][-k:].mean():.4f}."
+        )
     b = losses[id(base)]
     lines.append(
         f"- Mean loss over the first {k} steps {b[:k].mean():.4f}, over the last {k} steps "
@@ -282,7 +315,7 @@ def markdown(results: list[RunResult], base: RunResult, steps: int, argv_line: s
         "counted from the realised exchanges; sync bytes are the cost model's all-reduce bytes of the "
         "realised payload (not measured on the wire).",
         "",
-        "The last two columns compare with the row-wise job of the same dedup setting.",
+        "The last two columns compare with the float32 row-wise job of the same dedup setting.",
         "",
     ]
     stats = ("max", "mean", "predicted")
@@ -324,9 +357,10 @@ def markdown(results: list[RunResult], base: RunResult, steps: int, argv_line: s
         "- Bytes are per rank per step and depend on the realised batches; the cost model's prediction "
         "uses the data set's access histogram (expected values).",
         "- The loss is a noisy per-step estimate (one global batch per step, no held-out evaluation); "
-        "it is the same for every job because the sharded runtime computes the same math as the "
+        "it is the same for every float32 job because the sharded runtime computes the same math as the "
         "unsharded reference (differences are float32 summation order: 1.19e-07 is one float32 ulp "
-        "near 1).",
+        "near 1). The bf16 and fp16 jobs differ by the rounding of every exchanged vector (relative "
+        "2^-8 and 2^-11), which training then carries forward.",
         "",
         "![loss and bytes per step](train_curves.png)",
         "",
@@ -338,8 +372,8 @@ def figure(path: Path, results: list[RunResult], base: RunResult, steps: int) ->
     fig, (ax, bx) = study.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1.25, 1]})
     x = np.arange(1, steps + 1)
     window = max(1, steps // 20)
-    styles = ("-", "--", "-.", ":")
-    colors = ("tab:blue", "tab:red", "tab:green", "tab:orange")
+    styles = ("-", "--", "-.", ":", "-", "--", "-.")
+    colors = ("tab:blue", "tab:red", "tab:green", "tab:orange", "tab:purple", "tab:brown", "tab:olive")
     for r, ls, color in zip(results, styles, colors, strict=False):
         loss = r.loss()
         ax.plot(x, loss, color=color, lw=0.6, alpha=0.35)
@@ -357,7 +391,7 @@ def figure(path: Path, results: list[RunResult], base: RunResult, steps: int) ->
         d = np.abs(r.loss() - base.loss())
         tx.semilogy(x, np.maximum(d, floor), color=color, lw=0.8, marker=".", ms=2, ls="none",
                     label=f"|{r.spec.label} - {base.spec.label}| (0 drawn at {floor:g})")  # fmt: skip
-    tx.set_ylim(floor / 2, 1e-2)
+    tx.set_ylim(floor / 2, 1e-1)
     tx.set_ylabel("|loss difference| vs row-wise (log)")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = tx.get_legend_handles_labels()
@@ -412,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
         specs += [
             RunSpec("FlexShard, no dedup", "flexshard", 2.0, False),
             RunSpec("row-wise, no dedup", "row_wise", 2.0, False),
+            RunSpec("FlexShard, bf16 wire", "flexshard", 2.0, wire="bf16"),
+            RunSpec("row-wise, bf16 wire", "row_wise", 2.0, wire="bf16"),
+            RunSpec("FlexShard, fp16 wire", "flexshard", 2.0, wire="fp16"),
         ]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="train_curves-") as tmp:

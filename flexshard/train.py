@@ -29,7 +29,7 @@ from flexshard.cli_common import first_line
 from flexshard.training.config import parse_args
 from flexshard.training.distributed import init_distributed
 from flexshard.training.loop import run
-from flexshard.training.reference import VerifyError
+from flexshard.training.verify import VerifyError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

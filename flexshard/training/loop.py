@@ -10,7 +10,6 @@ row-wise embedding optimizer.
 
 from __future__ import annotations
 
-import copy
 import time
 
 import numpy as np
@@ -23,13 +22,13 @@ from flexshard import checkpoint
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan
 from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
-from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
 from flexshard.training.data import make_source
 from flexshard.training.distributed import allreduce_dense_grads, device
 from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
-from flexshard.training.reference import Reference, VerifyError, final_check, step_mismatch
+from flexshard.training.reference import Reference
+from flexshard.training.verify import Verifier, describe_tolerance
 
 
 def _say(rank: int):
@@ -106,9 +105,16 @@ def run(config: TrainConfig) -> int:
     records: list[dict] = []
     if config.metrics_out:
         records.append(metrics.header_record(config, world, source.describe(), plan_file, dev, start))
-    reference = (
-        _reference(config, source, module, dense, dense_opt, resumed_from, dev) if config.verify else None
+    verifier = (
+        Verifier(module, _reference(config, source, module, dense, resumed_from, dev), rank)
+        if config.verify
+        else None
     )
+    if verifier is not None:
+        say(
+            "verify: each step against an unsharded reference from the same state; normwise tolerance "
+            + describe_tolerance(plan_file.plan.wire)
+        )
 
     for step in range(start, config.steps):
         batch = source.batch(step, rank)
@@ -119,6 +125,7 @@ def run(config: TrainConfig) -> int:
         dense_opt.zero_grad()
         loss.backward()
         allreduce_dense_grads(dense, world)
+        dense_grads = [p.grad.detach().clone() for p in dense.parameters()] if verifier else []
         dense_opt.step()
         module.step()
         if dev.type == "cuda":
@@ -139,14 +146,10 @@ def run(config: TrainConfig) -> int:
                 f"samples/s {world * source.batch_size / max(float(stats[3]), 1e-9):,.0f} "
                 f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks)"
             )
-        if reference is not None:
+        if verifier is not None:
             batches: list = [None] * world
             dist.all_gather_object(batches, batch)
-            message = agreed_message(
-                step_mismatch(logits, reference.step(batches)[rank], rank, step + 1), dev
-            )
-            if message:
-                raise VerifyError(message)
+            verifier.check_step(step + 1, batches, logits.detach(), dense, dense_grads)
         if config.checkpoint_dir and (
             (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)
             or step + 1 == config.steps
@@ -156,10 +159,8 @@ def run(config: TrainConfig) -> int:
             )
             say(f"checkpoint: saved {path}")
 
-    if reference is not None:
-        message = agreed_message(final_check(module, dense, reference, rank), dev)
-        if message:
-            raise VerifyError(message)
+    if verifier is not None:
+        verifier.finish()
         say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
     if config.metrics_out and rank == 0:
         records.append(
@@ -170,7 +171,7 @@ def run(config: TrainConfig) -> int:
     return 0
 
 
-def _reference(config, source, module, dense, dense_opt, resumed_from, dev) -> Reference:
+def _reference(config, source, module, dense, resumed_from, dev) -> Reference:
     """The unsharded reference, from the checkpoint resumed from or from the same initializer."""
     if resumed_from is not None:
         full = checkpoint.load_full(resumed_from)
@@ -179,7 +180,4 @@ def _reference(config, source, module, dense, dense_opt, resumed_from, dev) -> R
         init = seeded_initializer(config.seed)
         weights = {n: init(n, np.arange(r), d) for n, r, d in source.tables}
         state = {n: torch.zeros(r) for n, r, _d in source.tables}
-    return Reference(
-        weights, state, dense, copy.deepcopy(dense_opt.state_dict()), config.optimizer, config.lr,
-        module.eps, source.user_table, dev,
-    )  # fmt: skip
+    return Reference(weights, state, dense, config.optimizer, config.lr, module.eps, source.user_table, dev)

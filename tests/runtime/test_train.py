@@ -7,6 +7,7 @@ torchrun would); see ``train_workers.py``."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -25,7 +26,7 @@ SMALL = ["--batch-size", "16"]
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
-    """4 ranks as 2 groups of 2: verify runs, a corrupted reference, and checkpoints A (6 steps
+    """4 ranks as 2 groups of 2: verify runs, a replica made to diverge, and checkpoints A (6 steps
     straight) and B (3 steps); then, in new processes, B resumed to 6 steps with --verify."""
     root = tmp_path_factory.mktemp("train4")
     a, b = root / "ckpt_a", root / "ckpt_b"
@@ -47,7 +48,7 @@ def four(tmp_path_factory):
             ],
             None,
         ),  # fmt: skip
-        (["--groups", "2", "--steps", "5", "--verify", *SMALL], "corrupt_reference"),
+        (["--groups", "2", "--steps", "5", "--verify", *SMALL], "diverge_replica"),
         (
             ["--groups", "2", "--steps", "6", "--checkpoint-dir", str(a), "--checkpoint-every", "3", *SMALL],
             None,
@@ -56,6 +57,7 @@ def four(tmp_path_factory):
             ["--groups", "2", "--steps", "3", "--checkpoint-dir", str(b), "--checkpoint-every", "3", *SMALL],
             None,
         ),
+        (["--groups", "2", "--steps", "4", "--verify", "--wire-dtype", "bf16", *SMALL], None),
     ]
     first = run_main(4, calls, root / "run1")
     shutil.copytree(b / "step-00000003", root / "b_step3_before_resume")
@@ -107,13 +109,37 @@ def test_verify_passes_on_every_rank(four):
 
 
 @pytest.mark.slow
-def test_corrupted_reference_fails_on_every_rank(four):
+def test_bf16_on_the_wire_trains_and_verifies_within_its_stated_tolerance(four):
+    calls = _call(four["first"], 5)
+    assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
+    lines = calls[0]["out"].splitlines()
+    assert (
+        "verify: each step against an unsharded reference from the same state; normwise tolerance "
+        "0.062 = 16 x the bf16 unit roundoff 2^-8"
+    ) in lines
+    assert lines[-1] == "verify: OK (4 steps, all rows of all copies match)"
+    fp32 = _call(four["first"], 0)[0]["out"].splitlines()
+
+    def link_bytes(out: list[str]) -> int:  # intra + inter bytes of step 1 (same batches in both runs)
+        words = [ln for ln in out if ln.startswith("step 1/")][0].split()
+        return sum(int(words[i].replace(",", "")) for i in (-8, -5))
+
+    # vectors at 2 bytes per element: the vectors' bytes halve, the ids do not
+    assert link_bytes(lines) < 0.75 * link_bytes(fp32)
+
+
+@pytest.mark.slow
+def test_a_diverged_replica_fails_on_every_rank(four):
     calls = _call(four["first"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
     messages = {c["err"].strip() for c in calls}
     assert len(messages) == 1  # every rank reports the same first mismatch
     message = messages.pop()
-    assert message.startswith("verify: FAILED at step 3:") and "differ from the reference" in message
+    assert re.fullmatch(
+        r"verify: FAILED at step 2: rank 1's copy of table 'item' hot row \d+ differs from the row's other "
+        r"copy \(replicas must stay bitwise equal\)",
+        message,
+    ), message
     assert "verify: OK" not in calls[0]["out"]
 
 
@@ -256,6 +282,12 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     assert "verify: OK (2 steps" in capsys.readouterr().out
     assert main(["--plan", str(tmp_path / "w4.json"), "--steps", "2", *SMALL]) == 2
     assert "the plan is for 4 ranks, this job has 1: launch 4 ranks" in capsys.readouterr().err
+    # a plan priced at float32 on the wire is not run at bf16 unless on purpose
+    assert main(["--plan", str(tmp_path / "w1.json"), "--steps", "1", "--wire-dtype", "bf16", *SMALL]) == 2
+    assert "wire: the plan was made with wire fp32, this run asks for bf16;" in capsys.readouterr().err
+    argv = ["--plan", str(tmp_path / "w1.json"), "--steps", "1", "--wire-dtype", "bf16", "--override-plan"]
+    assert main([*argv, *SMALL]) == 0
+    assert "override: wire bf16 (the plan was made with fp32;" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -305,7 +337,7 @@ def strategies(tmp_path_factory):
     calls = [
         ([*base, "--strategy", "row_wise", "--verify", "--metrics-out", str(root / "rw.jsonl")], None),
         ([*base, "--metrics-out", str(root / "fs.jsonl")], None),
-        ([*base, "--verify", "--metrics-out", str(root / "bad.jsonl")], "corrupt_reference"),
+        ([*base, "--verify", "--metrics-out", str(root / "bad.jsonl")], "skew_update"),
     ]
     calls.append(
         ([*base, "--layout", "compact", "--verify", "--checkpoint-dir", str(root / "compact")], None)
@@ -373,6 +405,11 @@ def test_metrics_out_matches_printed_steps(strategies):
 def test_failed_run_writes_no_metrics(strategies):
     calls = _call(strategies["results"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
+    message = calls[0]["err"].strip()
+    assert message.startswith(
+        "verify: FAILED at step 3: table 'item''s update of the touched rows differs"
+    ), message
+    assert "tolerance 9.5e-07 = 16 x the fp32 unit roundoff 2^-24" in message
     assert not (strategies["root"] / "bad.jsonl").exists()
     assert not list(strategies["root"].glob(".bad.jsonl.*"))
 

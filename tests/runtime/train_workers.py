@@ -21,34 +21,50 @@ from flexshard.runtime.local import free_port, wait_for_ranks
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
-def _corrupt_reference() -> contextlib.AbstractContextManager:
-    """Perturb one hot row of the reference's ``item`` table after its second step (a deliberately
-    wrong reference: verify must fail on every rank)."""
-    from flexshard.training import reference as train
+def _patched_step(after) -> contextlib.AbstractContextManager:
+    """Run ``after(module, n)`` after every ``ShardedSequenceEmbedding.step`` (``n``: steps so far)."""
+    from flexshard.runtime import ShardedSequenceEmbedding
 
-    original = train.Reference.step
+    original = ShardedSequenceEmbedding.step
     calls = {"n": 0}
 
-    def step(self, batches):
-        out = original(self, batches)
+    def step(self):
+        original(self)
         calls["n"] += 1
-        if calls["n"] == 2:
-            with torch.no_grad():
-                self.weights["item"][0] += 0.01
-        return out
+        after(self, calls["n"])
 
     @contextlib.contextmanager
     def patched():
-        train.Reference.step = step
+        ShardedSequenceEmbedding.step = step
         try:
             yield
         finally:
-            train.Reference.step = original
+            ShardedSequenceEmbedding.step = original
 
     return patched()
 
 
-PATCHES = {None: contextlib.nullcontext, "corrupt_reference": _corrupt_reference}
+def _diverge_replica(module, n: int) -> None:
+    """After step 2, rank 1's copy of the hottest ``item`` row moves by 1e-3: replicas no longer equal."""
+    from core.vocabulary import Tier
+
+    if n == 2 and module.rank == 1:
+        with torch.no_grad():
+            module.shards[(module.table_names.index("item"), Tier.HOT)].weights[0] += 1e-3
+
+
+def _skew_update(module, n: int) -> None:
+    """From step 3, every rank's rows move 10% further than the optimizer says (the same on every copy):
+    a wrong optimizer, which only the comparison with the reference can find."""
+    if n == 2:
+        module.lr *= 1.1
+
+
+PATCHES = {
+    None: contextlib.nullcontext,
+    "diverge_replica": lambda: _patched_step(_diverge_replica),
+    "skew_update": lambda: _patched_step(_skew_update),
+}
 
 
 def _worker(rank: int, world: int, calls: list, ports: list[int], outdir: str) -> None:

@@ -1,0 +1,237 @@
+"""``--verify``: every step of the sharded run checked against the unsharded reference
+(:class:`~flexshard.training.reference.Reference`) taking the same step from the same state.
+
+One step ``k``:
+
+1. the sharded run takes step ``k``; the reference takes it on every rank's batch, starting from the
+   sharded run's state after step ``k - 1`` (rows and dense parameters: see 4);
+2. the canonical copy of every row touched at step ``k`` (hot: rank 0's; warm: the first group's; cold:
+   the owner's) is gathered on every rank;
+3. checks, each failing on every rank with one ``verify: FAILED`` line:
+
+   * every copy a rank holds of a touched row equals the canonical copy bit for bit (replicas stay
+     equal), and every touched row has a canonical copy;
+   * the normwise relative difference (:func:`normwise`) of this rank's logits, of the dense gradient
+     (summed over ranks, before torch's optimizer), and of each table's update of the touched rows
+     (weights, and the Adagrad accumulator) is at most :func:`tolerance`;
+
+4. the reference takes the canonical rows and the dense parameters: the next step starts from the same
+   state, so rounding is judged one step at a time and never compounds. (Training is chaotic: with
+   Adagrad, summation order alone drifts a free-running reference apart by 1e-5 in a few steps, and bf16
+   by 1e-1.)
+
+After the last step every row of every copy must equal the reference bit for bit (the reference followed
+the run), and every row of every table must be held by some rank.
+
+Tolerance: ``TOLERANCE_UNITS`` times the unit roundoff of the wire dtype (2^-24 for fp32, where the
+difference is summation order; 2^-8 bf16; 2^-11 fp16). A vector is rounded at most four times on its way
+(forward once; a gradient at the requester, the rail peer, and in the replica sync); the constant leaves
+room for sums of rounded terms that partly cancel, and was set from the measured grid in docs/limits.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from core.errors import FlexShardError
+from core.vocabulary import Tier, WireDtype
+from flexshard.runtime import ShardedSequenceEmbedding
+from flexshard.runtime.agreement import agreed_message
+from flexshard.training.reference import Reference, ReferenceStep
+
+UNIT_ROUNDOFF = {WireDtype.FP32: 2.0**-24, WireDtype.BF16: 2.0**-8, WireDtype.FP16: 2.0**-11}
+TOLERANCE_UNITS = 16.0
+STORAGE_ROUNDINGS = 2  # the run's and the reference's float32 result each rounded once
+
+
+class VerifyError(FlexShardError):
+    """A mismatch between the sharded run and the reference (exit status 1)."""
+
+
+def tolerance(wire: WireDtype) -> float:
+    """The largest normwise relative difference accepted for one step at wire precision ``wire``."""
+    return TOLERANCE_UNITS * UNIT_ROUNDOFF[wire]
+
+
+def describe_tolerance(wire: WireDtype) -> str:
+    """The tolerance as the run states it."""
+    exponent = int(round(-np.log2(UNIT_ROUNDOFF[wire])))
+    return f"{tolerance(wire):.2g} = {TOLERANCE_UNITS:g} x the {wire} unit roundoff 2^-{exponent}"
+
+
+def normwise(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor | None = None) -> tuple[float, float]:
+    """``(||got - want||, ||want - base||)`` in 2-norms (``base`` None: zero): the difference, and the size
+    of what was computed (an update when ``base`` is the state before it)."""
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    size = torch.linalg.vector_norm(want if base is None else want - base.detach().double().cpu())
+    return float(torch.linalg.vector_norm(got - want)), float(size)
+
+
+def allowed_difference(tol: float, size: float, value_norm: float = 0.0) -> float:
+    """The largest accepted ``||got - want||``: ``tol`` relative to the computed ``size``, plus the float32
+    rounding of a stored value of norm ``value_norm`` on each side (``2 x 2^-24 x value_norm``; the
+    updated rows and accumulators are stored in float32 whatever the wire)."""
+    return tol * size + STORAGE_ROUNDINGS * UNIT_ROUNDOFF[WireDtype.FP32] * value_norm
+
+
+class Verifier:
+    """The ``--verify`` protocol of one rank (see the module docstring). Collective: every rank calls
+    :meth:`check_step` once per step and :meth:`finish` once."""
+
+    def __init__(self, module: ShardedSequenceEmbedding, reference: Reference, rank: int) -> None:
+        self.module, self.reference, self.rank = module, reference, rank
+        self.tolerance = tolerance(module.wire_dtype)
+        layout = module.plan_file.layout
+        first_group = int(layout.group_of_rank[rank]) == 0
+        self.canonical = {Tier.HOT: rank == 0, Tier.WARM: first_group, Tier.COLD: True}
+
+    def check_step(
+        self, step: int, batches: list, logits: torch.Tensor, dense: torch.nn.Module, dense_grads: list
+    ) -> None:
+        """Step ``step``'s checks (``batches``: every rank's; ``dense_grads``: this run's summed dense
+        gradients), then the reference takes the run's state. Raises :class:`VerifyError` on every rank."""
+        ref = self.reference.step(batches)
+        canon = self._gather_canonical(ref)
+        message = self._copies_problem(ref, canon) or self._difference_problem(
+            ref, canon, logits, dense_grads
+        )
+        agreed = agreed_message(
+            f"verify: FAILED at step {step}: {message}" if message else "", self.module.device
+        )
+        if agreed:
+            raise VerifyError(agreed)
+        for name, (ids, w, s) in canon.items():
+            self.reference.set_rows(name, ids, w, s)
+        self.reference.load_dense(dense)
+
+    def finish(self) -> None:
+        """Every row of every copy equal to the reference, every row held somewhere (collective)."""
+        rows = self.module.shard_rows()
+        message = _unheld_row(rows, self.reference, self.module.device)
+        for (name, tier), (ids, w, s) in rows.items():
+            if message:
+                break
+            idx = torch.as_tensor(ids, dtype=torch.int64)
+            want = self.reference.weights[name].detach().cpu()[idx], self.reference.state[name].cpu()[idx]
+            row = _first_unequal(idx, (w, s), want)
+            if row is not None:
+                message = (
+                    f"rank {self.rank}, table {name!r} {tier} row {row} differs from the state the "
+                    "reference followed"
+                )
+        message = f"verify: FAILED after the last step: {message}" if message else ""
+        agreed = agreed_message(message, self.module.device)
+        if agreed:
+            raise VerifyError(agreed)
+
+    # --- parts -----------------------------------------------------------------------------------
+
+    def _gather_canonical(
+        self, ref: ReferenceStep
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per table the canonical copies of the touched rows, sorted by id, from every rank (collective).
+        A row with no canonical copy is left out (:meth:`_copies_problem` reports it)."""
+        mine = {}
+        for (t, tier), shard in self.module.shards.items():
+            name = self.module.table_names[t]
+            if self.canonical[tier] and shard.num_rows:
+                held = _held_rows(shard, ref.rows[name].numpy())
+                if held[0].numel():
+                    mine.setdefault(name, []).append(held)
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        canon = {}
+        for name in ref.rows:
+            parts = [p for theirs in everyone for p in theirs.get(name, [])]
+            dim = ref.weights[name].shape[1]
+            ids = torch.cat([p[0] for p in parts]) if parts else torch.zeros(0, dtype=torch.int64)
+            w = torch.cat([p[1] for p in parts]) if parts else torch.zeros(0, dim)
+            s = torch.cat([p[2] for p in parts]) if parts else torch.zeros(0)
+            order = torch.argsort(ids)
+            canon[name] = (ids[order], w[order], s[order])
+        return canon
+
+    def _copies_problem(self, ref: ReferenceStep, canon: dict) -> str:
+        """'' when every touched row has one canonical copy and every copy this rank holds equals it."""
+        for name, rows in ref.rows.items():
+            ids = canon[name][0]
+            if ids.numel() != rows.numel() or not torch.equal(ids, rows):
+                missing = np.setdiff1d(rows.numpy(), ids.numpy())
+                what = (
+                    f"row {int(missing[0])} has no copy" if missing.size else "a row has two canonical copies"
+                )
+                return f"table {name!r}: {what}"
+        for (t, tier), shard in self.module.shards.items():
+            name = self.module.table_names[t]
+            ids, w, s = canon[name]
+            mine, mw, ms = _held_rows(shard, ids.numpy())
+            at = torch.from_numpy(np.searchsorted(ids.numpy(), mine.numpy()))
+            row = _first_unequal(mine, (mw, ms), (w[at], s[at]))
+            if row is not None:
+                return (
+                    f"rank {self.rank}'s copy of table {name!r} {tier.label} row {row} differs from the "
+                    "row's other copy (replicas must stay bitwise equal)"
+                )
+        return ""
+
+    def _difference_problem(
+        self, ref: ReferenceStep, canon: dict, logits: torch.Tensor, dense_grads: list
+    ) -> str:
+        """'' when every normwise difference is within its allowance, else the first that is not."""
+        flat = torch.cat([g.reshape(-1).cpu() for g in dense_grads]) if dense_grads else torch.zeros(0)
+        ref_flat = torch.cat([g.reshape(-1) for g in ref.dense_grads]) if ref.dense_grads else torch.zeros(0)
+        checks = [
+            (f"rank {self.rank}'s logits", *normwise(logits, ref.logits[self.rank]), 0.0),
+            ("the dense gradient", *normwise(flat, ref_flat), 0.0),
+        ]
+        for name, (_ids, w, s) in canon.items():
+            value_w, value_s = (
+                float(torch.linalg.vector_norm(x.double())) for x in (ref.weights[name], ref.state[name])
+            )
+            checks.append((f"table {name!r}'s update of the touched rows",
+                           *normwise(w, ref.weights[name], ref.weights_before[name]), value_w))  # fmt: skip
+            checks.append((f"table {name!r}'s optimizer state update",
+                           *normwise(s, ref.state[name], ref.state_before[name]), value_s))  # fmt: skip
+        for what, diff, size, value in checks:
+            allowed = allowed_difference(self.tolerance, size, value)
+            if not diff <= allowed:
+                return (
+                    f"{what} differs from the reference by {diff:.3g} (2-norm; {allowed:.3g} allowed: the "
+                    f"computed norm {size:.3g} x tolerance {describe_tolerance(self.module.wire_dtype)}"
+                    + (", plus float32 storage rounding)" if value else ")")
+                )
+        return ""
+
+
+def _first_unequal(ids: torch.Tensor, got: tuple, want: tuple) -> int | None:
+    """The first id whose (weights, state) in ``got`` differ from ``want`` in any bit, or None."""
+    (w, s), (want_w, want_s) = got, want
+    bad = ~((w == want_w).all(dim=1) & (s == want_s))
+    return int(ids[int(torch.nonzero(bad)[0])]) if bool(bad.any()) else None
+
+
+def _held_rows(shard, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of ``shard`` whose ids are in ``ids``: (ids, weights, optimizer state) on the CPU."""
+    hit = np.isin(shard.ids, ids)
+    sel = torch.from_numpy(np.nonzero(hit)[0]).to(shard.weights.device)
+    return (
+        torch.from_numpy(shard.ids[hit]),
+        shard.weights.index_select(0, sel).cpu(),
+        shard.state.index_select(0, sel).cpu(),
+    )
+
+
+def _unheld_row(rows: dict, reference: Reference, device: torch.device) -> str:
+    """'' when every row of every table is held by some rank, else which is not (collective)."""
+    copies: dict[str, torch.Tensor] = {}
+    for (name, _tier), (ids, _w, _s) in rows.items():
+        held = copies.setdefault(name, torch.zeros(reference.weights[name].shape[0], dtype=torch.int64))
+        held[torch.as_tensor(ids, dtype=torch.int64)] += 1
+    for name, held in copies.items():
+        total = held.to(device)
+        dist.all_reduce(total)
+        if bool((total < 1).any()):
+            return f"table {name!r} row {int(torch.nonzero(total < 1)[0])} is held by no rank"
+    return ""
