@@ -121,6 +121,22 @@ class WireDtype(_Setting):
         return FLOAT32_BYTES if self is WireDtype.FP32 else 2
 
 
+class SamplePlacement(_Setting):
+    """Which GPU processes which sample of a global batch (:mod:`flexshard.batching`). The batch as a set
+    is the same; only the assignment of its samples to GPUs changes.
+
+    ``OFF``: each rank keeps the samples it read. ``REGROUP``: samples that share cold rows meet in one
+    group, by a hash of the rows every rank computes alike (group-level dedup rises; the plan's owners are
+    not used). ``OWNER``: each sample goes to the group that owns most of its cold rows' bytes (its lookups
+    there stay on NVLink, and samples sharing rows meet as well). Both move a sample only when it saves more
+    inter-group bytes than its ids cost to move, within exact per-rank quotas.
+    """
+
+    OFF = "off"
+    REGROUP = "regroup"
+    OWNER = "owner"
+
+
 class Deal(_Setting):
     """How a table's cold rows are dealt to the ranks that own them (:mod:`solvers.dealing`).
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError
-from core.vocabulary import SyncMode, WireDtype
+from core.vocabulary import SamplePlacement, SyncMode, WireDtype
 from flexshard.model import OBJECTIVES
 from flexshard.runtime import LAYOUTS, OPTIMIZERS
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
@@ -69,6 +69,14 @@ class TrainConfig:
             "embeddings and gradients on the all-to-alls and the replica sync (default: the plan's, else "
             "fp32); rows and optimizer state stay float32",
             choices=[w.value for w in WireDtype],
+        ),
+    )
+    sample_placement: str = field(
+        default="off",
+        metadata=_flag(
+            "which rank trains on which sample of each global batch: off, regroup (samples sharing cold "
+            "rows meet in a group) or owner (samples go to the group owning their cold rows)",
+            choices=[m.value for m in SamplePlacement],
         ),
     )
     override_plan: bool = field(

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from core.osutil import check_writable
 from core.vocabulary import FetchMode
 from flexshard import checkpoint
+from flexshard.batching import SamplePlacer
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan
 from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
@@ -65,7 +66,8 @@ def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_f
         )
         + f"; optimizer {config.optimizer}, lr {config.lr}, dedup {'on' if plan.dedup else 'off'}, "
         f"{plan.sync.value} sync, batch {plan_file.batch_size_per_gpu} per rank, "
-        f"objective {config.objective}, layout {config.layout}",
+        f"objective {config.objective}, layout {config.layout}, wire {plan.wire}, "
+        f"sample placement {config.sample_placement}",
     ]
 
 
@@ -91,6 +93,7 @@ def run(config: TrainConfig) -> int:
         device=dev,
         layout=config.layout,
     )
+    placer = SamplePlacer(config.sample_placement, module, source.user_table)
     start, resumed_from = 0, None
     if config.resume:
         resumed_from = checkpoint.latest(config.checkpoint_dir)
@@ -117,9 +120,10 @@ def run(config: TrainConfig) -> int:
         )
 
     for step in range(start, config.steps):
-        batch = source.batch(step, rank)
         t0 = time.perf_counter()
+        batch = placer.place(source.batch(step, rank))
         emb = module(lookup_features(batch, source.user_table, dev))
+        module.traffic += placer.traffic  # the samples' move is part of the step's ids
         logits = batch_logits(dense, emb, batch, source.user_table)
         loss = dense.loss(logits) / world
         dense_opt.zero_grad()
