@@ -82,9 +82,10 @@ class SamplePlacer:
 
     def _all_wants(self, mine: np.ndarray) -> np.ndarray:
         """int64[N, G]: every rank's want counts (one all-gather)."""
-        out = torch.empty(self.layout.num_ranks * mine.size, dtype=torch.int64, device=self.module.device)
-        dist.all_gather_into_tensor(out, torch.from_numpy(mine).to(self.module.device))
-        return out.cpu().numpy().reshape(self.layout.num_ranks, mine.size)
+        send = torch.from_numpy(mine).to(self.module.device)
+        out = [torch.empty_like(send) for _ in range(self.layout.num_ranks)]
+        dist.all_gather(out, send)
+        return torch.stack(out).cpu().numpy()
 
     def _count_wants(self) -> None:
         """Add the all-gather of want counts to :attr:`traffic`: ``G`` int64 to and from every other rank."""

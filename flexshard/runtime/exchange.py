@@ -156,15 +156,18 @@ class FlatExchange:
         backward = count_forward(self.lookup_traffic(batch.counts, recv_counts), traffic)
         return FlatState(batch, recv_counts, owner_slots, backward)
 
-    def backward(self, state: FlatState, unique_grads: list[torch.Tensor], traffic: Traffic) -> None:
-        """Send the gradients of the remote lookups to their owners; add them into the owners' shards."""
+    def backward(
+        self, state: FlatState, unique_grads: list[torch.Tensor], traffic: Traffic, scale: float = 1.0
+    ) -> None:
+        """Send the gradients of the remote lookups to their owners (times ``scale`` on the wire,
+        :func:`~flexshard.runtime.transfer.gradient_scale`); add them into the owners' shards."""
         world = self.layout.num_ranks
         c, rc = state.batch.counts.reshape(world, -1), state.recv_counts.reshape(world, -1)
         grads = [
             unique_grads[t].index_select(0, state.batch.index[col])
             for col, (t, _tier) in enumerate(self._columns())
         ]
-        got = exchange_vectors(grads, c, rc, self._widths(), self.wire_dtype)
+        got = exchange_vectors(grads, c, rc, self._widths(), self.wire_dtype, scale=scale)
         for col, (t, tier) in enumerate(self._columns()):
             if state.owner_slots[col].numel():
                 self.shards[(t, tier)].add_gradient(state.owner_slots[col], got[col])

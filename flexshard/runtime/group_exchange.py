@@ -199,17 +199,24 @@ class GroupExchange:
         counts = np.ascontiguousarray(torch.stack(bins).cpu().numpy().T, dtype=np.int64)
         return RailFetch(recv_counts, inverse, order, counts), slots
 
-    def backward(self, state: GroupState, unique_grads: list[torch.Tensor], traffic: Traffic) -> None:
-        """Gradients to the rail peers, summed there per distinct row, then to the owners' cold shards."""
+    def backward(
+        self, state: GroupState, unique_grads: list[torch.Tensor], traffic: Traffic, scale: float = 1.0
+    ) -> None:
+        """Gradients to the rail peers, summed there per distinct row, then to the owners' cold shards
+        (times ``scale`` on the wire, :func:`~flexshard.runtime.transfer.gradient_scale`)."""
         pg, batch, rail, owner = self.pg, state.batch, state.rail, state.owner
         grads = [g.index_select(0, batch.index[t]) for t, g in enumerate(unique_grads)]
-        got = exchange_vectors(grads, batch.counts, rail.recv_counts, self.dims, self.wire_dtype, pg.intra)
+        got = exchange_vectors(
+            grads, batch.counts, rail.recv_counts, self.dims, self.wire_dtype, pg.intra, scale
+        )
         summed = []
         for t, g in enumerate(got):
             total = torch.zeros(rail.distinct(t), int(self.dims[t]), device=self.device)
             total.index_add_(0, rail.inverse[t], g)
             summed.append(total.index_select(0, rail.order[t]))
-        arrived = exchange_vectors(summed, rail.counts, owner.counts, self.dims, self.wire_dtype, pg.replica)
+        arrived = exchange_vectors(
+            summed, rail.counts, owner.counts, self.dims, self.wire_dtype, pg.replica, scale
+        )
         for t, g in enumerate(arrived):
             if owner.slots[t].numel():
                 self.shards[(t, Tier.COLD)].add_gradient(owner.slots[t], g)

@@ -119,20 +119,24 @@ def hierarchical_all_reduce(pg: ProcessGroups, wire_dtype: WireDtype = WireDtype
 
 
 def sync_gradients(
-    shards: list[Shard], all_reduce: AllReduce | None, sync: SyncMode, wire_dtype: WireDtype = WireDtype.FP32
+    shards: list[Shard],
+    all_reduce: AllReduce | None,
+    sync: SyncMode,
+    wire_dtype: WireDtype = WireDtype.FP32,
+    scale: float = 1.0,
 ) -> float:
     """Sum the gradients of ``shards`` (the replicated rows of one tier, every table) over their copies
     with ``all_reduce`` (None: a single copy). Returns the payload bytes of one replica
     (:func:`solvers.wire.sync_payload`): touched rows' vectors (``wire_dtype`` elements) plus the touched
     mask (``sparse``: the mask is all-reduced first, with MAX, then only rows touched on some rank), or
-    every row (``dense``)."""
+    every row (``dense``). ``scale``: the power of two gradients travel multiplied by
+    (:func:`~flexshard.runtime.transfer.gradient_scale`)."""
     shards = [s for s in shards if s.num_rows > 0]
     if not shards:
         return 0.0
     if sync is SyncMode.DENSE:
         flat = torch.cat([s.grads.reshape(-1) for s in shards])
-        if all_reduce is not None:
-            all_reduce(flat, dist.ReduceOp.SUM)
+        _sum_over_copies(flat, all_reduce, scale)
         for s, part in zip(shards, flat.split([s.grads.numel() for s in shards]), strict=True):
             s.grads.copy_(part.view_as(s.grads))
             # every replicated row is updated; a row without gradient is unchanged by SGD and by row-wise
@@ -152,8 +156,7 @@ def sync_gradients(
         s.touched.copy_(part)
         rows_of.append(torch.nonzero(part).flatten())
     flat = torch.cat([s.grads.index_select(0, r).reshape(-1) for s, r in zip(shards, rows_of, strict=True)])
-    if all_reduce is not None:
-        all_reduce(flat, dist.ReduceOp.SUM)
+    _sum_over_copies(flat, all_reduce, scale)
     sizes = [r.numel() * s.dim for s, r in zip(shards, rows_of, strict=True)]
     for s, r, part in zip(shards, rows_of, flat.split(sizes), strict=True):
         s.grads.index_copy_(0, r, part.view(-1, s.dim))
@@ -165,3 +168,15 @@ def sync_gradients(
             for s, r in zip(shards, rows_of, strict=True)
         )
     )
+
+
+def _sum_over_copies(flat: torch.Tensor, all_reduce: AllReduce | None, scale: float) -> None:
+    """``all_reduce`` of ``flat`` (float32 gradients, in place) sent multiplied by ``scale`` (exact: a power
+    of two)."""
+    if all_reduce is None:
+        return
+    if scale != 1.0:
+        flat.mul_(scale)
+    all_reduce(flat, dist.ReduceOp.SUM)
+    if scale != 1.0:
+        flat.div_(scale)

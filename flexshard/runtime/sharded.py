@@ -61,6 +61,7 @@ from flexshard.runtime.routing import (
     build_routing,
 )
 from flexshard.runtime.shards import OPTIMIZERS, Shard
+from flexshard.runtime.transfer import gradient_scale
 from solvers import wire
 
 
@@ -265,10 +266,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             gu = lk.unique_gradient(g.to(device=self.device, dtype=torch.float32))
             self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
             unique_grads.append(gu)
+        scale = gradient_scale(unique_grads, self.wire_dtype, self.world_size, self.device)
         if flat_state is not None:
-            self.exchange.backward(flat_state, unique_grads, self.traffic)
+            self.exchange.backward(flat_state, unique_grads, self.traffic, scale)
         if group_state is not None:
-            self.group_exchange.backward(group_state, unique_grads, self.traffic)
+            self.group_exchange.backward(group_state, unique_grads, self.traffic, scale)
 
     # --- replica sync and optimizer step ----------------------------------------------------------
 
@@ -284,15 +286,17 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         gradients. Collective."""
         g_size = len(self.pg.intra_ranks)
         n_groups = self.pg.num_groups
-        hot_payload = sync_gradients(
-            self._tier_shards(Tier.HOT), self._hot_all_reduce, self.sync, self.wire_dtype
-        )
+        hot_shards = self._tier_shards(Tier.HOT)
+        scale = gradient_scale([s.grads for s in hot_shards], self.wire_dtype, self.world_size, self.device)
+        hot_payload = sync_gradients(hot_shards, self._hot_all_reduce, self.sync, self.wire_dtype, scale)
         hot = wire.hierarchical_allreduce_bytes(g_size, n_groups, hot_payload)
         for link in LinkClass:
             self.traffic.add(link, Component.SYNC, hot[link], hot[link])
         if self.uses_warm:
+            warm_shards = self._tier_shards(Tier.WARM)
+            scale = gradient_scale([s.grads for s in warm_shards], self.wire_dtype, n_groups, self.device)
             warm_payload = sync_gradients(
-                self._tier_shards(Tier.WARM), self._warm_all_reduce, self.sync, self.wire_dtype
+                warm_shards, self._warm_all_reduce, self.sync, self.wire_dtype, scale
             )
             warm = wire.ring_allreduce_bytes(n_groups, warm_payload)
             self.traffic.add(LinkClass.INTER_GROUP, Component.SYNC, warm, warm)

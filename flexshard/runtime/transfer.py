@@ -10,7 +10,10 @@ own block is copied, and never counted as bytes).
 Vectors (embeddings forward, gradients backward) travel as the plan's :class:`core.vocabulary.WireDtype`
 (:func:`exchange_vectors`): cast from float32 just before the all-to-all, back to float32 just after it,
 so rows, gradient sums and optimizer state stay float32. The block a rank sends itself is cast too: every
-exchanged vector is rounded the same way wherever its owner is.
+exchanged vector is rounded the same way wherever its owner is. fp16 has a narrow range (normal numbers
+from 6.1e-5 to 65504), and embedding gradients are small: gradients are multiplied by a power of two
+before the cast and divided by it after (:func:`gradient_scale`, exact in float32), as mixed-precision
+training scales its loss, so that they keep fp16's full precision without overflowing.
 """
 
 from __future__ import annotations
@@ -71,13 +74,34 @@ def exchange_vectors(
     widths: np.ndarray,
     wire_dtype: WireDtype,
     group=None,
+    scale: float = 1.0,
 ) -> list[torch.Tensor]:
-    """:func:`exchange_columns` of float32 vectors sent as ``wire_dtype``; returns float32 columns."""
+    """:func:`exchange_columns` of float32 vectors sent as ``wire_dtype``, multiplied by ``scale`` (a power
+    of two) on the wire; returns float32 columns."""
     on_wire = TORCH_WIRE_DTYPES[wire_dtype]
     if on_wire is torch.float32:
         return exchange_columns(columns, counts, recv_counts, widths, group)
-    sent = [col.to(on_wire) for col in columns]
-    return [col.float() for col in exchange_columns(sent, counts, recv_counts, widths, group)]
+    sent = [(col * scale if scale != 1.0 else col).to(on_wire) for col in columns]
+    got = exchange_columns(sent, counts, recv_counts, widths, group)
+    return [col.float() / scale if scale != 1.0 else col.float() for col in got]
+
+
+FP16_TARGET = 2.0**14  # the largest scaled gradient sum stays below this (fp16's largest finite: 65504)
+
+
+def gradient_scale(grads: list[torch.Tensor], wire_dtype: WireDtype, summands: int, device) -> float:
+    """The power of two that gradients are multiplied by on an fp16 wire: the largest ``|g|`` over every
+    rank (one all-reduce of one float, collective) times ``summands`` (the most gradients any sent sum
+    adds up) scaled to just below ``FP16_TARGET``. 1 for float32 and bf16 (bf16 has float32's range)."""
+    if wire_dtype is not WireDtype.FP16:
+        return 1.0
+    local = max((float(g.abs().max()) for g in grads if g.numel()), default=0.0)
+    largest = torch.tensor([local], dtype=torch.float32, device=device)
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    top = float(largest) * max(summands, 1)
+    if not 0.0 < top < float("inf"):
+        return 1.0
+    return float(2.0 ** int(np.floor(np.log2(FP16_TARGET / top))))
 
 
 def exchange_sizes(sizes: np.ndarray, device: torch.device, group=None) -> np.ndarray:
