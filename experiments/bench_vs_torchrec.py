@@ -11,7 +11,9 @@ One launch spawns ``--world`` gloo ranks on this host (default 4 = 2 emulated gr
     backward (the fused ``EXACT_ROWWISE_ADAGRAD`` update runs inside backward). No index dedup:
     ``EmbeddingCollectionSharder(use_index_dedup=True)`` calls ``fbgemm::jagged_unique_indices``,
     which has no CPU kernel in fbgemm-gpu-cpu 1.8 (``--torchrec-dedup`` tries it and reports the
-    error); what it would send is COMPUTED from the ids instead (see the cross-checks);
+    error); what it would send is COMPUTED from the ids instead (see the cross-checks). ``--qcomms``
+    adds TorchRec with its own quantized comms (``QCommsConfig`` bf16 forward and backward, through
+    ``EmbeddingCollectionSharder(qcomm_codecs_registry=...)``) and FlexShard planned and run at bf16;
 (c) ablation (``--no-ablation`` skips it): FlexShard's runtime on the plain row-wise plan
     (``make_plan("row_wise", ..., dedup=True)``: every row cold, ids deduplicated per rank), which
     separates what deduplication saves from what the hot / warm tiers save.
@@ -123,6 +125,7 @@ class Config:
     threads: int = 1
     rounds: int = 2
     torchrec_dedup: bool = False
+    qcomms: bool = False  # also both systems with bf16 on the wire (TorchRec: its QCommsConfig)
     ablation: bool = True
     skip_torchrec: bool = False
     timeout_s: float = 1200.0
@@ -224,6 +227,12 @@ def write_bench_plan(cfg: Config, path: Path, orders: dict[str, np.ndarray]) -> 
     rw_dedup = make_plan("row_wise", workload, view, budget_bytes(workload, view, 1.0), dedup=True)
     rw_path = path.with_name("plan_row_wise.json")  # the ablation: FlexShard's runtime, all rows cold
     write_plan(rw_path, to_dict(rw_dedup.plan, workload, view, rw_dedup.report, "bench-vs-torchrec", orders))
+    if cfg.qcomms:  # FlexShard planned and run with bf16 on the wire
+        bf16 = make_plan("flexshard", workload, view, budget, wire="bf16")
+        write_plan(
+            path.with_name("plan_bf16.json"),
+            to_dict(bf16.plan, workload, view, bf16.report, "bench-vs-torchrec", orders),
+        )
     tiers = [(tp.name, tp.hot_rows, tp.warm_rows, tp.cold_rows) for tp in planned.plan.tables]
     return {
         "plan_s": plan_s,
@@ -449,10 +458,13 @@ class FlexShardSystem(System):
 
 
 class TorchRecSystem(System):
-    def __init__(self, cfg: Config, batches: list, rec: Recorder, dedup: bool = False) -> None:
+    def __init__(
+        self, cfg: Config, batches: list, rec: Recorder, dedup: bool = False, qcomms: bool = False
+    ) -> None:
         super().__init__()
-        self.key = "torchrec_dedup" if dedup else "torchrec"
+        self.key = "torchrec_dedup" if dedup else "torchrec_bf16" if qcomms else "torchrec"
         self.dedup = dedup
+        self.element_bytes = 2 if qcomms else 4  # embeddings and gradients on the wire
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
@@ -474,6 +486,17 @@ class TorchRecSystem(System):
             def forward(self, kjt):
                 return self.ec(kjt)
 
+        codecs = None
+        if qcomms:  # TorchRec's quantized comms: embeddings forward, gradients backward, as bf16
+            from torchrec.distributed.fbgemm_qcomm_codec import (
+                CommType,
+                QCommsConfig,
+                get_qcomm_codecs_registry,
+            )
+
+            codecs = get_qcomm_codecs_registry(
+                QCommsConfig(forward_precision=CommType.BF16, backward_precision=CommType.BF16)
+            )
         sharder = EmbeddingCollectionSharder(
             fused_params={
                 "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -481,6 +504,7 @@ class TorchRecSystem(System):
                 "eps": 1e-8,
             },
             use_index_dedup=dedup,
+            qcomm_codecs_registry=codecs,
         )
         model = Model()
         module_plan = construct_module_sharding_plan(
@@ -540,7 +564,7 @@ class TorchRecSystem(System):
                     if peer != rank:
                         n = int((owner == peer).sum())
                         out[d, self.rec.link(int(peer))] += n * (
-                            values.element_size() + 2 * self.dims[name] * 4
+                            values.element_size() + 2 * self.dims[name] * self.element_bytes
                         )
         self.computed.append(out if not self.dedup else out[::-1])
 
@@ -581,12 +605,18 @@ def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str,
         if cfg.ablation:
             rw_plan = str(Path(plan_path).with_name("plan_row_wise.json"))
             systems.append(FlexShardSystem(cfg, batches, rw_plan, orders, key="flexshard_rw"))
+        if cfg.qcomms:
+            bf16_plan = str(Path(plan_path).with_name("plan_bf16.json"))
+            systems.append(FlexShardSystem(cfg, batches, bf16_plan, orders, key="flexshard_bf16"))
         result = {}
-        variants = [] if cfg.skip_torchrec else [False] + ([True] if cfg.torchrec_dedup else [])
-        for dedup in variants:
-            key = "torchrec_dedup" if dedup else "torchrec"
+        variants = (
+            [] if cfg.skip_torchrec else [(False, False)] + ([(True, False)] if cfg.torchrec_dedup else [])
+        )
+        variants += [(False, True)] if cfg.qcomms and not cfg.skip_torchrec else []
+        for dedup, qcomms in variants:
+            key = "torchrec_dedup" if dedup else "torchrec_bf16" if qcomms else "torchrec"
             try:
-                system = TorchRecSystem(cfg, batches, rec, dedup)
+                system = TorchRecSystem(cfg, batches, rec, dedup, qcomms)
                 dist.barrier()
                 system.step(system.inputs[0])  # a trial step: a failure here drops only this system
                 systems.append(system)
@@ -667,6 +697,8 @@ def report(cfg: Config, plan_info: dict, results: list[dict]) -> tuple[str, dict
         "flexshard_rw": "ablation: FlexShard runtime, row-wise plan (all rows cold, dedup)",
         "torchrec": "TorchRec 1.8 EmbeddingCollection, ROW_WISE, fused row-wise Adagrad",
         "torchrec_dedup": "TorchRec, same, with use_index_dedup=True",
+        "flexshard_bf16": "FlexShard, planned and run with bf16 on the wire",
+        "torchrec_bf16": "TorchRec, ROW_WISE, with its quantized comms (QCommsConfig bf16 both ways)",
     }
     systems = [(label, key) for key, label in labels.items() if all(key in r for r in results)]
     errors = {
@@ -710,9 +742,14 @@ def report(cfg: Config, plan_info: dict, results: list[dict]) -> tuple[str, dict
         "flexshard_rw": "ablation (row-wise + dedup)",
     }
     lines.append("")
-    for key, name in names.items():
-        if key in summary:
-            t = summary[key]
+    pairs = [("flexshard", key, name) for key, name in names.items()]
+    pairs += [
+        ("flexshard_bf16", "torchrec_bf16", "TorchRec + quantized comms (both bf16)"),
+        ("flexshard_bf16", "torchrec", "TorchRec default (FlexShard at bf16)"),
+    ]
+    for ours, key, name in pairs:
+        if key in summary and ours in summary:
+            f, t = summary[ours], summary[key]
             saved = (1 - f["inter"] / t["inter"]) * 100
             lines.append(
                 f"- FlexShard / {name}: inter-group bytes {f['inter'] / t['inter']:.3f} ({saved:.1f}% "
@@ -958,6 +995,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also try TorchRec with EmbeddingCollectionSharder(use_index_dedup=True) (its "
         "fbgemm::jagged_unique_indices has no CPU kernel in fbgemm-gpu-cpu 1.8: fails on CPU)",
     )
+    p.add_argument(
+        "--qcomms",
+        action="store_true",
+        help="also run both systems with bf16 on the wire: FlexShard planned with --wire-dtype bf16, "
+        "TorchRec with its quantized comms (QCommsConfig forward and backward bf16)",
+    )
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--json", help="also write the summary here (with --study: a list, one per configuration)")
     p.add_argument(
@@ -989,6 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         rounds=args.rounds,
         torchrec_dedup=args.torchrec_dedup,
+        qcomms=args.qcomms,
         ablation=not args.no_ablation,
         skip_torchrec=args.skip_torchrec,
         timeout_s=args.timeout,

@@ -97,6 +97,21 @@ def save_figure(fig: Any, path: str | os.PathLike) -> None:
     print(f"wrote {_shown(path)}", file=sys.stderr)
 
 
+HISTORY_DATA_SETS = (  # (name, path under flexshard.workloads.data_root()): every data set of user histories
+    ("beauty", "amazon-yelp-sequences/Beauty.txt"),
+    ("sports", "amazon-yelp-sequences/Sports_and_Outdoors.txt"),
+    ("toys", "amazon-yelp-sequences/Toys_and_Games.txt"),
+    ("yelp", "amazon-yelp-sequences/Yelp.txt"),
+    ("lastfm-seq", "amazon-yelp-sequences/LastFM.txt"),
+    ("gowalla", "gowalla-lightgcn/train_reconstructed.txt"),
+    ("lastfm", "repeat-consumption-uci/lastfm/test.csv"),
+    ("tw_ny", "repeat-consumption-uci/tw_ny/train.csv"),
+    ("go_sf", "repeat-consumption-uci/go_sf/train.csv"),
+    ("go_ny", "repeat-consumption-uci/go_ny/train.csv"),
+    ("ml-100k", "movielens-100k-recbole/ml-100k.inter"),  # histories in timestamp order
+)
+
+
 def note_missing(path: str | os.PathLike, skipped: str) -> None:
     """Say on stderr that a data file is absent and what is skipped because of it."""
     print(f"note: {path} is absent; skipping {skipped}", file=sys.stderr)

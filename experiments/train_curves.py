@@ -395,7 +395,7 @@ def figure(path: Path, results: list[RunResult], base: RunResult, steps: int) ->
     tx.set_ylabel("|loss difference| vs row-wise (log)")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = tx.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper right")
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper right", ncol=2)
 
     comp_colors = {"ids": "tab:gray", "forward": "tab:blue", "backward": "tab:orange", "sync": "tab:purple"}
     width = 0.8 / len(results)
@@ -418,7 +418,7 @@ def figure(path: Path, results: list[RunResult], base: RunResult, steps: int) ->
     bx.set_title("Bytes per step by link class and component")
     bx.grid(axis="y", alpha=0.3)
     top = max(max(r.bytes_mean(link, "max") for link in LINK_CLASSES) for r in results) / 1e3
-    bx.set_ylim(0, top * 1.5)
+    bx.set_ylim(0, top * 1.9)  # room for the job labels above the bars
     bx.legend(fontsize=8, loc="upper left")
     cfg = base.header["config"]
     fig.suptitle(

@@ -88,19 +88,7 @@ STRATEGY_ORDER = FIRST + tuple(s for s in STRATEGIES if s not in FIRST)
 SHAPES = {4: (2, 2), 8: (4, 2)}  # world -> (groups, group size)
 SAMPLING = workloads.Sampling("next-item", 50, 4)  # how a real sample is formed (as training does)
 REAL_BATCH = 32  # real samples per rank
-REAL_DATA = (  # every data set of user histories under data_root()
-    ("beauty", "amazon-yelp-sequences/Beauty.txt"),
-    ("sports", "amazon-yelp-sequences/Sports_and_Outdoors.txt"),
-    ("toys", "amazon-yelp-sequences/Toys_and_Games.txt"),
-    ("yelp", "amazon-yelp-sequences/Yelp.txt"),
-    ("lastfm-seq", "amazon-yelp-sequences/LastFM.txt"),
-    ("gowalla", "gowalla-lightgcn/train_reconstructed.txt"),
-    ("lastfm", "repeat-consumption-uci/lastfm/test.csv"),
-    ("tw_ny", "repeat-consumption-uci/tw_ny/train.csv"),
-    ("go_sf", "repeat-consumption-uci/go_sf/train.csv"),
-    ("go_ny", "repeat-consumption-uci/go_ny/train.csv"),
-    ("ml-100k", "movielens-100k-recbole/ml-100k.inter"),  # histories in timestamp order
-)
+REAL_DATA = study.HISTORY_DATA_SETS
 QUICK_REAL = ("beauty", "lastfm")
 SEED = 1
 TIMEOUT_S = 900.0
