@@ -8,7 +8,8 @@ Layout of one checkpoint, ``<dir>/step-00000006/``:
   shard), cold rows by their owner. Rank 0's file also holds the dense model's and the dense
   optimizer's state dicts (replicated, so saved once) and ``extra``.
 * ``manifest.json``: schema, step, world size, groups, tables, optimizer, the layout fingerprint (a
-  hash of every table's tier / owner / slot maps, i.e. plan and hotness orders) and the rank files.
+  hash of every table's tier / owner / slot maps, i.e. plan and hotness orders), the rank files and
+  the run's identity (``run``, :mod:`flexshard.training.resume`; null when not given).
 
 Atomicity: every rank writes its file into ``<dir>/.tmp-step-00000006/`` (a ``.part`` file renamed
 when complete); after all ranks agree that their writes succeeded, rank 0 writes the manifest (also
@@ -99,9 +100,11 @@ def save(
     step: int,
     directory: str | os.PathLike,
     extra: dict[str, Any] | None = None,
+    run: dict[str, str] | None = None,
 ) -> Path:
-    """Save a checkpoint of ``step`` under ``directory`` (collective; see the module docstring).
-    Returns the checkpoint folder. Raises :class:`CheckpointError` on every rank if any rank failed."""
+    """Save a checkpoint of ``step`` under ``directory`` (collective; see the module docstring);
+    ``run``: the run's identity, recorded in the manifest (:mod:`flexshard.training.resume`). Returns the
+    checkpoint folder. Raises :class:`CheckpointError` on every rank if any rank failed."""
     directory = Path(directory)
     final = step_dir(directory, step)
     tmp = directory / f".tmp-{final.name}"
@@ -149,6 +152,7 @@ def save(
             "optimizer": module.optimizer,
             "layout": layout_fingerprint(module),
             "files": [f"rank{r}.pt" for r in range(module.world_size)],
+            "run": dict(run) if run is not None else None,
         }
         try:
             _atomic_text(json.dumps(manifest, indent=1) + "\n", tmp / MANIFEST)

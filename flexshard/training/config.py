@@ -104,6 +104,14 @@ class TrainConfig:
         default=False,
         metadata=_flag("resume from the latest checkpoint in --checkpoint-dir", action="store_true"),
     )
+    overwrite: bool = field(
+        default=False,
+        metadata=_flag(
+            "a fresh run may replace the checkpoints of another run in --checkpoint-dir (removed first)",
+            action="store_true",
+        ),
+    )
+    keep: int = field(default=0, metadata=_flag("keep the newest N checkpoints (0: keep all)"))
     layout: str = field(
         default="exact",
         metadata=_flag("routing layout: per-row arrays, or compact for very large tables", choices=LAYOUTS),
@@ -120,14 +128,16 @@ class TrainConfig:
         for name in ("batch_size", "groups"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
-        for name in ("negatives", "checkpoint_every"):
+        for name in ("negatives", "checkpoint_every", "keep"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "budget"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ConfigError(f"--{name}: must be a positive number, got {getattr(self, name)}")
-        if (self.resume or self.checkpoint_every) and not self.checkpoint_dir:
-            raise ConfigError("--resume and --checkpoint-every need --checkpoint-dir")
+        if (self.resume or self.checkpoint_every or self.overwrite or self.keep) and not self.checkpoint_dir:
+            raise ConfigError("--resume, --checkpoint-every, --overwrite and --keep need --checkpoint-dir")
+        if self.resume and self.overwrite:
+            raise ConfigError("--resume and --overwrite are exclusive (continue the run, or replace it)")
         if self.plan and self.strategy is not None:
             raise ConfigError("--strategy and --plan are exclusive (--strategy plans on the fly)")
         if self.override_plan and not self.plan:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.errors import CheckpointError
 from core.osutil import check_writable
 from core.vocabulary import FetchMode
 from flexshard import checkpoint
@@ -23,12 +24,14 @@ from flexshard.batching import SamplePlacer
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan
 from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
+from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
 from flexshard.training.data import make_source
 from flexshard.training.distributed import allreduce_dense_grads, device
 from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
 from flexshard.training.reference import Reference
+from flexshard.training.resume import directory_problem, identity_mismatch, prune, run_identity
 from flexshard.training.verify import Verifier, describe_tolerance
 
 
@@ -77,6 +80,9 @@ def run(config: TrainConfig) -> int:
     dev = device()
     say = _say(rank)
     source, plan_file, notes = _prepare(config, world, rank)
+    problem = agreed_message(directory_problem(config) if rank == 0 else "", dev)  # before any work
+    if problem:
+        raise CheckpointError(problem)
 
     torch.manual_seed(config.seed)
     dense = SequenceRecModel(config.dim, config.max_len, config.objective).to(dev)
@@ -94,12 +100,17 @@ def run(config: TrainConfig) -> int:
         layout=config.layout,
     )
     placer = SamplePlacer(config.sample_placement, module, source.user_table)
+    identity = run_identity(config, source, plan_file, module)
     start, resumed_from = 0, None
     if config.resume:
         resumed_from = checkpoint.latest(config.checkpoint_dir)
         if resumed_from is not None:
+            saved = checkpoint.read_manifest(resumed_from).get("run")
+            problem = agreed_message(identity_mismatch(resumed_from, saved, identity), dev)
+            if problem:
+                raise CheckpointError(problem)
             start = checkpoint.load(resumed_from, module, dense, dense_opt)
-            say(f"resume: {resumed_from} (step {start})")
+            say(f"resume: {resumed_from} (step {start})" + ("" if saved else "; it records no run identity"))
         else:
             say(f"resume: no checkpoint in {config.checkpoint_dir}, starting at step 0")
     for line in [*_describe(config, world, dev, source, plan_file), *notes]:
@@ -159,9 +170,13 @@ def run(config: TrainConfig) -> int:
             or step + 1 == config.steps
         ):
             path = checkpoint.save(
-                module, dense, dense_opt, step + 1, config.checkpoint_dir, {"seed": config.seed}
+                module, dense, dense_opt, step + 1, config.checkpoint_dir, {"seed": config.seed}, identity
             )
-            say(f"checkpoint: saved {path}")
+            removed = prune(config.checkpoint_dir, config.keep) if rank == 0 else []
+            say(
+                f"checkpoint: saved {path}"
+                + (f" (removed {len(removed)} older, --keep {config.keep})" if removed else "")
+            )
 
     if verifier is not None:
         verifier.finish()

@@ -236,8 +236,11 @@ def test_two_ranks_real_data_and_world_size_mismatch(four, tmp_path):
     mismatch = _call(results, 0)
     assert [c["rc"] for c in mismatch] == [2, 2]
     for c in mismatch:
-        assert "flexshard train: error: checkpoint" in c["err"]
-        assert "was saved by 4 ranks, this job has 2" in c["err"]
+        assert "flexshard train: error: --resume: " in c["err"]
+        assert (
+            "was saved by another run (world: '4 ranks in groups [[0, 1], [2, 3]]' there, '2 ranks in "
+            "groups [[0, 1]]' here)"
+        ) in c["err"]
     if not BEAUTY.is_file():
         pytest.skip(f"real data absent: {BEAUTY} (set FLEXSHARD_DATA); the world-size check ran")
     real = _call(results, 1)
@@ -294,7 +297,7 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     ("argv", "message"),
     [
         (["--steps", "0"], "--steps: must be positive"),
-        (["--resume"], "--resume and --checkpoint-every need --checkpoint-dir"),
+        (["--resume"], "--resume, --checkpoint-every, --overwrite and --keep need --checkpoint-dir"),
         (["--groups", "3"], "--groups: 3 groups do not divide 1 ranks evenly"),
         (["--data", "/nonexistent/x.txt"], "--data: /nonexistent/x.txt: no such file"),
         (["--plan", "p.json", "--strategy", "row_wise"], "--strategy and --plan are exclusive"),
