@@ -23,6 +23,7 @@ H100_NVLINK_GBps = 450.0
 NVL72_NVLINK_GBps = 900.0
 H100_MEMORY_BYTES = 80 * 2**30
 GB200_MEMORY_BYTES = 186 * 10**9
+MAX_PRESET_GPUS = 32_768  # the largest cluster a preset spec builds (a graph of every GPU and link)
 
 
 def _positive(name: str, field: str, value: int) -> None:
@@ -119,12 +120,13 @@ class Preset:
     default_size: int
     size_name: str  # what the size counts, for help text
     per_node_gpus: bool  # accepts "NxG"
+    gpus_per_size: int  # GPUs in one unit of the size (a node's default, or a pod's)
 
 
 PRESETS: dict[str, Preset] = {
-    "h100": Preset(h100_cluster, 8, "nodes", True),
-    "nvl72": Preset(nvl72_pod, 1, "pods", False),
-    "skewed": Preset(skewed_fabric, 8, "nodes", True),
+    "h100": Preset(h100_cluster, 8, "nodes", True, 8),
+    "nvl72": Preset(nvl72_pod, 1, "pods", False, 72),
+    "skewed": Preset(skewed_fabric, 8, "nodes", True, 8),
 }
 
 
@@ -157,6 +159,12 @@ def from_preset(spec: str) -> nx.Graph:
     count, gpus = int(match.group(1)), match.group(2)
     if count <= 0 or (gpus is not None and int(gpus) <= 0):
         raise TopologyError(f"preset {text!r}: size {size!r} is not positive; valid presets: {preset_help()}")
+    total = count * (int(gpus) if gpus is not None else preset.gpus_per_size)
+    if total > MAX_PRESET_GPUS:
+        raise TopologyError(
+            f"preset {text!r}: {total:,} GPUs, over the {MAX_PRESET_GPUS:,} a preset builds; describe a "
+            "larger cluster in a topology file"
+        )
     return preset.build(count) if gpus is None else preset.build(count, int(gpus))
 
 

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.errors import CheckpointError
+from core.errors import CheckpointError, FlexShardError
 from core.osutil import check_writable
 from core.vocabulary import FetchMode
 from flexshard import checkpoint
 from flexshard.batching import SamplePlacer
+from flexshard.cli_common import first_line
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan
 from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
@@ -116,9 +117,9 @@ def run(config: TrainConfig) -> int:
     for line in [*_describe(config, world, dev, source, plan_file), *notes]:
         say(line)
 
-    records: list[dict] = []
+    log = metrics.MetricsLog(config.metrics_out, rank, append=resumed_from is not None)
     if config.metrics_out:
-        records.append(metrics.header_record(config, world, source.describe(), plan_file, dev, start))
+        log.write(metrics.header_record(config, world, source.describe(), plan_file, dev, start))
     verifier = (
         Verifier(module, _reference(config, source, module, dense, resumed_from, dev), rank)
         if config.verify
@@ -130,7 +131,8 @@ def run(config: TrainConfig) -> int:
             + describe_tolerance(plan_file.plan.wire)
         )
 
-    for step in range(start, config.steps):
+    def _step(step: int) -> None:
+        """One training step (collective), with its log line, metrics, check and checkpoint."""
         t0 = time.perf_counter()
         batch = placer.place(source.batch(step, rank))
         emb = module(lookup_features(batch, source.user_table, dev))
@@ -153,8 +155,8 @@ def run(config: TrainConfig) -> int:
         loss_sum = stats[:1].clone()
         dist.all_reduce(loss_sum)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        if config.metrics_out:
-            records.append(metrics.step_record(step + 1, float(loss_sum), elapsed, module.traffic, dev))
+        if config.metrics_out:  # collective: every rank gathers, rank 0 writes
+            log.write(metrics.step_record(step + 1, float(loss_sum), elapsed, module.traffic, dev))
         if not config.quiet:
             say(
                 f"step {step + 1}/{config.steps} loss {float(loss_sum):.6f} "
@@ -178,14 +180,21 @@ def run(config: TrainConfig) -> int:
                 + (f" (removed {len(removed)} older, --keep {config.keep})" if removed else "")
             )
 
-    if verifier is not None:
-        verifier.finish()
-        say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
-    if config.metrics_out and rank == 0:
-        records.append(
-            {"kind": "end", "steps": config.steps - start, "verify": "OK" if config.verify else None}
-        )
-        metrics.write_jsonl(config.metrics_out, records)
+    done = start
+    try:
+        for step in range(start, config.steps):
+            _step(step)
+            done = step + 1
+        if verifier is not None:
+            verifier.finish()
+            say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
+    except FlexShardError as e:  # the steps done stay in the log, with what ended the run
+        log.write({"kind": "end", "steps": done - start, "error": first_line(e)})
+        log.close()
+        raise
+    if config.metrics_out:
+        log.write({"kind": "end", "steps": config.steps - start, "verify": "OK" if config.verify else None})
+        log.close()
         say(f"metrics: wrote {config.metrics_out} ({config.steps - start} steps)")
     return 0
 

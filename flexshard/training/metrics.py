@@ -5,8 +5,10 @@ sizes per table and the cost model's ``predicted`` metrics), one ``step`` per st
 global mean loss printed on the step line; ``elapsed_s``: the slowest rank's step time in seconds;
 ``bytes``: this step's bytes per rank per link class, ``max(send, recv)`` summed over components, as
 ``{"max": ..., "mean": ...}`` over ranks; ``bytes_by_component``: the same per link class and component),
-and an ``end`` record (steps run, verify outcome). The file is written at the end (temporary file +
-rename): a failed run leaves no file, or the previous one unchanged.
+and an ``end`` record (steps run, verify outcome, or the error that ended the run). Records are
+appended and flushed as they come (:class:`MetricsLog`): a run that crashes keeps the steps it did. A
+fresh run replaces the file; ``--resume`` appends to it, after a new header whose ``start_step`` says
+where it took over (steps after the checkpoint it resumed from then appear twice: the later ones count).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.osutil import atomic_open
+from core.errors import OutputError
+from core.osutil import check_writable
 from core.traffic import SHAPE, Traffic
 from core.vocabulary import COMPONENTS, LINK_CLASSES, Component, LinkClass
 from flexshard.plan_file import PlanFile
@@ -90,8 +93,25 @@ def step_record(step: int, loss: float, elapsed_s: float, traffic: Traffic, devi
     }
 
 
-def write_jsonl(path: str | Path, records: list[dict]) -> None:
-    """Write ``records`` one JSON object a line, atomically (:func:`core.osutil.atomic_open`)."""
-    with atomic_open(path, what="--metrics-out") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+class MetricsLog:
+    """Rank 0's ``--metrics-out`` file, one JSON record a line, each flushed when written (no file and no
+    writes elsewhere, or without a path). ``append``: continue an existing file (``--resume``)."""
+
+    def __init__(self, path: str | Path | None, rank: int, append: bool = False) -> None:
+        self.path, self._file = path, None
+        if path is not None and rank == 0:
+            target = check_writable(path, "--metrics-out")
+            try:
+                self._file = open(target, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
+            except OSError as e:
+                raise OutputError(f"--metrics-out: {str(path)!r}: {e.strerror or e}") from None
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

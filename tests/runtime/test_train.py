@@ -332,7 +332,7 @@ def test_synthetic_batches_are_deterministic():
 @pytest.fixture(scope="module")
 def strategies(tmp_path_factory):
     """4 ranks as 2 groups of 2, 3 steps each: row-wise and FlexShard with --metrics-out, every other
-    strategy with --verify, and a failing verify run with --metrics-out (must leave no file)."""
+    strategy with --verify, and a failing verify run with --metrics-out (keeps the steps it did)."""
     from solvers.planner import STRATEGIES
 
     root = tmp_path_factory.mktemp("strategies")
@@ -405,7 +405,7 @@ def test_metrics_out_matches_printed_steps(strategies):
 
 
 @pytest.mark.slow
-def test_failed_run_writes_no_metrics(strategies):
+def test_a_failed_run_keeps_its_steps_and_its_error_in_the_metrics(strategies):
     calls = _call(strategies["results"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
     message = calls[0]["err"].strip()
@@ -413,8 +413,9 @@ def test_failed_run_writes_no_metrics(strategies):
         "verify: FAILED at step 3: table 'item''s update of the touched rows differs"
     ), message
     assert "tolerance 9.5e-07 = 16 x the fp32 unit roundoff 2^-24" in message
-    assert not (strategies["root"] / "bad.jsonl").exists()
-    assert not list(strategies["root"].glob(".bad.jsonl.*"))
+    records = _records(strategies["root"] / "bad.jsonl")  # flushed step by step
+    assert [r["kind"] for r in records] == ["header", "step", "step", "step", "end"]
+    assert records[-1] == {"kind": "end", "steps": 2, "error": message}  # steps 1-2 passed the check
 
 
 @pytest.mark.slow

@@ -180,6 +180,33 @@ def test_from_preset_bad_size(spec):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("spec", "gpus"),
+    [
+        ("h100:100000", "800,000"),
+        ("h100:4097", "32,776"),
+        ("nvl72:456", "32,832"),
+        ("skewed:4097x8", "32,776"),
+    ],
+)
+def test_presets_beyond_the_size_limit_fail_at_once(spec, gpus):
+    with pytest.raises(TopologyError) as err:
+        from_preset(spec)
+    assert str(err.value) == (
+        f"preset {spec!r}: {gpus} GPUs, over the 32,768 a preset builds; describe a larger cluster in a "
+        "topology file"
+    )
+
+
+def test_a_preset_at_the_limit_builds(monkeypatch):
+    from topology import presets
+
+    monkeypatch.setattr(presets, "MAX_PRESET_GPUS", 16)  # the real limit's graph takes 25 s to build
+    assert cluster_view(from_preset("h100:2")).num_ranks == 16
+    with pytest.raises(TopologyError, match="24 GPUs, over the 16 a preset builds"):
+        from_preset("h100:3")
+
+
 def test_unknown_preset():
     with pytest.raises(TopologyError, match=r"preset 'dgx'.*h100.*nvl72.*skewed"):
         from_preset("dgx:4")
