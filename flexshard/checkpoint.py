@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ import torch
 
 from core.errors import CheckpointError
 from core.vocabulary import Tier
+from flexshard.cli_common import first_line
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import all_ok
 
@@ -227,10 +229,16 @@ def _check_compatible(doc: dict[str, Any], module: ShardedSequenceEmbedding) -> 
 
 
 def _load_file(path: Path, name: str) -> dict[str, Any]:
+    """One rank file, loaded without running pickled code (``weights_only``); CheckpointError when it is
+    unreadable, not a checkpoint file, or holds anything but tensors and plain containers."""
     try:
-        return torch.load(path / name, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r}: cannot read {name} ({e})") from None
+        payload = torch.load(path / name, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
+        reason = first_line(e) if not isinstance(e, pickle.UnpicklingError) else "not a FlexShard rank file"
+        raise CheckpointError(f"checkpoint {str(path)!r}: cannot read {name} ({reason})") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("rows"), dict):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {name} is not a FlexShard rank file")
+    return payload
 
 
 def load(

@@ -156,9 +156,17 @@ def split_cells(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def grow(arr: np.ndarray, size: int) -> np.ndarray:
-    """``arr`` zero-padded to at least ``size`` elements."""
+    """``arr`` zero-padded to at least ``size`` elements (per-row counts: index = row id). DataError when
+    the array does not fit in memory (ids that large need remapping to dense ones)."""
     if arr.size >= size:
         return arr
-    out = np.zeros(size, dtype=arr.dtype)
+    try:
+        out = np.zeros(size, dtype=arr.dtype)
+    except MemoryError:
+        gib = size * arr.dtype.itemsize / 2**30
+        raise DataError(
+            f"ids up to {size - 1:,} need a {gib:.1f} GiB per-row array, more than this machine can "
+            "allocate: remap the ids to dense ones (0..rows-1)"
+        ) from None
     out[: arr.size] = arr
     return out

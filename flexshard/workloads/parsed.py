@@ -64,7 +64,7 @@ def check_ids(
         k = int(np.argmax(bad))
         i = int(idx[k])
         text = tok.text(i)
-        if ids[k] >= 0 and limit is None:
+        if (ids[k] >= 0 or text.isdigit()) and limit is None:  # all digits but negative: past int64
             problem = f"ids of {MAX_ID:,} and above need remapping to dense ids (or an explicit num_rows)"
         elif ids[k] >= 0:
             problem = f"ids outside the table ({table!r} has num_rows {limit})"

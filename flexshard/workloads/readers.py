@@ -204,7 +204,7 @@ def read_seq(
 def read_csv(
     path: str | Path, num_rows: Mapping[str, int] | None = None, max_len: int | None = None
 ) -> Parsed:
-    """Parse a ``user,item,count`` file (no header; see module docstring)."""
+    """Parse a ``user,item,count`` file (a first line naming the columns is skipped; see the module)."""
     path = Path(path)
     if max_len is not None:
         raise ConfigError(

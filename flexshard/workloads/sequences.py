@@ -8,9 +8,10 @@ counts; the functions here keep every id):
   one line per interaction (``user item``: SASRec's format) and any mix of the two (a user's lines
   interleaved with other users') give the same histories. A line holding only a user id is a user
   with no items (an empty history). Blank lines are skipped.
-* ``user,item,count`` (``csv_chunks``, no header: ``repeat-consumption-uci``): each row is ``count``
-  consumptions of ``item`` by ``user``; a user's history is its rows in file order, each item repeated
-  ``count`` times (count 0 rows add nothing; a user whose rows all have count 0 has an empty history).
+* ``user,item,count`` (``csv_chunks``; ``repeat-consumption-uci``; a first line naming the columns is
+  skipped): each row is ``count`` consumptions of ``item`` by ``user``; a user's history is its rows in
+  file order, each item repeated ``count`` times (count 0 rows add nothing; a user whose rows all have
+  count 0 has an empty history).
 
 :class:`Sequences` lists users by ascending raw user id (not in order of first appearance). Files are
 read in bounded chunks and parsed with numpy only (no Python code per line or per id). Bad ids and
@@ -21,6 +22,7 @@ argument values raise :class:`~core.errors.ConfigError`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,15 +112,24 @@ def _csv_counts(tok: Tokens, count_idx: np.ndarray, path: Path) -> np.ndarray:
     return counts
 
 
-def csv_chunks(path: str | Path, limits: Mapping[str, int] | None = None) -> Iterator[CountChunk]:
-    """Parse a ``user,item,count`` file (no header) chunk by chunk (bounded memory).
+CSV_HEADER = re.compile(rb"^\s*user\w*\s*,\s*item\w*\s*,\s*count\w*\s*$", re.IGNORECASE)
 
-    Every line must hold exactly three fields; ids are checked as in :func:`seq_chunks`, counts must
-    be whole non-negative numbers (``3`` or ``3.0``).
+
+def csv_chunks(path: str | Path, limits: Mapping[str, int] | None = None) -> Iterator[CountChunk]:
+    """Parse a ``user,item,count`` file chunk by chunk (bounded memory).
+
+    A first line that names the columns (``user,item,count``; ``user_id,item_id,counts`` and other
+    spellings that start so, any case) is a header and is skipped. Every other line must hold exactly
+    three fields; ids are checked as in :func:`seq_chunks`, counts must be whole non-negative numbers
+    (``3`` or ``3.0``).
     """
     path = Path(path)
     limits = limits or {}
     for buf, line0 in read_chunks(path):
+        if line0 == 1:
+            head, _sep, rest = buf.partition(b"\n")
+            if CSV_HEADER.match(head.lstrip(b"\xef\xbb\xbf")):
+                buf, line0 = rest, 2
         tok = tokenize(buf, line0, separators=b",")
         if tok.size == 0:
             continue

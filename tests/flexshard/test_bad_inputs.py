@@ -1,0 +1,73 @@
+"""Bad input found by trying the tool as a new user (issue 13): each case is one line naming the field and
+the value, exit status 2, and no output file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cli_helpers import run
+
+from core.errors import CheckpointError, DataError
+from flexshard import checkpoint
+from flexshard.workloads._text import grow
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (
+            "huge.txt",
+            f"1 {2**64 + 5} 3\n2 5 6\n",
+            f"huge.txt:1: field 'item id' value '{2**64 + 5}': ids of 4,294,967,296 and above need remapping "
+            "to dense ids (or an explicit num_rows)",
+        ),
+        ("neg.txt", "1 4 3\n2 -4\n", "neg.txt:2: field 'item id' value '-4': ids < 0 are not allowed"),
+        (
+            "mid.csv",
+            "1,2,3\nuser,item,count\n",
+            "mid.csv:2: field 'user' value 'user': not a non-negative integer id",
+        ),
+        (
+            "cols.csv",
+            "user,item,x\n1,2,3\n",
+            "cols.csv:1: field 'user' value 'user': not a non-negative integer id",
+        ),
+    ],
+)
+def test_bad_ids_and_misplaced_headers_fail_with_one_line(tmp_path, capsys, name, text, message):
+    data, out = tmp_path / name, tmp_path / "out.npz"
+    data.write_text(text)
+    rc, _out, err = run(capsys, "stats", str(data), "--out", str(out))
+    assert rc == 2 and err.strip() == f"flexshard stats: error: {tmp_path / message}"
+    assert not out.exists()
+
+
+def test_a_csv_header_line_naming_the_columns_is_skipped(tmp_path, capsys):
+    plain, headed = tmp_path / "plain.csv", tmp_path / "headed.csv"
+    rows = "1,2,3\n1,3,1\n2,2,1\n"
+    plain.write_text(rows)
+    headed.write_text("User_ID,Item_ID,Counts\n" + rows)
+    for f in (plain, headed):
+        assert run(capsys, "stats", str(f), "--out", str(f.with_suffix(".npz")))[0] == 0
+    a, b = (np.load(f.with_suffix(".npz")) for f in (plain, headed))
+    assert {k: a[k].tolist() for k in a.files if "count" in k} == {
+        k: b[k].tolist() for k in b.files if "count" in k
+    }
+
+
+def test_ids_too_large_for_memory_are_a_data_error():
+    with pytest.raises(DataError) as err:
+        grow(np.zeros(1, np.int64), 10**13)  # 80 TB of per-row counts
+    assert str(err.value) == (
+        "ids up to 9,999,999,999,999 need a 74505.8 GiB per-row array, more than this machine can allocate: "
+        "remap the ids to dense ones (0..rows-1)"
+    )
+
+
+@pytest.mark.parametrize("content", [b"\x00\x01garbage" * 100, b"", b"PK\x03\x04not really a zip"])
+def test_a_rank_file_that_is_not_a_checkpoint_is_one_line(tmp_path, content):
+    (tmp_path / "rank0.pt").write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint._load_file(tmp_path, "rank0.pt")
+    assert str(err.value).startswith(f"checkpoint {str(tmp_path)!r}: cannot read rank0.pt (")
+    assert "\n" not in str(err.value)
