@@ -54,3 +54,15 @@ class CheckpointError(InputError):
 
 class BatchError(InputError):
     """A batch of ids that a sharded module cannot look up (raised on every rank alike)."""
+
+
+def agreed(err: FlexShardError) -> FlexShardError:
+    """``err``, marked as raised with the same message on every rank of a job (after an agreement, or
+    from the same input everywhere), so that one rank reports it for all."""
+    err.agreed = True  # type: ignore[attr-defined]
+    return err
+
+
+def is_agreed(err: BaseException) -> bool:
+    """Whether ``err`` was marked by :func:`agreed`."""
+    return bool(getattr(err, "agreed", False))

@@ -14,17 +14,21 @@ available) or as a single process (world size 1). The options are the fields of
 * ``metrics``: ``--metrics-out``, a JSON Lines record of the run.
 
 Exit status: 0 success, 1 verification failure (one ``verify: FAILED ...`` line), 2 bad input (one
-``flexshard train: error: ...`` line). Anything else is a bug and shows its traceback.
+``flexshard train: error: ...`` line). Anything else is a bug and shows its traceback. An error every
+rank raised alike (agreed across the ranks, or from the same flags) is printed by rank 0 only, so a
+torchrun job logs it once; every worker still exits with the status. torchrun itself then exits 1 and
+prints its summary of the failed workers (it does not pass the workers' status on).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from core.errors import InputError
+from core.errors import InputError, agreed, is_agreed
 from flexshard.cli_common import first_line
 from flexshard.training.config import parse_args
 from flexshard.training.distributed import init_distributed
@@ -35,19 +39,36 @@ from flexshard.training.verify import VerifyError
 def main(argv: Sequence[str] | None = None) -> int:
     created = False
     try:
-        config = parse_args(argv)
+        try:
+            config = parse_args(argv)
+        except InputError as e:  # the same flags on every rank: the same error
+            raise agreed(e) from None
         created, _device = init_distributed()
         return run(config)
     except VerifyError as e:
-        print(str(e), file=sys.stderr, flush=True)
+        _report(e, str(e))
         return 1
     except InputError as e:
-        print(f"flexshard train: error: {first_line(e)}", file=sys.stderr, flush=True)
+        _report(e, f"flexshard train: error: {first_line(e)}")
         return 2
     finally:
         sys.stdout.flush()
         if created and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _report(err: BaseException, line: str) -> None:
+    """Print ``line`` on stderr, on rank 0 only when every rank raised the same error (under torchrun the
+    job's log then holds it once, not once per rank)."""
+    if not is_agreed(err) or _rank() == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _rank() -> int:
+    """This process's rank: the process group's, else the launcher's RANK, else 0."""
+    if dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0") or 0)
 
 
 if __name__ == "__main__":

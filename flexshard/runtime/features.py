@@ -13,7 +13,7 @@ from enum import IntEnum
 
 import torch
 
-from core.errors import BatchError
+from core.errors import BatchError, agreed
 
 ERROR_WORDS = 4  # int64s per rank's error code: code, table, value, extra
 
@@ -96,7 +96,7 @@ def raise_input_error(codes: list[torch.Tensor], table_names: list[str], num_row
         }.get(InputFault(code))
         if what is None:
             what = f"table {name!r}: id {value} out of range [0, {num_rows[t]})"
-        raise BatchError(f"bad input on rank {r}: {what}")
+        raise agreed(BatchError(f"bad input on rank {r}: {what}"))
 
 
 def to_padded(jagged: torch.Tensor, lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.errors import ConfigError, PlanMismatchError
+from core.errors import ConfigError, PlanMismatchError, agreed
 from core.traffic import Traffic
 from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
@@ -190,9 +190,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     def _agree(self, error: type[Exception], message: str) -> None:
         """Raise ``error`` on every rank when any rank's ``message`` is not empty (collective)."""
-        agreed = agreed_message(message, self.device)
-        if agreed:
-            raise error(agreed)
+        message = agreed_message(message, self.device)
+        if message:
+            raise agreed(error(message))
 
     def _init_shards(self, init: Initializer) -> dict[tuple[int, Tier], Shard]:
         """This rank's rows of every table and tier, initialised by ``init`` (rows in slot order)."""

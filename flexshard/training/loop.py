@@ -16,8 +16,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.errors import CheckpointError, FlexShardError
+from core.errors import CheckpointError, FlexShardError, InputError, agreed
 from core.osutil import check_writable
+from core.ranks import RankLayout
 from core.vocabulary import FetchMode
 from flexshard import checkpoint
 from flexshard.batching import SamplePlacer
@@ -40,19 +41,29 @@ def _say(rank: int):
     return print if rank == 0 else (lambda *a, **k: None)
 
 
-def _prepare(config: TrainConfig, world: int, rank: int) -> tuple:
-    """The source, the plan (checked or made) and the log lines, before any training state exists."""
-    if config.metrics_out:
-        check_writable(config.metrics_out, "--metrics-out")
-    given = read_plan(config.plan) if config.plan else None
-    source = make_source(
-        config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed
-    )
-    names = [name for name, _rows, _dim in source.tables]
-    if given is not None:
-        plan_file, notes = check_plan(config, given, names, world, source.touch_sampling)
-    else:
-        plan_file, notes = plan_on_the_fly(config, source, world, rank), []
+def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> tuple:
+    """The source, the plan (checked or made) and the log lines, before any training state exists.
+    Collective: an error on any rank (an output path, the data, the plan) ends every rank alike."""
+    problem, source, given, plan_file, notes = "", None, None, None, []
+    try:
+        if config.metrics_out:
+            check_writable(config.metrics_out, "--metrics-out")
+        given = read_plan(config.plan) if config.plan else None
+        source = make_source(
+            config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed
+        )
+        if given is not None:
+            names = [name for name, _rows, _dim in source.tables]
+            plan_file, notes = check_plan(config, given, names, world, source.touch_sampling)
+        else:
+            RankLayout.consecutive(world, config.groups or 1, "--groups")  # planned below, checked here
+    except InputError as e:
+        problem = first_line(e)
+    problem = agreed_message(problem, dev)
+    if problem:
+        raise agreed(InputError(problem))
+    if given is None:
+        plan_file = plan_on_the_fly(config, source, world, rank)
     return source, plan_file, notes
 
 
@@ -80,10 +91,10 @@ def run(config: TrainConfig) -> int:
     world, rank = dist.get_world_size(), dist.get_rank()
     dev = device()
     say = _say(rank)
-    source, plan_file, notes = _prepare(config, world, rank)
+    source, plan_file, notes = _prepare(config, world, rank, dev)
     problem = agreed_message(directory_problem(config) if rank == 0 else "", dev)  # before any work
     if problem:
-        raise CheckpointError(problem)
+        raise agreed(CheckpointError(problem))
 
     torch.manual_seed(config.seed)
     dense = SequenceRecModel(config.dim, config.max_len, config.objective).to(dev)
@@ -109,7 +120,7 @@ def run(config: TrainConfig) -> int:
             saved = checkpoint.read_manifest(resumed_from).get("run")
             problem = agreed_message(identity_mismatch(resumed_from, saved, identity), dev)
             if problem:
-                raise CheckpointError(problem)
+                raise agreed(CheckpointError(problem))
             start = checkpoint.load(resumed_from, module, dense, dense_opt)
             say(f"resume: {resumed_from} (step {start})" + ("" if saved else "; it records no run identity"))
         else:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from core.errors import InputError, PlanMismatchError, PlannerError
+from core.errors import InputError, PlanMismatchError, PlannerError, agreed
 from core.ranks import RankLayout
 from flexshard.contract import sampling_mismatch, settings_mismatch, show_setting, world_mismatch
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
@@ -101,7 +101,7 @@ def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanF
             doc[0] = {"error": str(e)}
     dist.broadcast_object_list(doc, src=0)
     if "error" in doc[0]:
-        raise PlannerError(f"plan: {doc[0]['error']}")
+        raise agreed(PlannerError(f"plan: {doc[0]['error']}"))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plan.json"
         write_plan(path, doc[0])

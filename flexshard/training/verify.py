@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from core.errors import FlexShardError
+from core.errors import agreed as mark_agreed
 from core.vocabulary import Tier, WireDtype
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
@@ -101,7 +102,7 @@ class Verifier:
             f"verify: FAILED at step {step}: {message}" if message else "", self.module.device
         )
         if agreed:
-            raise VerifyError(agreed)
+            raise mark_agreed(VerifyError(agreed))
         for name, (ids, w, s) in canon.items():
             self.reference.set_rows(name, ids, w, s)
         self.reference.load_dense(dense)
@@ -124,7 +125,7 @@ class Verifier:
         message = f"verify: FAILED after the last step: {message}" if message else ""
         agreed = agreed_message(message, self.module.device)
         if agreed:
-            raise VerifyError(agreed)
+            raise mark_agreed(VerifyError(agreed))
 
     # --- parts -----------------------------------------------------------------------------------
 

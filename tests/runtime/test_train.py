@@ -132,9 +132,8 @@ def test_bf16_on_the_wire_trains_and_verifies_within_its_stated_tolerance(four):
 def test_a_diverged_replica_fails_on_every_rank(four):
     calls = _call(four["first"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
-    messages = {c["err"].strip() for c in calls}
-    assert len(messages) == 1  # every rank reports the same first mismatch
-    message = messages.pop()
+    message = calls[0]["err"].strip()  # every rank stops on the same mismatch; rank 0 reports it
+    assert [c["err"] for c in calls[1:]] == ["", "", ""]
     assert re.fullmatch(
         r"verify: FAILED at step 2: rank 1's copy of table 'item' hot row \d+ differs from the row's other "
         r"copy \(replicas must stay bitwise equal\)",
@@ -235,12 +234,12 @@ def test_two_ranks_real_data_and_world_size_mismatch(four, tmp_path):
     results = run_main(2, calls, tmp_path / "run")
     mismatch = _call(results, 0)
     assert [c["rc"] for c in mismatch] == [2, 2]
-    for c in mismatch:
-        assert "flexshard train: error: --resume: " in c["err"]
-        assert (
-            "was saved by another run (world: '4 ranks in groups [[0, 1], [2, 3]]' there, '2 ranks in "
-            "groups [[0, 1]]' here)"
-        ) in c["err"]
+    assert "flexshard train: error: --resume: " in mismatch[0]["err"]
+    assert (
+        "was saved by another run (world: '4 ranks in groups [[0, 1], [2, 3]]' there, '2 ranks in "
+        "groups [[0, 1]]' here)"
+    ) in mismatch[0]["err"]
+    assert mismatch[1]["err"] == ""  # the same error on every rank: rank 0 reports it
     if not BEAUTY.is_file():
         pytest.skip(f"real data absent: {BEAUTY} (set FLEXSHARD_DATA); the world-size check ran")
     real = _call(results, 1)
@@ -474,8 +473,8 @@ def _histories(path: Path, seed: int) -> Path:
 
 @pytest.mark.slow
 def test_plan_contract_under_torchrun(tmp_path):
-    """A plan used with other data, other dedup or another batch fails with one line on every rank; an
-    explicit --override-plan runs the other dedup and says so."""
+    """A plan used with other data, other dedup or another batch stops every rank, with one line from rank
+    0; an explicit --override-plan runs the other dedup and says so."""
     from flexshard.cli import main as cli
 
     a, b = _histories(tmp_path / "a.txt", 1), _histories(tmp_path / "b.txt", 2)
@@ -504,11 +503,41 @@ def test_plan_contract_under_torchrun(tmp_path):
             "batch_size_per_gpu: the plan was made with batch_size_per_gpu 16, this run asks for 8",
         ),
     ):
-        assert [c["rc"] for c in result] == [2, 2]
-        for c in result:  # every rank ends with the same single line
-            assert c["err"].startswith(f"flexshard train: error: {message}"), c["err"]
-            assert c["err"].count("\n") == 1
+        assert [c["rc"] for c in result] == [2, 2]  # every rank stops; rank 0 prints the one line
+        assert result[0]["err"].startswith(f"flexshard train: error: {message}"), result[0]["err"]
+        assert result[0]["err"].count("\n") == 1 and result[1]["err"] == ""
     assert [c["rc"] for c in overridden] == [0, 0], [c["err"] for c in overridden]
     out = overridden[0]["out"]
     assert "dedup off" in out and "override: dedup off (the plan was made with on;" in out
     assert out.rstrip().endswith("verify: OK (2 steps, all rows of all copies match)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--steps", "0"], "flexshard train: error: --steps: must be positive, got 0"),
+        (
+            ["--data", "/nonexistent/h.txt"],
+            "flexshard train: error: --data: /nonexistent/h.txt: no such file",
+        ),
+        (
+            ["--groups", "3"],
+            "flexshard train: error: --groups: 3 groups do not divide 2 ranks evenly; choose a divisor",
+        ),
+    ],
+)
+def test_one_error_line_under_torchrun(tmp_path, flags, line):
+    """Under the real launcher, an error every rank meets is printed once (by rank 0) and every worker
+    exits 2; torchrun itself exits 1 and summarises the failed workers."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "-m", "flexshard.train", *flags]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    err = done.stderr
+    assert done.returncode == 1
+    assert err.count("flexshard train: error:") == 1, err
+    assert line in err.splitlines()
+    assert err.count("exitcode  : 2") == 2  # torchrun's summary: both workers exited 2
