@@ -71,3 +71,19 @@ def test_a_rank_file_that_is_not_a_checkpoint_is_one_line(tmp_path, content):
         checkpoint._load_file(tmp_path, "rank0.pt")
     assert str(err.value).startswith(f"checkpoint {str(tmp_path)!r}: cannot read rank0.pt (")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_output_files_follow_the_users_umask(tmp_path, capsys, umask):
+    """Plans, stats and checkpoint manifests are written through temporary files; the result has a plain
+    open's permissions (0666 less the umask), not a temporary file's 0600."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        out = tmp_path / f"plan-{umask:o}.json"
+        assert run(capsys, "plan", "--topology", "h100:1x2", "--out", str(out))[0] == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~umask
