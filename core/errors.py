@@ -16,6 +16,10 @@ class FlexShardError(Exception):
     """Base of every error FlexShard raises on purpose."""
 
 
+class CollectiveError(FlexShardError):
+    """A collective failed: another rank stopped, died, or did not arrive within the timeout."""
+
+
 class InputError(FlexShardError, ValueError):
     """Bad input. The message is one line naming the field and the value, and what to try."""
 

@@ -14,7 +14,9 @@ available) or as a single process (world size 1). The options are the fields of
 * ``metrics``: ``--metrics-out``, a JSON Lines record of the run.
 
 Exit status: 0 success, 1 verification failure (one ``verify: FAILED ...`` line), 2 bad input (one
-``flexshard train: error: ...`` line). Anything else is a bug and shows its traceback. An error every
+``flexshard train: error: ...`` line), 3 a collective failed (one line naming the rank and the phase:
+another rank stopped, died or did not arrive within ``--timeout``). Anything else is a bug and shows
+its traceback. An error every
 rank raised alike (agreed across the ranks, or from the same flags) is printed by rank 0 only, so a
 torchrun job logs it once; every worker still exits with the status. torchrun itself then exits 1 and
 prints its summary of the failed workers (it does not pass the workers' status on).
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from core.errors import InputError, agreed, is_agreed
+from core.errors import CollectiveError, InputError, agreed, is_agreed
 from flexshard.cli_common import first_line
 from flexshard.training.config import parse_args
 from flexshard.training.distributed import init_distributed
@@ -43,11 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = parse_args(argv)
         except InputError as e:  # the same flags on every rank: the same error
             raise agreed(e) from None
-        created, _device = init_distributed()
+        created, _device = init_distributed(config.timeout)
         return run(config)
     except VerifyError as e:
         _report(e, str(e))
         return 1
+    except CollectiveError as e:
+        _report(e, f"flexshard train: error: {first_line(e)}")
+        return 3
     except InputError as e:
         _report(e, f"flexshard train: error: {first_line(e)}")
         return 2

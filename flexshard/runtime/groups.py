@@ -4,6 +4,7 @@ position inside a group (the ranks holding copies of the same warm shard)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -39,20 +40,21 @@ class ProcessGroups:
         return self.layout.num_groups
 
 
-def make_process_groups(layout: RankLayout) -> ProcessGroups:
+def make_process_groups(layout: RankLayout, timeout: timedelta | None = None) -> ProcessGroups:
     """Create the intra-group and replica process groups (collective: every rank calls it with the same
     ``layout``, so groups are created in the same order everywhere). Replica groups exist only when the
-    groups have equal size (warm rows need it)."""
+    groups have equal size (warm rows need it). ``timeout``: how long a collective on them waits for a
+    peer before it fails (None: torch's default, which subgroups do not inherit from the job's)."""
     rank = dist.get_rank()
     intra = intra_ranks = None
     for members in layout.groups:
-        pg = dist.new_group(ranks=list(members))
+        pg = dist.new_group(ranks=list(members), timeout=timeout)
         if rank in members:
             intra, intra_ranks = pg, dist.get_process_group_ranks(pg)
     replica, replica_ranks = None, [rank]
     if layout.uniform_group_size is not None:
         for members in layout.replica_groups(min_size=1):
-            pg = dist.new_group(ranks=members)
+            pg = dist.new_group(ranks=members, timeout=timeout)
             if rank in members:
                 replica, replica_ranks = pg, dist.get_process_group_ranks(pg)
     return ProcessGroups(rank, layout, intra, intra_ranks, replica, replica_ranks)

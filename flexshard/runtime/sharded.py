@@ -35,6 +35,7 @@ widened when it arrives (:mod:`~flexshard.runtime.transfer`, :mod:`~flexshard.ru
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -91,7 +92,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     as the cost model prices them) or ``"compact"`` (only replicated rows listed, cold rows dealt by id;
     for tables too large for 9 bytes per row on every rank), see :mod:`flexshard.runtime.routing`.
     ``wire_dtype``: ``"fp32"``, ``"bf16"`` or ``"fp16"``; None follows the plan, another value than the
-    plan's is refused (the plan priced its bytes at its own).
+    plan's is refused (the plan priced its bytes at its own). ``timeout_s``: how long a collective on the
+    module's subgroups waits for a peer before it fails (None: torch's default; pass the job's).
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         device: torch.device | str | None = None,
         layout: str = "exact",
         wire_dtype: WireDtype | str | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
@@ -129,7 +132,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             world_mismatch(plan_file, self.world_size) or tables_mismatch(plan_file, tables, orders),
         )
 
-        self.pg: ProcessGroups = make_process_groups(plan_file.layout)
+        timeout = None if timeout_s is None else timedelta(seconds=float(timeout_s))
+        self.pg: ProcessGroups = make_process_groups(plan_file.layout, timeout)
         build = build_compact_routing if layout == "compact" else build_routing
         self.routing: list[TableRouting | CompactTableRouting] = [
             build(tp, plan_file.groups, (orders or {}).get(name), period or plan_file.owner_pattern_period)

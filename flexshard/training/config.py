@@ -17,6 +17,7 @@ from core.errors import ConfigError
 from core.vocabulary import SamplePlacement, SyncMode, WireDtype
 from flexshard.model import OBJECTIVES
 from flexshard.runtime import LAYOUTS, OPTIMIZERS
+from flexshard.training.distributed import DEFAULT_TIMEOUT_S
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
 from solvers.planner import STRATEGIES
 
@@ -116,6 +117,10 @@ class TrainConfig:
         default="exact",
         metadata=_flag("routing layout: per-row arrays, or compact for very large tables", choices=LAYOUTS),
     )
+    timeout: float = field(
+        default=DEFAULT_TIMEOUT_S,
+        metadata=_flag("seconds a collective waits for the other ranks before the run stops with an error"),
+    )
     quiet: bool = field(default=False, metadata=_flag("no per-step lines", action="store_true"))
     metrics_out: str | None = field(
         default=None, metadata=_flag("rank 0 writes per-step loss and bytes here (JSON Lines)")
@@ -131,7 +136,7 @@ class TrainConfig:
         for name in ("negatives", "checkpoint_every", "keep"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
-        for name in ("lr", "budget"):
+        for name in ("lr", "budget", "timeout"):
             if not 0 < getattr(self, name) < float("inf"):
                 raise ConfigError(f"--{name}: must be a positive number, got {getattr(self, name)}")
         if (self.resume or self.checkpoint_every or self.overwrite or self.keep) and not self.checkpoint_dir:

@@ -1,27 +1,37 @@
-"""The job's process group, and the dense model's gradient all-reduce."""
+"""The job's process group, the dense model's gradient all-reduce, and naming a failed collective."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from core.errors import CollectiveError
 
-def init_distributed() -> tuple[bool, torch.device]:
+DEFAULT_TIMEOUT_S = 600.0  # how long a collective waits for a peer (train --timeout)
+_PEER_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
+
+
+def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.device]:
     """Init the default process group from the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT; gloo on CPU, NCCL when CUDA is available), or a world of one without a launcher.
-    Returns (whether this call created it, this rank's device)."""
+    MASTER_PORT; gloo on CPU, NCCL when CUDA is available), or a world of one without a launcher; its
+    collectives fail after ``timeout_s`` seconds without a peer. Returns (whether this call created it,
+    this rank's device)."""
     cuda = torch.cuda.is_available()
     created = False
+    timeout = timedelta(seconds=float(timeout_s))
     if not dist.is_initialized():
         backend = "nccl" if cuda else "gloo"
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, init_method="env://")
+            dist.init_process_group(backend, init_method="env://", timeout=timeout)
         else:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         created = True
     return created, device()
 
@@ -45,3 +55,28 @@ def allreduce_dense_grads(model: torch.nn.Module, world: int) -> None:
     dist.all_reduce(flat)
     for p, part in zip(params, flat.split([p.numel() for p in params]), strict=True):
         p.grad.copy_(part.view_as(p.grad))
+
+
+class Phase:
+    """Where a rank is in a step, so that a collective that fails (a peer stopped, died or is late) ends
+    with one line naming the rank and the phase (:class:`~core.errors.CollectiveError`)."""
+
+    def __init__(self, rank: int, timeout_s: float) -> None:
+        self.rank, self.timeout_s, self.now = rank, timeout_s, "start-up"
+
+    def at(self, where: str) -> None:
+        self.now = where
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Turn a collective's peer failure inside the block into a CollectiveError; other errors pass."""
+        try:
+            yield
+        except RuntimeError as e:
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            if not any(word in text.lower() for word in _PEER_FAILURES):
+                raise
+            raise CollectiveError(
+                f"rank {self.rank}: a collective failed in {self.now} ({text.split('] ')[-1]}); another rank "
+                f"stopped, died, or did not arrive within --timeout {self.timeout_s:g} s"
+            ) from None

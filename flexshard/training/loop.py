@@ -30,7 +30,7 @@ from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
 from flexshard.training.data import make_source
-from flexshard.training.distributed import allreduce_dense_grads, device
+from flexshard.training.distributed import Phase, allreduce_dense_grads, device
 from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import directory_problem, identity_mismatch, prune, run_identity
@@ -87,7 +87,15 @@ def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_f
 
 
 def run(config: TrainConfig) -> int:
-    """Train as ``config`` says (collective: every rank of the default process group calls it)."""
+    """Train as ``config`` says (collective: every rank of the default process group calls it). A
+    collective whose peer fails ends the run with a :class:`~core.errors.CollectiveError` naming the
+    rank and the phase."""
+    phase = Phase(dist.get_rank(), config.timeout)
+    with phase.guard():
+        return _run(config, phase)
+
+
+def _run(config: TrainConfig, phase: Phase) -> int:
     world, rank = dist.get_world_size(), dist.get_rank()
     dev = device()
     say = _say(rank)
@@ -110,6 +118,7 @@ def run(config: TrainConfig) -> int:
         lr=config.lr,
         device=dev,
         layout=config.layout,
+        timeout_s=config.timeout,
     )
     placer = SamplePlacer(config.sample_placement, module, source.user_table)
     identity = run_identity(config, source, plan_file, module)
@@ -145,16 +154,20 @@ def run(config: TrainConfig) -> int:
     def _step(step: int) -> None:
         """One training step (collective), with its log line, metrics, check and checkpoint."""
         t0 = time.perf_counter()
+        phase.at(f"step {step + 1}: sample placement")
         batch = placer.place(source.batch(step, rank))
+        phase.at(f"step {step + 1}: forward")
         emb = module(lookup_features(batch, source.user_table, dev))
         module.traffic += placer.traffic  # the samples' move is part of the step's ids
         logits = batch_logits(dense, emb, batch, source.user_table)
         loss = dense.loss(logits) / world
         dense_opt.zero_grad()
+        phase.at(f"step {step + 1}: backward")
         loss.backward()
         allreduce_dense_grads(dense, world)
         dense_grads = [p.grad.detach().clone() for p in dense.parameters()] if verifier else []
         dense_opt.step()
+        phase.at(f"step {step + 1}: replica sync")
         module.step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -163,6 +176,7 @@ def run(config: TrainConfig) -> int:
         stats = torch.tensor(
             [float(loss.detach()), link["intra_group"], link["inter_group"], elapsed], device=dev
         )
+        phase.at(f"step {step + 1}: step figures")
         loss_sum = stats[:1].clone()
         dist.all_reduce(loss_sum)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
@@ -175,6 +189,7 @@ def run(config: TrainConfig) -> int:
                 f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks)"
             )
         if verifier is not None:
+            phase.at(f"step {step + 1}: verify")
             batches: list = [None] * world
             dist.all_gather_object(batches, batch)
             verifier.check_step(step + 1, batches, logits.detach(), dense, dense_grads)
@@ -182,6 +197,7 @@ def run(config: TrainConfig) -> int:
             (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)
             or step + 1 == config.steps
         ):
+            phase.at(f"step {step + 1}: checkpoint")
             path = checkpoint.save(
                 module, dense, dense_opt, step + 1, config.checkpoint_dir, {"seed": config.seed}, identity
             )

@@ -541,3 +541,21 @@ def test_one_error_line_under_torchrun(tmp_path, flags, line):
     assert err.count("flexshard train: error:") == 1, err
     assert line in err.splitlines()
     assert err.count("exitcode  : 2") == 2  # torchrun's summary: both workers exited 2
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_run_with_the_rank_and_the_phase(tmp_path):
+    """Rank 1 stops answering after its step 1 update; with --timeout 3 every rank ends within seconds
+    with exit status 3 and one line naming itself and the phase it waited in (rank 0: the step's figures,
+    the next collective), instead of hanging."""
+    calls = [(["--steps", "3", "--timeout", "3", "--quiet", *SMALL], "stall_rank_1")]
+    results = _call(run_main(2, calls, tmp_path / "run", timeout_s=90.0), 0)
+    assert [c["rc"] for c in results] == [3, 3], [c["err"] for c in results]
+    first = results[0]["err"].strip()
+    assert re.fullmatch(
+        r"flexshard train: error: rank 0: a collective failed in step 1: step figures \(Timed out .+\); "
+        r"another rank stopped, died, or did not arrive within --timeout 3 s",
+        first,
+    ), first
+    assert results[1]["err"].startswith("flexshard train: error: rank 1: a collective failed in ")
+    assert results[0]["s"] < 30  # not the default 600 s

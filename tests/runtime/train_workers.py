@@ -60,8 +60,15 @@ def _skew_update(module, n: int) -> None:
         module.lr *= 1.1
 
 
+def _stall_rank_1(module, n: int) -> None:
+    """After step 1, rank 1 stops answering for 8 s (as a rank stopped by SIGSTOP, or a slow host)."""
+    if n == 1 and module.rank == 1:
+        time.sleep(8.0)
+
+
 PATCHES = {
     None: contextlib.nullcontext,
+    "stall_rank_1": lambda: _patched_step(_stall_rank_1),
     "diverge_replica": lambda: _patched_step(_diverge_replica),
     "skew_update": lambda: _patched_step(_skew_update),
 }
