@@ -63,7 +63,7 @@ def exchange_samples(
     users = np.ascontiguousarray(records[:, col]) if batch.users is not None else None
     history = {n: h.cpu().numpy() for n, h in zip(names, histories, strict=True)}
     placed = Batch(np.ascontiguousarray(got_lengths), history, candidates, users)
-    return placed, _traffic(layout, rank, sent * width + hist_sent * k, got * width + hist_got * k)
+    return placed, peer_traffic(layout, rank, sent * width + hist_sent * k, got * width + hist_got * k)
 
 
 def _history_positions(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
@@ -74,8 +74,9 @@ def _history_positions(lengths: np.ndarray, order: np.ndarray) -> np.ndarray:
     return np.repeat(starts[order], n) + within
 
 
-def _traffic(layout: RankLayout, rank: int, words_sent: np.ndarray, words_got: np.ndarray) -> Traffic:
-    """The int64 words sent to and received from each peer as bytes per link class (this rank excluded)."""
+def peer_traffic(layout: RankLayout, rank: int, words_sent: np.ndarray, words_got: np.ndarray) -> Traffic:
+    """The int64 words sent to and received from each peer, as ``ids`` bytes per link class (this rank
+    excluded)."""
     out = Traffic.zeros()
     others = np.arange(layout.num_ranks) != rank
     link = layout.link_class(rank, np.arange(layout.num_ranks))

@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from core.traffic import Traffic
-from core.vocabulary import INDEX_BYTES, Component, LinkClass, SamplePlacement, Tier
+from core.vocabulary import SamplePlacement, Tier
 from flexshard.batching.assign import SwapPlan, destinations, want_counts, wanted_moves
-from flexshard.batching.exchange import exchange_samples
+from flexshard.batching.exchange import exchange_samples, peer_traffic
 from flexshard.batching.scores import group_scores, hashed_group, lookup_bytes, sample_bytes, sample_lookups
 from flexshard.model import Batch
 from flexshard.runtime import ShardedSequenceEmbedding
@@ -89,9 +89,5 @@ class SamplePlacer:
 
     def _count_wants(self) -> None:
         """Add the all-gather of want counts to :attr:`traffic`: ``G`` int64 to and from every other rank."""
-        n, rank = self.layout.num_ranks, self.module.rank
-        link = self.layout.link_class(rank, np.arange(n))
-        words = self.layout.num_groups * INDEX_BYTES
-        for lc in LinkClass:
-            peers = float(((link == lc) & (np.arange(n) != rank)).sum())
-            self.traffic.add(lc, Component.IDS, peers * words, peers * words)
+        words = np.full(self.layout.num_ranks, self.layout.num_groups)
+        self.traffic += peer_traffic(self.layout, self.module.rank, words, words)
