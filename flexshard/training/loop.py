@@ -11,6 +11,7 @@ row-wise embedding optimizer.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -92,138 +93,168 @@ def run(config: TrainConfig) -> int:
     rank and the phase."""
     phase = Phase(dist.get_rank(), config.timeout)
     with phase.guard():
-        return _run(config, phase)
+        return TrainingRun(config, phase).train()
 
 
-def _run(config: TrainConfig, phase: Phase) -> int:
-    world, rank = dist.get_world_size(), dist.get_rank()
-    dev = device()
-    say = _say(rank)
-    source, plan_file, notes = _prepare(config, world, rank, dev)
-    problem = agreed_message(directory_problem(config) if rank == 0 else "", dev)  # before any work
-    if problem:
-        raise agreed(CheckpointError(problem))
+class TrainingRun:
+    """One run on this rank: the source, the plan, the models and the run's helpers (sample placement,
+    verification, metrics, the phase), built by the constructor (collective) and trained by
+    :meth:`train`."""
 
-    torch.manual_seed(config.seed)
-    dense = SequenceRecModel(config.dim, config.max_len, config.objective).to(dev)
-    for p in dense.parameters():  # same initial weights everywhere (already equal by seed)
-        dist.broadcast(p.data, src=0)
-    dense_opt = DenseOptimizer(dense.parameters(), config.optimizer, config.lr)
-    module = ShardedSequenceEmbedding(
-        plan_file,
-        source.tables,
-        source.orders,
-        init=config.seed,
-        optimizer=config.optimizer,
-        lr=config.lr,
-        device=dev,
-        layout=config.layout,
-        timeout_s=config.timeout,
-    )
-    placer = SamplePlacer(config.sample_placement, module, source.user_table)
-    identity = run_identity(config, source, plan_file, module)
-    start, resumed_from = 0, None
-    if config.resume:
-        resumed_from = checkpoint.latest(config.checkpoint_dir)
-        if resumed_from is not None:
-            saved = checkpoint.read_manifest(resumed_from).get("run")
-            problem = agreed_message(identity_mismatch(resumed_from, saved, identity), dev)
-            if problem:
-                raise agreed(CheckpointError(problem))
-            start = checkpoint.load(resumed_from, module, dense, dense_opt)
-            say(f"resume: {resumed_from} (step {start})" + ("" if saved else "; it records no run identity"))
-        else:
-            say(f"resume: no checkpoint in {config.checkpoint_dir}, starting at step 0")
-    for line in [*_describe(config, world, dev, source, plan_file), *notes]:
-        say(line)
+    def __init__(self, config: TrainConfig, phase: Phase) -> None:
+        self.config, self.phase = config, phase
+        self.world, self.rank = dist.get_world_size(), dist.get_rank()
+        self.dev = dev = device()
+        self.say = say = _say(self.rank)
+        self.source, self.plan_file, notes = _prepare(config, self.world, self.rank, dev)
+        problem = agreed_message(directory_problem(config) if self.rank == 0 else "", dev)  # before any work
+        if problem:
+            raise agreed(CheckpointError(problem))
 
-    log = metrics.MetricsLog(config.metrics_out, rank, append=resumed_from is not None)
-    if config.metrics_out:
-        log.write(metrics.header_record(config, world, source.describe(), plan_file, dev, start))
-    verifier = (
-        Verifier(module, _reference(config, source, module, dense, resumed_from, dev), rank)
-        if config.verify
-        else None
-    )
-    if verifier is not None:
-        say(
-            "verify: each step against an unsharded reference from the same state; normwise tolerance "
-            + describe_tolerance(plan_file.plan.wire)
+        torch.manual_seed(config.seed)
+        self.dense = SequenceRecModel(config.dim, config.max_len, config.objective).to(dev)
+        for p in self.dense.parameters():  # same initial weights everywhere (already equal by seed)
+            dist.broadcast(p.data, src=0)
+        self.dense_opt = DenseOptimizer(self.dense.parameters(), config.optimizer, config.lr)
+        self.module = ShardedSequenceEmbedding(
+            self.plan_file,
+            self.source.tables,
+            self.source.orders,
+            init=config.seed,
+            optimizer=config.optimizer,
+            lr=config.lr,
+            device=dev,
+            layout=config.layout,
+            timeout_s=config.timeout,
         )
+        self.placer = SamplePlacer(config.sample_placement, self.module, self.source.user_table)
+        self.identity = run_identity(config, self.source, self.plan_file, self.module)
+        self.start, resumed_from = self._resume()
+        for line in [*_describe(config, self.world, dev, self.source, self.plan_file), *notes]:
+            say(line)
+        self.log = metrics.MetricsLog(config.metrics_out, self.rank, append=resumed_from is not None)
+        if config.metrics_out:
+            self.log.write(
+                metrics.header_record(
+                    config, self.world, self.source.describe(), self.plan_file, dev, self.start
+                )
+            )
+        self.verifier = None
+        if config.verify:
+            reference = _reference(config, self.source, self.module, self.dense, resumed_from, dev)
+            self.verifier = Verifier(self.module, reference, self.rank)
+            say(
+                "verify: each step against an unsharded reference from the same state; normwise tolerance "
+                + describe_tolerance(self.plan_file.plan.wire)
+            )
 
-    def _step(step: int) -> None:
+    def _resume(self) -> tuple[int, Path | None]:
+        """With ``--resume``, the latest checkpoint of this run loaded (its identity checked): the step to
+        start from and the checkpoint; else ``(0, None)``. Collective."""
+        config = self.config
+        if not config.resume:
+            return 0, None
+        found = checkpoint.latest(config.checkpoint_dir)
+        if found is None:
+            self.say(f"resume: no checkpoint in {config.checkpoint_dir}, starting at step 0")
+            return 0, None
+        saved = checkpoint.read_manifest(found).get("run")
+        problem = agreed_message(identity_mismatch(found, saved, self.identity), self.dev)
+        if problem:
+            raise agreed(CheckpointError(problem))
+        start = checkpoint.load(found, self.module, self.dense, self.dense_opt)
+        self.say(f"resume: {found} (step {start})" + ("" if saved else "; it records no run identity"))
+        return start, found
+
+    def train(self) -> int:
+        """Every step from the start to ``--steps``, then the last check and the end of the log."""
+        config, start, done = self.config, self.start, self.start
+        try:
+            for step in range(start, config.steps):
+                self.step(step)
+                done = step + 1
+            if self.verifier is not None:
+                self.verifier.finish()
+                self.say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
+        except FlexShardError as e:  # the steps done stay in the log, with what ended the run
+            self.log.write({"kind": "end", "steps": done - start, "error": first_line(e)})
+            self.log.close()
+            raise
+        if config.metrics_out:
+            self.log.write(
+                {"kind": "end", "steps": config.steps - start, "verify": "OK" if config.verify else None}
+            )
+            self.log.close()
+            self.say(f"metrics: wrote {config.metrics_out} ({config.steps - start} steps)")
+        return 0
+
+    def step(self, step: int) -> None:
         """One training step (collective), with its log line, metrics, check and checkpoint."""
+        config, phase, module, dense, dev, world = (
+            self.config, self.phase, self.module, self.dense, self.dev, self.world
+        )  # fmt: skip
         t0 = time.perf_counter()
         phase.at(f"step {step + 1}: sample placement")
-        batch = placer.place(source.batch(step, rank))
+        batch = self.placer.place(self.source.batch(step, self.rank))
         phase.at(f"step {step + 1}: forward")
-        emb = module(lookup_features(batch, source.user_table, dev))
-        module.traffic += placer.traffic  # the samples' move is part of the step's ids
-        logits = batch_logits(dense, emb, batch, source.user_table)
+        emb = module(lookup_features(batch, self.source.user_table, dev))
+        module.traffic += self.placer.traffic  # the samples' move is part of the step's ids
+        logits = batch_logits(dense, emb, batch, self.source.user_table)
         loss = dense.loss(logits) / world
-        dense_opt.zero_grad()
+        self.dense_opt.zero_grad()
         phase.at(f"step {step + 1}: backward")
         loss.backward()
         allreduce_dense_grads(dense, world)
-        dense_grads = [p.grad.detach().clone() for p in dense.parameters()] if verifier else []
-        dense_opt.step()
+        dense_grads = [p.grad.detach().clone() for p in dense.parameters()] if self.verifier else []
+        self.dense_opt.step()
         phase.at(f"step {step + 1}: replica sync")
         module.step()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         elapsed = time.perf_counter() - t0
-        link = module.link_bytes()
-        stats = torch.tensor(
-            [float(loss.detach()), link["intra_group"], link["inter_group"], elapsed], device=dev
-        )
         phase.at(f"step {step + 1}: step figures")
-        loss_sum = stats[:1].clone()
-        dist.all_reduce(loss_sum)
-        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-        if config.metrics_out:  # collective: every rank gathers, rank 0 writes
-            log.write(metrics.step_record(step + 1, float(loss_sum), elapsed, module.traffic, dev))
-        if not config.quiet:
-            say(
-                f"step {step + 1}/{config.steps} loss {float(loss_sum):.6f} "
-                f"samples/s {world * source.batch_size / max(float(stats[3]), 1e-9):,.0f} "
-                f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks)"
-            )
-        if verifier is not None:
+        self._report(step, float(loss.detach()), elapsed)
+        if self.verifier is not None:
             phase.at(f"step {step + 1}: verify")
             batches: list = [None] * world
             dist.all_gather_object(batches, batch)
-            verifier.check_step(step + 1, batches, logits.detach(), dense, dense_grads)
+            self.verifier.check_step(step + 1, batches, logits.detach(), dense, dense_grads)
         if config.checkpoint_dir and (
             (config.checkpoint_every and (step + 1) % config.checkpoint_every == 0)
             or step + 1 == config.steps
         ):
             phase.at(f"step {step + 1}: checkpoint")
-            path = checkpoint.save(
-                module, dense, dense_opt, step + 1, config.checkpoint_dir, {"seed": config.seed}, identity
-            )
-            removed = prune(config.checkpoint_dir, config.keep) if rank == 0 else []
-            say(
-                f"checkpoint: saved {path}"
-                + (f" (removed {len(removed)} older, --keep {config.keep})" if removed else "")
+            self._checkpoint(step + 1)
+
+    def _report(self, step: int, loss: float, elapsed: float) -> None:
+        """The step's figures over the ranks (collective): its metrics record and its log line."""
+        config, world, dev = self.config, self.world, self.dev
+        link = self.module.link_bytes()
+        stats = torch.tensor([loss, link["intra_group"], link["inter_group"], elapsed], device=dev)
+        loss_sum = stats[:1].clone()
+        dist.all_reduce(loss_sum)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        if config.metrics_out:  # collective: every rank gathers, rank 0 writes
+            self.log.write(metrics.step_record(step + 1, float(loss_sum), elapsed, self.module.traffic, dev))
+        if not config.quiet:
+            self.say(
+                f"step {step + 1}/{config.steps} loss {float(loss_sum):.6f} "
+                f"samples/s {world * self.source.batch_size / max(float(stats[3]), 1e-9):,.0f} "
+                f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks)"
             )
 
-    done = start
-    try:
-        for step in range(start, config.steps):
-            _step(step)
-            done = step + 1
-        if verifier is not None:
-            verifier.finish()
-            say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
-    except FlexShardError as e:  # the steps done stay in the log, with what ended the run
-        log.write({"kind": "end", "steps": done - start, "error": first_line(e)})
-        log.close()
-        raise
-    if config.metrics_out:
-        log.write({"kind": "end", "steps": config.steps - start, "verify": "OK" if config.verify else None})
-        log.close()
-        say(f"metrics: wrote {config.metrics_out} ({config.steps - start} steps)")
-    return 0
+    def _checkpoint(self, step: int) -> None:
+        """Save the checkpoint of ``step`` (collective), then prune to ``--keep``."""
+        config = self.config
+        path = checkpoint.save(
+            self.module, self.dense, self.dense_opt, step, config.checkpoint_dir, {"seed": config.seed},
+            self.identity,
+        )  # fmt: skip
+        removed = prune(config.checkpoint_dir, config.keep) if self.rank == 0 else []
+        self.say(
+            f"checkpoint: saved {path}"
+            + (f" (removed {len(removed)} older, --keep {config.keep})" if removed else "")
+        )
 
 
 def _reference(config, source, module, dense, resumed_from, dev) -> Reference:
