@@ -284,6 +284,12 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     assert "verify: OK (2 steps" in capsys.readouterr().out
     assert main(["--plan", str(tmp_path / "w4.json"), "--steps", "2", *SMALL]) == 2
     assert "the plan is for 4 ranks, this job has 1: launch 4 ranks" in capsys.readouterr().err
+    # a plan for another embedding dim
+    assert main(["--plan", str(tmp_path / "w1.json"), "--steps", "1", "--dim", "32", *SMALL]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "flexshard train: error: table 'item': the plan was made for dim 16, the model has dim 32: make a "
+        "plan for this run (flexshard stats, then flexshard plan)"
+    )
     # a plan priced at float32 on the wire is not run at bf16 unless on purpose
     assert main(["--plan", str(tmp_path / "w1.json"), "--steps", "1", "--wire-dtype", "bf16", *SMALL]) == 2
     assert "wire: the plan was made with wire fp32, this run asks for bf16;" in capsys.readouterr().err
