@@ -29,7 +29,12 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, init_method="env://", timeout=timeout)
+            store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+            # every restart attempt under torchrun gets its own keys: a restarted mesh must not meet the
+            # addresses the failed attempt left in the agent's store (gloo then fails to connect or hangs)
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"flexshard/attempt-{attempt}", store)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         created = True
