@@ -155,7 +155,7 @@ class Verifier:
         return canon
 
     def _copies_problem(self, ref: ReferenceStep, canon: dict) -> str:
-        """'' when every touched row has one canonical copy and every copy this rank holds equals it."""
+        """'' when every touched row has one canonical copy and every other copy this rank holds equals it."""
         for name, rows in ref.rows.items():
             ids = canon[name][0]
             if ids.numel() != rows.numel() or not torch.equal(ids, rows):
@@ -165,6 +165,8 @@ class Verifier:
                 )
                 return f"table {name!r}: {what}"
         for (t, tier), shard in self.module.shards.items():
+            if self.canonical[tier]:
+                continue  # these rows are the canonical copies themselves
             name = self.module.table_names[t]
             ids, w, s = canon[name]
             mine, mw, ms = _held_rows(shard, ids.numpy())
