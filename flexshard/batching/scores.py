@@ -22,8 +22,10 @@ HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads co
 
 
 def lookup_bytes(dim: int, wire_dtype: WireDtype) -> int:
-    """Bytes one remote lookup moves: its id, then its embedding forward and its gradient backward."""
-    return INDEX_BYTES + 2 * int(wire.vector_bytes(dim, FLOAT32_BYTES, wire_dtype))
+    """Bytes one remote lookup moves (:func:`solvers.wire.lookup_messages` of one lookup asked): its id,
+    then its embedding forward and its gradient backward."""
+    vector = wire.vector_bytes(dim, FLOAT32_BYTES, wire_dtype)
+    return int(sum(wire.lookup_messages(1, 0, vector).values()))
 
 
 def sample_lookups(batch: Batch, user_table: str | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
