@@ -24,9 +24,13 @@ prints its summary of the failed workers (it does not pass the workers' status o
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -36,6 +40,8 @@ from flexshard.training.config import parse_args
 from flexshard.training.distributed import init_distributed
 from flexshard.training.loop import run
 from flexshard.training.verify import VerifyError
+
+_AGENT_STOP_WAIT_S = 30.0  # how long a failed torchrun worker waits for its agent to stop it
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,25 +54,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         created, _device = init_distributed(config.timeout)
         return run(config)
     except VerifyError as e:
-        _report(e, str(e))
-        return 1
+        return _fail(e, str(e), 1)
     except CollectiveError as e:
-        _report(e, f"flexshard train: error: {first_line(e)}")
-        return 3
+        return _fail(e, f"flexshard train: error: {first_line(e)}", 3)
     except InputError as e:
-        _report(e, f"flexshard train: error: {first_line(e)}")
-        return 2
+        return _fail(e, f"flexshard train: error: {first_line(e)}", 2)
     finally:
         sys.stdout.flush()
         if created and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _report(err: BaseException, line: str) -> None:
-    """Print ``line`` on stderr, on rank 0 only when every rank raised the same error (under torchrun the
-    job's log then holds it once, not once per rank)."""
+def _fail(err: BaseException, line: str, status: int) -> int:
+    """Report ``err`` as ``line`` on stderr and return the exit ``status``.
+
+    An error every rank raised alike is printed by rank 0 only, and every rank leaves only after rank 0
+    has printed it (a barrier). Under torchrun the first worker to exit makes the agent SIGTERM the
+    others; so there, after such an error, each host's local rank 0 exits first and the other workers
+    wait for that SIGTERM and exit with ``status`` too: torchrun's summary then shows every worker's own
+    status, never the signal (a SIGTERM after the error no longer ends the worker by the signal).
+    """
+    stopped = threading.Event()
+    with contextlib.suppress(ValueError):  # not the main thread: the default handler stays
+        signal.signal(signal.SIGTERM, lambda _signum, _frame: stopped.set())
     if not is_agreed(err) or _rank() == 0:
         print(line, file=sys.stderr, flush=True)
+    if is_agreed(err):
+        _after_rank_0()
+        if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("LOCAL_RANK", "0") != "0":
+            stopped.wait(_AGENT_STOP_WAIT_S)
+    return status
+
+
+def _after_rank_0(timeout_s: float = 30.0) -> None:
+    """Wait up to ``timeout_s`` seconds for every rank of the job (a barrier), making the job's group for
+    it when the error came before the group (a flag); without a launcher, or if the group cannot be
+    made, return at once."""
+    made = False
+    if not dist.is_initialized() and not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+        return
+    with contextlib.suppress(Exception):  # a failing farewell must not hide the error being reported
+        if not dist.is_initialized():
+            made, _device = init_distributed(timeout_s)
+        if dist.get_world_size() > 1 and dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+        elif dist.get_world_size() > 1:
+            dist.barrier()
+    if made and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _rank() -> int:
