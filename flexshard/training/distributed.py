@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -21,6 +24,7 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.
     MASTER_PORT; gloo on CPU, NCCL when CUDA is available), or a world of one without a launcher; its
     collectives fail after ``timeout_s`` seconds without a peer. Returns (whether this call created it,
     this rank's device)."""
+    end_with_agent()
     cuda = torch.cuda.is_available()
     created = False
     timeout = timedelta(seconds=float(timeout_s))
@@ -39,6 +43,26 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         created = True
     return created, device()
+
+
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): a signal for this process when its parent dies
+
+
+def end_with_agent() -> bool:
+    """Under torchrun (Linux), have the kernel SIGKILL this worker when its agent dies.
+
+    torchrun starts its workers in sessions of their own, so a killed agent leaves them training as
+    orphans; a relaunched job would then share the checkpoint folder with them. Returns whether it was
+    armed (a worker of torchelastic on Linux); a worker whose agent is already gone exits at once.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return False
+    if os.getppid() == 1:  # the agent died before the line above: no signal will come
+        os._exit(3)
+    return True
 
 
 def device() -> torch.device:
