@@ -18,7 +18,7 @@ from core.errors import ConfigError, InputError, PlannerError
 from core.osutil import check_writable
 from core.vocabulary import SyncMode, WireDtype
 from flexshard import probe, workloads
-from flexshard.cli_common import first_line, positive_float, positive_int
+from flexshard.cli_common import Parser, first_line, positive_float, positive_int
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report, touch_rates_line, tradeoffs
@@ -71,7 +71,7 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flexshard", description=__doc__.splitlines()[0])
+    parser = Parser(prog="flexshard", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     st = sub.add_parser("stats", help="row statistics from interaction data -> stats file")

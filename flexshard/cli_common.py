@@ -3,6 +3,25 @@
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
+
+from core.errors import ConfigError
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line, ``<prog>: error: <message> (see <prog>
+    --help)``, exit status 2 (argparse prints the whole usage first); its subcommands' parsers too.
+    With ``raises`` the error is raised as a :class:`~core.errors.ConfigError` instead (the training
+    entry point reports it once for all ranks)."""
+
+    def __init__(self, *args, raises: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.raises = raises
+
+    def error(self, message: str) -> NoReturn:
+        if self.raises:
+            raise ConfigError(f"{message} (see {self.prog} --help)")
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def positive_int(text: str) -> int:

@@ -29,7 +29,7 @@ from typing import Any
 from core.errors import ConfigError, InputError, ProbeError
 from core.osutil import check_writable, free_port
 from core.ranks import RankLayout
-from flexshard.cli_common import first_line, positive_float, positive_int
+from flexshard.cli_common import Parser, first_line, positive_float, positive_int
 from flexshard.progress import Progress
 from topology import cluster_view, summary, write_json
 from topology.probe.measurements import Measurements, ProbeConfig, RankInfo
@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flexshard.probe", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m flexshard.probe", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return parser
 

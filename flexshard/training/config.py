@@ -15,6 +15,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.vocabulary import SamplePlacement, SyncMode, WireDtype
+from flexshard.cli_common import Parser
 from flexshard.model import OBJECTIVES
 from flexshard.runtime import LAYOUTS, OPTIMIZERS
 from flexshard.training.distributed import DEFAULT_TIMEOUT_S
@@ -154,7 +155,8 @@ class TrainConfig:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flexshard train`` parser, one option per :class:`TrainConfig` field."""
-    p = argparse.ArgumentParser(
+    p = Parser(
+        raises=True,
         prog="flexshard train",
         description="Train a sequence model with its embedding tables sharded by a FlexShard plan.",
     )
@@ -172,6 +174,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    """A checked :class:`TrainConfig` from command-line arguments (``--help`` and usage errors exit as
-    argparse does; bad values raise :class:`~core.errors.ConfigError`)."""
+    """A checked :class:`TrainConfig` from command-line arguments (``--help`` exits as argparse does;
+    usage errors and bad values raise :class:`~core.errors.ConfigError`)."""
     return TrainConfig(**vars(build_parser().parse_args(argv)))
