@@ -174,7 +174,7 @@ class TrainingRun:
                 self.step(step)
                 done = step + 1
             if self.verifier is not None:
-                self.verifier.finish()
+                self.say(f"verify: {self.verifier.finish()}")
                 self.say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
         except FlexShardError as e:  # the steps done stay in the log, with what ended the run
             self.log.write({"kind": "end", "steps": done - start, "error": first_line(e)})

@@ -87,12 +87,15 @@ class Verifier:
         layout = module.plan_file.layout
         first_group = int(layout.group_of_rank[rank]) == 0
         self.canonical = {Tier.HOT: rank == 0, Tier.WARM: first_group, Tier.COLD: True}
+        self.largest = (0.0, "", 0)  # (share of its allowance, what, step): this rank's closest call
+        self.step = 0
 
     def check_step(
         self, step: int, batches: list, logits: torch.Tensor, dense: torch.nn.Module, dense_grads: list
     ) -> None:
         """Step ``step``'s checks (``batches``: every rank's; ``dense_grads``: this run's summed dense
         gradients), then the reference takes the run's state. Raises :class:`VerifyError` on every rank."""
+        self.step = step
         ref = self.reference.step(batches)
         canon = self._gather_canonical(ref)
         message = self._copies_problem(ref, canon) or self._difference_problem(
@@ -107,8 +110,10 @@ class Verifier:
             self.reference.set_rows(name, ids, w, s)
         self.reference.load_dense(dense)
 
-    def finish(self) -> None:
-        """Every row of every copy equal to the reference, every row held somewhere (collective)."""
+    def finish(self) -> str:
+        """Every row of every copy equal to the reference, every row held somewhere (collective). Returns
+        the closest call over all ranks and steps: the largest difference in unit roundoffs of the wire
+        dtype (its share of the allowance x 16), what it was and at which step."""
         rows = self.module.shard_rows()
         message = _unheld_row(rows, self.reference, self.module.device)
         for (name, tier), (ids, w, s) in rows.items():
@@ -126,6 +131,13 @@ class Verifier:
         agreed = agreed_message(message, self.module.device)
         if agreed:
             raise mark_agreed(VerifyError(agreed))
+        calls: list = [None] * dist.get_world_size()
+        dist.all_gather_object(calls, self.largest)
+        share, what, step = max(calls, key=lambda c: c[0])
+        return (
+            f"largest difference {share * TOLERANCE_UNITS:.2f} of the {TOLERANCE_UNITS:g} unit roundoffs "
+            f"allowed ({what}, step {step})"
+        )
 
     # --- parts -----------------------------------------------------------------------------------
 
@@ -199,6 +211,8 @@ class Verifier:
                            *normwise(s, ref.state[name], ref.state_before[name]), value_s))  # fmt: skip
         for what, diff, size, value in checks:
             allowed = allowed_difference(self.tolerance, size, value)
+            if allowed > 0 and diff / allowed > self.largest[0]:
+                self.largest = (diff / allowed, what, self.step)
             if not diff <= allowed:
                 return (
                     f"{what} differs from the reference by {diff:.3g} (2-norm; {allowed:.3g} allowed: the "

@@ -96,6 +96,11 @@ def test_verify_passes_on_every_rank(four):
         assert calls[0]["out"].rstrip().splitlines()[-1] == (
             f"verify: OK ({steps} steps, all rows of all copies match)"
         )
+        closest = re.fullmatch(  # the closest call over every rank, step and check
+            r"verify: largest difference ([0-9.]+) of the 16 unit roundoffs allowed \((.+), step (\d+)\)",
+            calls[0]["out"].rstrip().splitlines()[-2],
+        )
+        assert closest and 0 < float(closest[1]) < 16 and 1 <= int(closest[3]) <= steps, calls[0]["out"]
         lines = calls[0]["out"].splitlines()
         assert "world 4 (2 groups of 2)" in lines[0]
         # the plan made on the fly fetches some table's cold rows once per group, and verifies
