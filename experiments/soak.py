@@ -18,7 +18,7 @@ on. Printed, and written to docs/results/soak.md and soak.png:
 * whether the final state (every table's rows and optimizer state, the dense model and its optimizer)
   and every step's loss equal the uninterrupted run's, bit for bit;
 * peak RSS per rank in windows of ``--window`` steps, and each rank's growth from the second window
-  (after warm-up) to the last.
+  (after warm-up) to the last; in the uninterrupted run it must stay under ``RSS_GROWTH_LIMIT``.
 
 Exit status 1 when a check fails. Run:
 
@@ -44,6 +44,7 @@ import torch
 from flexshard import checkpoint
 
 SAMPLE_EVERY_S = 0.25  # how often every worker's RSS is read
+RSS_GROWTH_LIMIT = 0.05  # largest accepted RSS growth per rank after the first window, as a fraction
 MIB = 2**20
 
 
@@ -231,6 +232,10 @@ def report(args, plain: Run, soak: Run, equal: tuple[bool, str], seconds: float)
         kill_rows.append([k.step, k.rank, k.checkpoint, start, k.step - start, "yes" if ok else "NO"])
     losses_equal = plain.losses() == soak.losses()
     planned = (args.steps - 1) // args.kill_every
+    peaks = rss_windows(plain, args.ranks, args.steps, args.window)
+    growth = float(
+        np.max((peaks[-1] - peaks[min(1, len(peaks) - 1)]) / np.maximum(peaks[min(1, len(peaks) - 1)], 1))
+    )
     checks = {
         "both runs exit 0": plain.returncode == 0 and soak.returncode == 0,
         f"{planned} kills, each restarted": len(soak.kills) == planned and restarts == planned,
@@ -238,6 +243,8 @@ def report(args, plain: Run, soak: Run, equal: tuple[bool, str], seconds: float)
         f"steps completed: {completed} of {args.steps}": completed == args.steps,
         "final state equal to the uninterrupted run's, bit for bit": equal[0],
         "every step's loss equal to the uninterrupted run's": losses_equal,
+        f"RSS growth after the first window under {RSS_GROWTH_LIMIT:.0%} on every rank (largest: "
+        f"{growth:+.1%})": growth < RSS_GROWTH_LIMIT,
     }
     lines = [
         "# Soak: kills under torchrun --max-restarts, against an uninterrupted run",
@@ -306,7 +313,7 @@ def main() -> int:
     p.add_argument("--ranks", type=int, default=8)
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--kill-every", type=int, default=200)
     p.add_argument("--window", type=int, default=100, help="steps per row of the RSS table")
