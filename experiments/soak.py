@@ -41,6 +41,7 @@ import numpy as np
 import study
 import torch
 
+from core.osutil import process_alive
 from flexshard import checkpoint
 
 SAMPLE_EVERY_S = 0.25  # how often every worker's RSS is read
@@ -105,14 +106,6 @@ def _rss_bytes(pid: int) -> int | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 class _Tail:
     """The records of a JSON Lines file as it grows (complete lines only)."""
 
@@ -169,7 +162,7 @@ def run_job(name: str, workdir: Path, args, kill_every: int = 0) -> Run:
                 rank = (len(run.kills) + 1) % args.ranks
                 pid = next(p for p, r in workers.items() if r == rank)
                 os.kill(pid, signal.SIGKILL)
-                while _alive(pid):
+                while process_alive(pid):
                     time.sleep(0.01)
                 found = checkpoint.latest(ckpt)
                 saved = checkpoint.read_manifest(found)["step"] if found else 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from core.osutil import process_alive
 from flexshard import checkpoint
 from flexshard.runtime.local import free_port
 
@@ -172,7 +173,7 @@ def test_a_killed_agent_takes_its_workers_and_a_new_launch_resumes(tmp_path, uni
     job.kill()
     job.communicate(timeout=30)
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in workers):
+    while any(process_alive(pid) for pid in workers):
         assert time.monotonic() < deadline, "workers outlived their agent"
         time.sleep(0.05)
     assert not checkpoint.step_dir(ckpt, STEPS).exists()  # they stopped before the end
@@ -181,12 +182,3 @@ def test_a_killed_agent_takes_its_workers_and_a_new_launch_resumes(tmp_path, uni
     assert again.returncode == 0, err
     assert _resumed_steps(out, ckpt)[0] >= 10, out
     _assert_same_state(_final_state(ckpt), uninterrupted)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
