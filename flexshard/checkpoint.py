@@ -40,11 +40,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.errors import CheckpointError
+from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
 from flexshard.cli_common import first_line
 from flexshard.runtime import ShardedSequenceEmbedding
-from flexshard.runtime.agreement import all_ok
+from flexshard.runtime.agreement import agreed_message
 
 SCHEMA = "flexshard-checkpoint/1"
 MANIFEST = "manifest.json"
@@ -120,8 +120,7 @@ def save(
             tmp.mkdir()
         except OSError as e:
             error = f"cannot create {tmp}: {e.strerror or e}"
-    if not all_ok(not error, dev):
-        raise CheckpointError(f"checkpoint save: {error or 'rank 0 could not create ' + str(tmp)}")
+    _agree(error, dev, "checkpoint save: ")
     rows: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
     for (name, tier_name), (ids, w, s) in module.shard_rows().items():
         if _saves(module, Tier.parse(tier_name)):
@@ -139,8 +138,7 @@ def save(
         _atomic_torch_save(payload, tmp / f"rank{module.rank}.pt")
     except OSError as e:
         error = f"rank {module.rank} cannot write {tmp / f'rank{module.rank}.pt'}: {e.strerror or e}"
-    if not all_ok(not error, dev):
-        raise CheckpointError(f"checkpoint save: {error or 'another rank failed to write its shard'}")
+    _agree(error, dev, "checkpoint save: ")
     if module.rank == 0:
         manifest = {
             "schema": SCHEMA,
@@ -169,8 +167,7 @@ def save(
                 os.replace(tmp, final)
         except OSError as e:
             error = f"cannot publish {final}: {e.strerror or e}"
-    if not all_ok(not error, dev):
-        raise CheckpointError(f"checkpoint save: {error or 'rank 0 could not publish ' + str(final)}")
+    _agree(error, dev, "checkpoint save: ")
     return final
 
 
@@ -195,6 +192,14 @@ def _resolve(path: str | os.PathLike) -> Path:
     if found is None:
         raise CheckpointError(f"checkpoint {str(path)!r}: no complete checkpoint (step-* with {MANIFEST})")
     return found
+
+
+def _agree(error: str, device: torch.device, prefix: str = "") -> None:
+    """Collective: when any rank has an ``error``, raise the first rank's (in rank order) on every rank,
+    as an agreed :class:`CheckpointError` (printed once under torchrun)."""
+    message = agreed_message(error, device)
+    if message:
+        raise agreed(CheckpointError(prefix + message))
 
 
 def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
@@ -256,8 +261,7 @@ def load(
         step = int(doc["step"])
     except CheckpointError as e:
         error = str(e)
-    if not all_ok(not error, module.device):
-        raise CheckpointError(error or "checkpoint load failed on another rank (see its error)")
+    _agree(error, module.device)
     ckpt = Path(doc["path"])
     files: dict[int, dict[str, Any]] = {}
 
@@ -292,8 +296,7 @@ def load(
             dense_optimizer.load_state_dict(shard(0)["dense_optimizer"])
     except CheckpointError as e:
         error = str(e)
-    if not all_ok(not error, module.device):
-        raise CheckpointError(error or "checkpoint load failed on another rank (see its error)")
+    _agree(error, module.device)
     module.zero_grad()
     return step
 

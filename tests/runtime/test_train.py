@@ -570,3 +570,23 @@ def test_a_stopped_rank_ends_the_run_with_the_rank_and_the_phase(tmp_path):
     ), first
     assert results[1]["err"].startswith("flexshard train: error: rank 1: a collective failed in ")
     assert results[0]["s"] < 30  # not the default 600 s
+
+
+@pytest.mark.slow
+def test_a_corrupt_rank_file_on_resume_is_one_line_from_rank_0(tmp_path):
+    """Only rank 1 reads its own rank file: the load agrees on its error, so rank 0 prints rank 1's line
+    (once, under a launcher), rank 1 stays quiet, and both exit 2."""
+    ckpt = tmp_path / "ckpt"
+    base = ["--checkpoint-dir", str(ckpt), "--quiet", *SMALL]
+    assert [c["rc"] for c in _call(run_main(2, [([*base, "--steps", "2"], None)], tmp_path / "a"), 0)] == [
+        0,
+        0,
+    ]
+    (ckpt / "step-00000002" / "rank1.pt").write_bytes(b"garbage" * 50)
+    results = _call(run_main(2, [([*base, "--steps", "3", "--resume"], None)], tmp_path / "b"), 0)
+    assert [c["rc"] for c in results] == [2, 2]
+    assert results[0]["err"].strip() == (
+        f"flexshard train: error: checkpoint '{ckpt / 'step-00000002'}': cannot read rank1.pt "
+        "(not a FlexShard rank file)"
+    )
+    assert results[1]["err"] == ""
