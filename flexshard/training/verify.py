@@ -205,9 +205,9 @@ class Verifier:
             value_w, value_s = (
                 float(torch.linalg.vector_norm(x.double())) for x in (ref.weights[name], ref.state[name])
             )
-            checks.append((f"table {name!r}'s update of the touched rows",
+            checks.append((f"table {name}'s update of the touched rows",
                            *normwise(w, ref.weights[name], ref.weights_before[name]), value_w))  # fmt: skip
-            checks.append((f"table {name!r}'s optimizer state update",
+            checks.append((f"table {name}'s optimizer state update",
                            *normwise(s, ref.state[name], ref.state_before[name]), value_s))  # fmt: skip
         for what, diff, size, value in checks:
             allowed = allowed_difference(self.tolerance, size, value)

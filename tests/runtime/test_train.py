@@ -419,9 +419,9 @@ def test_a_failed_run_keeps_its_steps_and_its_error_in_the_metrics(strategies):
     calls = _call(strategies["results"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
     message = calls[0]["err"].strip()
-    assert message.startswith(
-        "verify: FAILED at step 3: table 'item''s update of the touched rows differs"
-    ), message
+    assert message.startswith("verify: FAILED at step 3: table item's update of the touched rows differs"), (
+        message
+    )
     assert "tolerance 9.5e-07 = 16 x the fp32 unit roundoff 2^-24" in message
     records = _records(strategies["root"] / "bad.jsonl")  # flushed step by step
     assert [r["kind"] for r in records] == ["header", "step", "step", "step", "end"]
