@@ -11,7 +11,8 @@ in unit roundoffs. A cell shows that figure, or FAILED with the run's line.
 Grids (``--grid``):
 
 * ``data``: every data set of user histories under :func:`flexshard.workloads.data_root` that is
-  present, and the synthetic data, at the defaults (fp32, Adagrad, dim 64 and 16 with SGD, lr 0.05);
+  present, and the synthetic data, at fp32 and lr 0.05: Adagrad at dim 64 (the default) and 128 (the
+  widest rows, where Adagrad amplifies summation order most), SGD at dim 16;
 * ``precision``: synthetic data and Amazon Beauty at fp32/bf16/fp16 x SGD/Adagrad x dim 16/64/128;
 * ``lr``: synthetic data and Amazon Beauty, Adagrad dim 64 fp32 and bf16, lr 0.01, 0.05, 0.2, 0.5.
 
@@ -56,7 +57,9 @@ def grid_cells(grid: str) -> list[Cell]:
             for n, p in study.HISTORY_DATA_SETS
             if (root / p).exists() or study.note_missing(root / p, n)
         ]
-        return [c for n, p in sets for c in (Cell(n, p), Cell(n, p, optimizer="sgd", dim=16))]
+        return [
+            c for n, p in sets for c in (Cell(n, p), Cell(n, p, dim=128), Cell(n, p, optimizer="sgd", dim=16))
+        ]
     pair = [("synthetic", None)] + ([("beauty", BEAUTY)] if (root / BEAUTY).exists() else [])
     if grid == "precision":
         return [
