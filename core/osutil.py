@@ -1,4 +1,5 @@
-"""Operating-system helpers every layer uses: atomic file writes and free loopback ports."""
+"""Operating-system helpers every layer uses: atomic file writes, free loopback ports, live processes and
+the machine's memory."""
 
 from __future__ import annotations
 
@@ -69,3 +70,15 @@ def process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def physical_memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (``sysconf``), or None where the system does not say.
+
+    An allocation above it cannot be used whole, even where the kernel's overcommit lets ``np.zeros``
+    succeed lazily and the process is killed later, when the pages are touched."""
+    try:
+        pages, page_bytes = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+    return pages * page_bytes if pages > 0 and page_bytes > 0 else None

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import DataError
+from core.osutil import physical_memory_bytes
 
 CHUNK_BYTES = 1 << 22  # 4 MiB of text per chunk (~0.2 GB of transient arrays)
 MAX_DIGITS = 18  # longer integer tokens are rejected (int64 overflow)
@@ -157,15 +158,22 @@ def split_cells(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def grow(arr: np.ndarray, size: int) -> np.ndarray:
     """``arr`` zero-padded to at least ``size`` elements (per-row counts: index = row id). DataError when
-    the array does not fit in memory (ids that large need remapping to dense ones)."""
+    the array is larger than this machine's physical memory or cannot be allocated (ids that large need
+    remapping to dense ones); the bound does not rely on ``MemoryError``, which overcommit defers to a
+    kill when the pages are touched."""
     if arr.size >= size:
         return arr
+    need, have = size * arr.dtype.itemsize, physical_memory_bytes()
+    if have is not None and need > have:
+        raise DataError(
+            f"ids up to {size - 1:,} need a {need / 2**30:.1f} GiB per-row array, more than this machine's "
+            f"{have / 2**30:.1f} GiB of memory: remap the ids to dense ones (0..rows-1)"
+        )
     try:
         out = np.zeros(size, dtype=arr.dtype)
     except MemoryError:
-        gib = size * arr.dtype.itemsize / 2**30
         raise DataError(
-            f"ids up to {size - 1:,} need a {gib:.1f} GiB per-row array, more than this machine can "
+            f"ids up to {size - 1:,} need a {need / 2**30:.1f} GiB per-row array, more than this machine can "
             "allocate: remap the ids to dense ones (0..rows-1)"
         ) from None
     out[: arr.size] = arr

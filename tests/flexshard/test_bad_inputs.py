@@ -8,6 +8,7 @@ import pytest
 from cli_helpers import run
 
 from core.errors import CheckpointError, DataError
+from core.osutil import physical_memory_bytes
 from flexshard import checkpoint
 from flexshard.workloads._text import grow
 
@@ -56,12 +57,17 @@ def test_a_csv_header_line_naming_the_columns_is_skipped(tmp_path, capsys):
 
 
 def test_ids_too_large_for_memory_are_a_data_error():
+    """Refused from the machine's physical memory, not from a MemoryError: with overcommit (a 128 GiB GPU
+    machine) ``np.zeros`` of 80 TB succeeded lazily and the error never came."""
+    have = physical_memory_bytes()
+    assert have is not None and 2**30 < have < 10**13 * 8
     with pytest.raises(DataError) as err:
         grow(np.zeros(1, np.int64), 10**13)  # 80 TB of per-row counts
     assert str(err.value) == (
-        "ids up to 9,999,999,999,999 need a 74505.8 GiB per-row array, more than this machine can allocate: "
-        "remap the ids to dense ones (0..rows-1)"
+        "ids up to 9,999,999,999,999 need a 74505.8 GiB per-row array, more than this machine's "
+        f"{have / 2**30:.1f} GiB of memory: remap the ids to dense ones (0..rows-1)"
     )
+    assert grow(np.arange(3), 5).tolist() == [0, 1, 2, 0, 0]  # under the bound: zero-padded
 
 
 @pytest.mark.parametrize("content", [b"\x00\x01garbage" * 100, b"", b"PK\x03\x04not really a zip"])
