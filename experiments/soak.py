@@ -271,7 +271,7 @@ def report(args, plain: Run, soak: Run, equal: tuple[bool, str], seconds: float)
         rows = [[span, *(f"{v / MIB:.0f}" for v in row)] for span, row in zip(spans, peaks, strict=True)]
         base = peaks[min(1, len(peaks) - 1)]
         growth = peaks[-1] - base
-        rows.append(["growth from the second window", *(f"{g / MIB:+.1f}" for g in growth)])
+        rows.append(["growth from the second window (MiB)", *(f"{g / MIB:+.1f}" for g in growth)])
         lines += [
             f"Peak RSS per rank (MiB), {run.name} run, per window of {args.window} steps:",
             "",
