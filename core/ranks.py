@@ -145,3 +145,17 @@ class RankLayout:
 
     def __hash__(self) -> int:
         return hash(self.groups)
+
+
+def local_gpu(local_rank: int, local_world: int, gpus: int) -> int:
+    """The CUDA device of the process at ``local_rank`` of the ``local_world`` processes on this host
+    (NCCL: one GPU per process). :class:`~core.errors.ConfigError` when they outnumber the host's
+    ``gpus``: NCCL refuses two ranks on one GPU, and a device index past the last is CUDA's bare
+    'invalid device ordinal'."""
+    if local_world > gpus or not 0 <= local_rank < gpus:
+        raise ConfigError(
+            f"{max(local_world, local_rank + 1)} processes on this host but {gpus} CUDA GPU(s): NCCL needs "
+            f"one GPU per process; launch at most {gpus} per host (--nproc-per-node {gpus}), or hide the "
+            "GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU with gloo"
+        )
+    return local_rank

@@ -13,7 +13,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from core.errors import CollectiveError
+from core.errors import CollectiveError, ConfigError, agreed
+from core.ranks import local_gpu
 
 DEFAULT_TIMEOUT_S = 600.0  # how long a collective waits for a peer (train --timeout)
 _PEER_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
@@ -31,7 +32,14 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.
     if not dist.is_initialized():
         backend = "nccl" if cuda else "gloo"
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            try:  # the same check on every process of the host
+                gpu = local_gpu(
+                    local, int(os.environ.get("LOCAL_WORLD_SIZE", local + 1)), torch.cuda.device_count()
+                )
+            except ConfigError as e:
+                raise agreed(e) from None
+            torch.cuda.set_device(gpu)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
             # every restart attempt under torchrun gets its own keys: a restarted mesh must not meet the

@@ -16,7 +16,7 @@ from fake_nvml import fake_nvswitch_node
 
 from core.errors import ConfigError
 from core.osutil import free_port
-from core.ranks import RankLayout
+from core.ranks import RankLayout, local_gpu
 from core.vocabulary import LinkClass
 from topology import TopologyError, cluster_view, read_json, slow_links, write_json
 from topology.probe import (
@@ -128,6 +128,22 @@ def test_bad_groups_are_input_errors_naming_the_flag():
     with pytest.raises(ConfigError, match="lowest rank"):
         _measurements(["h"] * 4, [[2, 3], [0, 1]], {"intra": 1.0, "inter": 1.0})
     assert issubclass(ProbeError, TopologyError) and issubclass(ProbeError, ValueError)
+
+
+def test_more_processes_than_gpus_on_a_host_is_one_line_naming_both():
+    """Seen on a 1-GPU machine: torchrun --nproc-per-node 2 ended in CUDA's 'invalid device ordinal'."""
+    assert [local_gpu(r, 8, 8) for r in (0, 7)] == [0, 7]
+    assert local_gpu(0, 1, 4) == 0  # fewer processes than GPUs: fine
+    expected = (
+        "2 processes on this host but 1 CUDA GPU(s): NCCL needs one GPU per process; launch at most 1 per "
+        "host (--nproc-per-node 1), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU with gloo"
+    )
+    for local_rank in (0, 1):  # every process of the host says the same
+        with pytest.raises(ConfigError) as err:
+            local_gpu(local_rank, 2, 1)
+        assert str(err.value) == expected
+    with pytest.raises(ConfigError, match="^3 processes on this host but 2 CUDA GPU"):
+        local_gpu(2, 2, 2)  # a local rank past the GPUs, whatever LOCAL_WORLD_SIZE said
 
 
 def test_all_pairs_on_small_worlds_in_disjoint_rounds():

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.errors import ProbeError
+from core.ranks import local_gpu
 from topology.probe.measurements import RankInfo
 from topology.probe.pci import normalize_bus_id
 
@@ -123,7 +124,9 @@ def init_probe_group(
         backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
-        local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        gpus = torch.cuda.device_count()
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", min(world_size, gpus)))
+        local = local_gpu(int(os.environ.get("LOCAL_RANK", rank % max(gpus, 1))), local_world, gpus)
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
     dist.init_process_group(
