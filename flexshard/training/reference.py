@@ -23,6 +23,10 @@ class ReferenceStep:
     state_before: dict[str, torch.Tensor]  # per table: [rows] Adagrad accumulator before the step
     state: dict[str, torch.Tensor]  # per table: [rows] after the step
     dense_grads: list[torch.Tensor]  # per dense parameter: the gradient of the global loss
+    # per table: how far each updated value moves per unit relative error in the terms of the gradient's
+    # sums (its first-order condition): [rows, dim] for the weights, [rows] for the accumulator
+    weights_scale: dict[str, torch.Tensor]
+    state_scale: dict[str, torch.Tensor]
 
 
 class Reference:
@@ -66,17 +70,20 @@ class Reference:
         for p in self.dense.parameters():
             p.grad = None
         total, outs, used = None, [], {n: [] for n in self.weights}
+        terms: dict[str, list] = {n: [] for n in self.weights}  # per table: (ids, |gradient of each lookup|)
         for b in batches:
             feats = lookup_features(b, self.user_table, self.device)
             emb = {n: functional.embedding(v, self.weights[n]) for n, (v, _l) in feats.items()}
             for n, (v, _l) in feats.items():
                 used[n].append(v)
+                if emb[n].requires_grad:
+                    emb[n].register_hook(_keep_abs(terms[n], v))
             logits = batch_logits(self.dense, emb, b, self.user_table)
             outs.append(logits.detach())
             loss = self.dense.loss(logits) / world
             total = loss if total is None else total + loss
         total.backward()
-        rows, before, after, s_before, s_after = {}, {}, {}, {}, {}
+        rows, before, after, s_before, s_after, w_scale, s_scale = {}, {}, {}, {}, {}, {}, {}
         with torch.no_grad():
             for n, w in self.weights.items():
                 g_full = w.grad if w.grad is not None else torch.zeros_like(w)
@@ -84,16 +91,61 @@ class Reference:
                 r = r.to(self.device)
                 g = g_full[r]
                 rows[n], before[n], s_before[n] = r.cpu(), w[r].cpu(), self.state[n][r].cpu()
+                a = _rounding_reach(terms[n], r, g)
                 if self.optimizer == "sgd":
                     w[r] = w[r] - self.lr * g
+                    w_scale[n], s_scale[n] = (self.lr * a).cpu(), torch.zeros(r.numel())
                 else:
                     s = self.state[n]
                     s[r] = s[r] + g.pow(2).mean(dim=1)
                     w[r] = w[r] - self.lr * g / (s[r].sqrt().unsqueeze(1) + self.eps)
+                    w_scale[n], s_scale[n] = (t.cpu() for t in _adagrad_scales(g, a, s[r], self.lr, self.eps))
                 after[n], s_after[n] = w[r].cpu(), self.state[n][r].cpu()
                 w.grad = None
         dense_grads = [
             (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu()
             for p in self.dense.parameters()
         ]
-        return ReferenceStep(outs, rows, before, after, s_before, s_after, dense_grads)
+        return ReferenceStep(outs, rows, before, after, s_before, s_after, dense_grads, w_scale, s_scale)
+
+
+def _keep_abs(into: list, ids: torch.Tensor):  # noqa: ANN202 (a tensor hook)
+    """A hook on a lookup's output that keeps ``(ids, |its gradient|)``, one row per looked-up id."""
+
+    def hook(grad: torch.Tensor) -> None:
+        into.append((ids.reshape(-1), grad.detach().reshape(-1, grad.shape[-1]).abs()))
+
+    return hook
+
+
+def _rounding_reach(terms: list, rows: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``[len(rows), dim]``: per touched row (``rows`` sorted) and element, how far summing its gradient
+    ``g`` in another order may move it, in units of the unit roundoff: ``sqrt(k) x sum |terms|`` for the
+    ``k`` terms (one per lookup, over every rank's batch) that it sums. ``sum |terms|`` is ``|g|`` where the
+    terms agree in sign and far more where they cancel; each of the ``k`` additions rounds a partial sum
+    no larger than it, by errors of random sign (a GPU's atomic adds sum in any order)."""
+    a = torch.zeros_like(g)
+    k = torch.zeros(rows.numel(), dtype=g.dtype, device=g.device)
+    for ids, mags in terms:
+        at = torch.searchsorted(rows, ids.to(rows.device))
+        a.index_add_(0, at, mags.to(a.dtype))
+        k.index_add_(0, at, torch.ones(at.numel(), dtype=k.dtype, device=k.device))
+    return a * k.sqrt().unsqueeze(1)
+
+
+def _adagrad_scales(
+    g: torch.Tensor, a: torch.Tensor, s: torch.Tensor, lr: float, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First-order condition of a row-wise Adagrad step: how far the accumulator's update ``mean(g^2)``
+    ([rows]) and the weights' update ``-lr g / (sqrt(s) + eps)`` ([rows, dim]) move when each gradient
+    element ``g_d`` moves by ``a_d`` (:func:`_rounding_reach`); ``s`` is the accumulator after the step.
+    In float64."""
+    g, a, s = g.double(), a.double(), s.double()
+    dim = g.shape[1]
+    state = (2.0 / dim) * (g.abs() * a).sum(dim=1)  # d mean(g^2) = (2 / dim) sum_d g_d dg_d
+    root = s.sqrt()
+    rho = root + eps
+    # d rho / rho through s (d sqrt(s) = ds / (2 sqrt(s))); a row whose gradient is zero moves by nothing
+    through_s = torch.where(root > 0, state / (2.0 * root * rho).clamp_min(torch.finfo(s.dtype).tiny), 0.0)
+    weights = (lr / rho).unsqueeze(1) * (a + g.abs() * through_s.unsqueeze(1))
+    return weights, state

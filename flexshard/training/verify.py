@@ -62,12 +62,22 @@ def describe_tolerance(wire: WireDtype) -> str:
     return f"{tolerance(wire):.2g} = {TOLERANCE_UNITS:g} x the {wire} unit roundoff 2^-{exponent}"
 
 
-def normwise(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor | None = None) -> tuple[float, float]:
-    """``(||got - want||, ||want - base||)`` in 2-norms (``base`` None: zero): the difference, and the size
-    of what was computed (an update when ``base`` is the state before it)."""
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    size = torch.linalg.vector_norm(want if base is None else want - base.detach().double().cpu())
-    return float(torch.linalg.vector_norm(got - want)), float(size)
+def normwise(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """``(||got - want||, ||want||)`` in 2-norms: the difference, and the size of what was computed."""
+    return difference(got, want), _norm(want)
+
+
+def difference(got: torch.Tensor, want: torch.Tensor) -> float:
+    """``||got - want||`` in the 2-norm (in float64)."""
+    return float(torch.linalg.vector_norm(got.detach().double().cpu() - want.detach().double().cpu()))
+
+
+def _norm(x: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(x.detach().double().cpu()))
+
+
+_NORM = "the computed norm"
+_CONDITION = "the update's condition norm"  # Reference's weights_scale / state_scale
 
 
 def allowed_difference(tol: float, size: float, value_norm: float = 0.0) -> float:
@@ -198,25 +208,25 @@ class Verifier:
         flat = torch.cat([g.reshape(-1).cpu() for g in dense_grads]) if dense_grads else torch.zeros(0)
         ref_flat = torch.cat([g.reshape(-1) for g in ref.dense_grads]) if ref.dense_grads else torch.zeros(0)
         checks = [
-            (f"rank {self.rank}'s logits", *normwise(logits, ref.logits[self.rank]), 0.0),
-            ("the dense gradient", *normwise(flat, ref_flat), 0.0),
+            (f"rank {self.rank}'s logits", *normwise(logits, ref.logits[self.rank]), 0.0, _NORM),
+            ("the dense gradient", *normwise(flat, ref_flat), 0.0, _NORM),
         ]
         for name, (_ids, w, s) in canon.items():
             value_w, value_s = (
                 float(torch.linalg.vector_norm(x.double())) for x in (ref.weights[name], ref.state[name])
             )
-            checks.append((f"table {name}'s update of the touched rows",
-                           *normwise(w, ref.weights[name], ref.weights_before[name]), value_w))  # fmt: skip
-            checks.append((f"table {name}'s optimizer state update",
-                           *normwise(s, ref.state[name], ref.state_before[name]), value_s))  # fmt: skip
-        for what, diff, size, value in checks:
+            checks.append((f"table {name}'s update of the touched rows", difference(w, ref.weights[name]),
+                           _norm(ref.weights_scale[name]), value_w, _CONDITION))  # fmt: skip
+            checks.append((f"table {name}'s optimizer state update", difference(s, ref.state[name]),
+                           _norm(ref.state_scale[name]), value_s, _CONDITION))  # fmt: skip
+        for what, diff, size, value, size_is in checks:
             allowed = allowed_difference(self.tolerance, size, value)
             if allowed > 0 and diff / allowed > self.largest[0]:
                 self.largest = (diff / allowed, what, self.step)
             if not diff <= allowed:
                 return (
-                    f"{what} differs from the reference by {diff:.3g} (2-norm; {allowed:.3g} allowed: the "
-                    f"computed norm {size:.3g} x tolerance {describe_tolerance(self.module.wire_dtype)}"
+                    f"{what} differs from the reference by {diff:.3g} (2-norm; {allowed:.3g} allowed: "
+                    f"{size_is} {size:.3g} x tolerance {describe_tolerance(self.module.wire_dtype)}"
                     + (", plus float32 storage rounding)" if value else ")")
                 )
         return ""
