@@ -147,6 +147,21 @@ class RankLayout:
         return hash(self.groups)
 
 
+BACKEND_ENV = "FLEXSHARD_BACKEND"  # the process group's backend: auto (default), gloo or nccl
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+def pick_backend(asked: str | None, cuda: bool) -> str:
+    """The backend for a job: ``asked`` (``FLEXSHARD_BACKEND``; None or "auto": NCCL where CUDA is
+    available, else gloo). ConfigError for another name, or NCCL without CUDA."""
+    asked = asked or "auto"
+    if asked not in BACKENDS:
+        raise ConfigError(f"{BACKEND_ENV}: {asked!r} is not a backend; choose from {', '.join(BACKENDS)}")
+    if asked == "nccl" and not cuda:
+        raise ConfigError(f"{BACKEND_ENV}: 'nccl' needs CUDA, which this process cannot see; use gloo")
+    return ("nccl" if cuda else "gloo") if asked == "auto" else asked
+
+
 def local_gpu(local_rank: int, local_world: int, gpus: int) -> int:
     """The CUDA device of the process at ``local_rank`` of the ``local_world`` processes on this host
     (NCCL: one GPU per process). :class:`~core.errors.ConfigError` when they outnumber the host's
@@ -155,7 +170,7 @@ def local_gpu(local_rank: int, local_world: int, gpus: int) -> int:
     if local_world > gpus or not 0 <= local_rank < gpus:
         raise ConfigError(
             f"{max(local_world, local_rank + 1)} processes on this host but {gpus} CUDA GPU(s): NCCL needs "
-            f"one GPU per process; launch at most {gpus} per host (--nproc-per-node {gpus}), or hide the "
-            "GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU with gloo"
+            f"one GPU per process; launch at most {gpus} per host (--nproc-per-node {gpus}), or run on the "
+            f"CPU with gloo ({BACKEND_ENV}=gloo)"
         )
     return local_rank

@@ -31,7 +31,6 @@ Writes docs/results/lastfm_plans.md. Run from the repository root:
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -84,7 +83,7 @@ def flexshard(*args: str) -> list[str]:
 
 def check_call(argv: list[str], what: str) -> str:
     """Run ``argv``; its stdout (exit with the tail of stderr when it fails)."""
-    proc = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(argv, capture_output=True, text=True, env=study.cpu_job_env())
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.splitlines()[-10:])
         raise SystemExit(f"lastfm_plans: {what} failed (exit {proc.returncode}):\n{tail}")

@@ -138,7 +138,7 @@ def run_job(name: str, workdir: Path, args, kill_every: int = 0) -> Run:
              str(args.checkpoint_every), "--keep", "2", "--metrics-out", str(metrics), "--quiet",
              "--resume", "--timeout", "60"]  # fmt: skip
     run, tail, next_kill = Run(name), _Tail(metrics), kill_every
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = study.cpu_job_env()
     t0 = time.monotonic()
     with open(workdir / "stdout.txt", "w") as out, open(workdir / "stderr.txt", "w") as err:
         job = subprocess.Popen([*launcher, *train], stdout=out, stderr=err, env=env)

@@ -23,6 +23,12 @@ PYTHON = ".venv/bin/python"  # how the commands in the results are spelled (from
 DPI = 120  # every figure
 
 
+def cpu_job_env() -> dict[str, str]:
+    """The environment of a torchrun job of these studies: one thread per rank, gloo on the CPU (every
+    rank on the CPU even where a GPU is, as the results say)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "FLEXSHARD_BACKEND": "gloo"}
+
+
 def arguments(doc: str | None, quick: str | None = None, write: bool = True) -> argparse.ArgumentParser:
     """A parser described by the first paragraph of ``doc`` (a script's docstring), with ``--quick``
     (when ``quick``, its help text, is given) and ``--no-write`` (when ``write``)."""

@@ -38,7 +38,6 @@ loaded ones). ``--verify``: every job also passes ``flexshard train --verify`` (
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -138,7 +137,7 @@ def run_one(
     metrics = tmp / f"{stem}.jsonl"
     command = train_command(data, spec, steps, metrics, verify)
     argv = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = study.cpu_job_env()
     tag = f"[run {index}/{total} {spec.label}]"
     print(f"{tag} starting: {' '.join(command)}", file=sys.stderr, flush=True)
     every = max(1, steps // 10)

@@ -23,7 +23,6 @@ Writes docs/results/verify_grid.md (one table per grid run). Progress goes to st
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -84,7 +83,7 @@ def run_cell(cell: Cell, steps: int) -> tuple[str, str]:
             cell.optimizer, "--dim", str(cell.dim), "--lr", str(cell.lr)]  # fmt: skip
     if cell.path:
         argv += ["--data", str(workloads.data_root() / cell.path)]
-    done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(argv, capture_output=True, text=True, env=study.cpu_job_env())
     found = LARGEST.search(done.stdout)
     if done.returncode == 0 and found:
         return f"{float(found.group(1)):.2f}", found.group(2)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from core.errors import CollectiveError, ConfigError, agreed
-from core.ranks import local_gpu
+from core.ranks import BACKEND_ENV, local_gpu, pick_backend
 
 DEFAULT_TIMEOUT_S = 600.0  # how long a collective waits for a peer (train --timeout)
 _PEER_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
@@ -22,23 +22,21 @@ _PEER_FAILURES = ("timed out", "timeout", "connection closed", "connection reset
 
 def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.device]:
     """Init the default process group from the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT; gloo on CPU, NCCL when CUDA is available), or a world of one without a launcher; its
-    collectives fail after ``timeout_s`` seconds without a peer. Returns (whether this call created it,
-    this rank's device)."""
+    MASTER_PORT; gloo on CPU, NCCL when CUDA is available, or as ``FLEXSHARD_BACKEND`` says), or a world
+    of one without a launcher; its collectives fail after ``timeout_s`` seconds without a peer. Returns
+    (whether this call created it, this rank's device)."""
     end_with_agent()
-    cuda = torch.cuda.is_available()
     created = False
     timeout = timedelta(seconds=float(timeout_s))
     if not dist.is_initialized():
-        backend = "nccl" if cuda else "gloo"
-        if cuda:
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            try:  # the same check on every process of the host
-                gpu = local_gpu(
-                    local, int(os.environ.get("LOCAL_WORLD_SIZE", local + 1)), torch.cuda.device_count()
-                )
-            except ConfigError as e:
-                raise agreed(e) from None
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        here = int(os.environ.get("LOCAL_WORLD_SIZE", local + 1))
+        try:  # the same environment on every process of the host: the same answer
+            backend = pick_backend(os.environ.get(BACKEND_ENV), torch.cuda.is_available())
+            gpu = local_gpu(local, here, torch.cuda.device_count()) if backend == "nccl" else None
+        except ConfigError as e:
+            raise agreed(e) from None
+        if gpu is not None:
             torch.cuda.set_device(gpu)
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             store, rank, world = next(dist.rendezvous("env://", timeout=timeout))

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from cli_helpers import run
 
 from flexshard.plan_file import to_dict, write_plan
@@ -203,3 +204,20 @@ def test_bad_input_is_one_line_exit_2_and_no_output(files, capsys, monkeypatch, 
     assert err.strip() == line.format(d=files)
     if output:
         assert not Path(output.format(d=files)).exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        ("mpi", "FLEXSHARD_BACKEND: 'mpi' is not a backend; choose from auto, gloo, nccl"),
+        ("nccl", "FLEXSHARD_BACKEND: 'nccl' needs CUDA, which this process cannot see; use gloo"),
+    ],
+)
+def test_a_bad_backend_is_one_line_exit_2(capsys, monkeypatch, value, line):
+    if value == "nccl" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: nccl is a valid choice here")
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("FLEXSHARD_BACKEND", value)
+    rc, out, err = run(capsys, "train", *SMALL)
+    assert (rc, out, err.strip()) == (2, "", f"flexshard train: error: {line}")

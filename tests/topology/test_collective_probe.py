@@ -16,7 +16,7 @@ from fake_nvml import fake_nvswitch_node
 
 from core.errors import ConfigError
 from core.osutil import free_port
-from core.ranks import RankLayout, local_gpu
+from core.ranks import RankLayout, local_gpu, pick_backend
 from core.vocabulary import LinkClass
 from topology import TopologyError, cluster_view, read_json, slow_links, write_json
 from topology.probe import (
@@ -136,7 +136,7 @@ def test_more_processes_than_gpus_on_a_host_is_one_line_naming_both():
     assert local_gpu(0, 1, 4) == 0  # fewer processes than GPUs: fine
     expected = (
         "2 processes on this host but 1 CUDA GPU(s): NCCL needs one GPU per process; launch at most 1 per "
-        "host (--nproc-per-node 1), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run on the CPU with gloo"
+        "host (--nproc-per-node 1), or run on the CPU with gloo (FLEXSHARD_BACKEND=gloo)"
     )
     for local_rank in (0, 1):  # every process of the host says the same
         with pytest.raises(ConfigError) as err:
@@ -144,6 +144,17 @@ def test_more_processes_than_gpus_on_a_host_is_one_line_naming_both():
         assert str(err.value) == expected
     with pytest.raises(ConfigError, match="^3 processes on this host but 2 CUDA GPU"):
         local_gpu(2, 2, 2)  # a local rank past the GPUs, whatever LOCAL_WORLD_SIZE said
+
+
+def test_the_backend_follows_cuda_unless_asked():
+    assert [pick_backend(None, cuda) for cuda in (True, False)] == ["nccl", "gloo"]
+    assert [pick_backend("auto", True), pick_backend("gloo", True), pick_backend("nccl", True)] == [
+        "nccl",
+        "gloo",
+        "nccl",
+    ]
+    with pytest.raises(ConfigError, match="^FLEXSHARD_BACKEND: 'nccl' needs CUDA"):
+        pick_backend("nccl", False)
 
 
 def test_all_pairs_on_small_worlds_in_disjoint_rounds():

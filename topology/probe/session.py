@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.errors import ProbeError
-from core.ranks import local_gpu
+from core.ranks import BACKEND_ENV, local_gpu, pick_backend
 from topology.probe.measurements import RankInfo
 from topology.probe.pci import normalize_bus_id
 
@@ -116,12 +116,13 @@ def rendezvous(
 def init_probe_group(
     rank: int, world_size: int, store: Any, timeout_s: float, backend: str | None = None
 ) -> str:
-    """``init_process_group`` on ``store`` (NCCL when CUDA is there, else gloo); returns the backend."""
+    """``init_process_group`` on ``store`` (``backend``, else as ``FLEXSHARD_BACKEND`` says: by default NCCL
+    when CUDA is there, else gloo); returns the backend."""
     import torch
     import torch.distributed as dist
 
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > 0 else "gloo"
+        backend = pick_backend(os.environ.get(BACKEND_ENV), torch.cuda.is_available())
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         gpus = torch.cuda.device_count()
