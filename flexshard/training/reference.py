@@ -23,10 +23,13 @@ class ReferenceStep:
     state_before: dict[str, torch.Tensor]  # per table: [rows] Adagrad accumulator before the step
     state: dict[str, torch.Tensor]  # per table: [rows] after the step
     dense_grads: list[torch.Tensor]  # per dense parameter: the gradient of the global loss
-    # per table: how far each updated value moves per unit relative error in the terms of the gradient's
-    # sums (its first-order condition): [rows, dim] for the weights, [rows] for the accumulator
+    # per table: how far each updated value moves when every term of the gradient's sums moves by its own
+    # magnitude (the update's first-order condition): [rows, dim] for the weights, [rows] for the accumulator
     weights_scale: dict[str, torch.Tensor]
     state_scale: dict[str, torch.Tensor]
+    terms: dict[
+        str, torch.Tensor
+    ]  # per table: [rows] how many terms (lookups, over every rank) each row sums
 
 
 class Reference:
@@ -83,7 +86,7 @@ class Reference:
             loss = self.dense.loss(logits) / world
             total = loss if total is None else total + loss
         total.backward()
-        rows, before, after, s_before, s_after, w_scale, s_scale = {}, {}, {}, {}, {}, {}, {}
+        rows, before, after, s_before, s_after, w_scale, s_scale, k = {}, {}, {}, {}, {}, {}, {}, {}
         with torch.no_grad():
             for n, w in self.weights.items():
                 g_full = w.grad if w.grad is not None else torch.zeros_like(w)
@@ -91,7 +94,7 @@ class Reference:
                 r = r.to(self.device)
                 g = g_full[r]
                 rows[n], before[n], s_before[n] = r.cpu(), w[r].cpu(), self.state[n][r].cpu()
-                a = _rounding_reach(terms[n], r, g)
+                a, k[n] = _abs_sums(terms[n], r, g)
                 if self.optimizer == "sgd":
                     w[r] = w[r] - self.lr * g
                     w_scale[n], s_scale[n] = (self.lr * a).cpu(), torch.zeros(r.numel())
@@ -106,7 +109,7 @@ class Reference:
             (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu()
             for p in self.dense.parameters()
         ]
-        return ReferenceStep(outs, rows, before, after, s_before, s_after, dense_grads, w_scale, s_scale)
+        return ReferenceStep(outs, rows, before, after, s_before, s_after, dense_grads, w_scale, s_scale, k)
 
 
 def _keep_abs(into: list, ids: torch.Tensor):  # noqa: ANN202 (a tensor hook)
@@ -118,19 +121,18 @@ def _keep_abs(into: list, ids: torch.Tensor):  # noqa: ANN202 (a tensor hook)
     return hook
 
 
-def _rounding_reach(terms: list, rows: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """``[len(rows), dim]``: per touched row (``rows`` sorted) and element, how far summing its gradient
-    ``g`` in another order may move it, in units of the unit roundoff: ``sqrt(k) x sum |terms|`` for the
-    ``k`` terms (one per lookup, over every rank's batch) that it sums. ``sum |terms|`` is ``|g|`` where the
-    terms agree in sign and far more where they cancel; each of the ``k`` additions rounds a partial sum
-    no larger than it, by errors of random sign (a GPU's atomic adds sum in any order)."""
+def _abs_sums(terms: list, rows: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per touched row (``rows`` sorted) of the gradient ``g``: ``[len(rows), dim]`` the sum of the absolute
+    values of the terms it sums (one per lookup, over every rank's batch), and ``[len(rows)]`` (on the CPU)
+    how many. The first is ``|g|`` where the terms agree in sign and far more where they cancel: rounding
+    each term moves ``g`` by at most that many unit roundoffs."""
     a = torch.zeros_like(g)
     k = torch.zeros(rows.numel(), dtype=g.dtype, device=g.device)
     for ids, mags in terms:
         at = torch.searchsorted(rows, ids.to(rows.device))
         a.index_add_(0, at, mags.to(a.dtype))
         k.index_add_(0, at, torch.ones(at.numel(), dtype=k.dtype, device=k.device))
-    return a * k.sqrt().unsqueeze(1)
+    return a, k.cpu()
 
 
 def _adagrad_scales(
@@ -138,7 +140,7 @@ def _adagrad_scales(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """First-order condition of a row-wise Adagrad step: how far the accumulator's update ``mean(g^2)``
     ([rows]) and the weights' update ``-lr g / (sqrt(s) + eps)`` ([rows, dim]) move when each gradient
-    element ``g_d`` moves by ``a_d`` (:func:`_rounding_reach`); ``s`` is the accumulator after the step.
+    element ``g_d`` moves by ``a_d`` (:func:`_abs_sums`); ``s`` is the accumulator after the step.
     In float64."""
     g, a, s = g.double(), a.double(), s.double()
     dim = g.shape[1]

@@ -7,19 +7,19 @@ import pytest
 import torch
 
 from core.vocabulary import WireDtype
-from flexshard.training.reference import _adagrad_scales, _rounding_reach
-from flexshard.training.verify import TOLERANCE_UNITS, UNIT_ROUNDOFF, allowed_difference
+from flexshard.training.reference import _abs_sums, _adagrad_scales
+from flexshard.training.verify import TOLERANCE_UNITS, UNIT_ROUNDOFF, allowed_difference, update_allowance
 
 
-def test_rounding_reach_add_each_lookups_magnitude_to_its_row():
+def test_abs_sums_add_each_lookups_magnitude_to_its_row_and_count_the_terms():
     rows = torch.tensor([0, 2, 5])  # sorted, as the reference's touched rows
     terms = [
         (torch.tensor([0, 2, 0]), torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])),
         (torch.tensor([5, 0]), torch.tensor([[0.5, 0.25], [1.0, 1.0]])),  # a second rank's batch
     ]
-    got = _rounding_reach(terms, rows, torch.zeros(3, 2))
-    k = torch.tensor([3.0, 1.0, 1.0]).sqrt().unsqueeze(1)  # terms per row: row 0 is looked up 3 times
-    torch.testing.assert_close(got, torch.tensor([[7.0, 9.0], [3.0, 4.0], [0.5, 0.25]]) * k)
+    a, k = _abs_sums(terms, rows, torch.zeros(3, 2))
+    assert a.tolist() == [[7.0, 9.0], [3.0, 4.0], [0.5, 0.25]]
+    assert k.tolist() == [3.0, 1.0, 1.0]
 
 
 def test_a_cancelling_sum_gets_the_allowance_of_its_terms_not_of_its_result():
@@ -27,15 +27,28 @@ def test_a_cancelling_sum_gets_the_allowance_of_its_terms_not_of_its_result():
     may leave it) moves the result by 2^-23, 2^13 of the result's own size."""
     terms = [(torch.tensor([0, 0]), torch.tensor([[1.0], [1.0 - 2.0**-10]]))]
     g = torch.tensor([[2.0**-10]])
-    a = _rounding_reach(terms, torch.tensor([0]), g)
-    assert float(a) == pytest.approx((2.0 - 2.0**-10) * 2**0.5, rel=1e-7)
+    a, k = _abs_sums(terms, torch.tensor([0]), g)
+    assert float(a) == 2.0 - 2.0**-10 and k.tolist() == [2.0]
     sgd_scale = 0.1 * a  # the reference's SGD weights scale: lr x a
     one_order = torch.tensor(1.0, dtype=torch.float64) - torch.tensor(1.0 - 2.0**-10, dtype=torch.float64)
     other = (torch.tensor(1.0) + 2.0**-23) - torch.tensor(1.0 - 2.0**-10)  # one ulp off
     diff = 0.1 * abs(float(other) - float(one_order))
     tol = TOLERANCE_UNITS * UNIT_ROUNDOFF[WireDtype.FP32]
     assert diff > allowed_difference(tol, 0.1 * float(g))  # the result's norm: a false failure
-    assert diff <= allowed_difference(tol, float(sgd_scale))
+    assert diff <= update_allowance(tol, sgd_scale, k, 0.0)[0]
+
+
+def test_update_allowance_is_the_wires_tolerance_plus_float32_order_over_sqrt_terms():
+    """Hand-computed: rows of 4 and 9 terms with condition [[3, 4], [0, 0.5]] (norm 5.0249), value norm
+    2: bf16 tolerance x 5.0249 + 16 x 2^-24 x ||[[6, 8], [0, 1.5]]|| + 2 x 2^-24 x 2."""
+    scale, k = torch.tensor([[3.0, 4.0], [0.0, 0.5]]), torch.tensor([4.0, 9.0])
+    tol = TOLERANCE_UNITS * UNIT_ROUNDOFF[WireDtype.BF16]
+    allowed, size = update_allowance(tol, scale, k, 2.0)
+    assert size == pytest.approx(25.25**0.5, rel=1e-12)
+    order = (36 + 64 + 2.25) ** 0.5
+    assert allowed == pytest.approx(tol * size + 16 * 2.0**-24 * order + 2 * 2.0**-24 * 2.0, rel=1e-12)
+    _, state_size = update_allowance(tol, torch.tensor([1.0, 2.0]), torch.tensor([1.0, 4.0]), 0.0)
+    assert state_size == pytest.approx(5**0.5, rel=1e-12)  # a [rows] scale (the accumulator) too
 
 
 def test_adagrad_scales_bound_the_jacobian_applied_to_the_term_magnitudes():
