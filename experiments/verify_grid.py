@@ -5,8 +5,9 @@ Each cell is one ``torchrun --standalone --nproc-per-node 4 -m flexshard.train -
 job (gloo on CPU, 2 emulated groups of 2, batch 256 per rank, ``--steps`` steps, seed 0). ``--verify``
 checks every step against an unsharded reference from the run's state (replicas bitwise equal; logits,
 the dense gradient and each table's row and accumulator updates in the 2-norm within 16 unit roundoffs
-of the wire dtype, plus float32 storage rounding) and prints its closest call: the largest difference
-in unit roundoffs. A cell shows that figure, or FAILED with the run's line.
+of the wire dtype: the updates relative to their condition, plus float32 summation order and storage
+rounding; see flexshard/training/verify.py) and prints its closest call: the largest difference in unit
+roundoffs. A cell shows that figure, or FAILED with the run's line.
 
 Grids (``--grid``):
 
