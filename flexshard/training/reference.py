@@ -18,18 +18,15 @@ class ReferenceStep:
 
     logits: list[torch.Tensor]  # per rank: the logits of its batch
     rows: dict[str, torch.Tensor]  # per table: int64 ids touched
-    weights_before: dict[str, torch.Tensor]  # per table: [rows, dim] before the step
     weights: dict[str, torch.Tensor]  # per table: [rows, dim] after the step
-    state_before: dict[str, torch.Tensor]  # per table: [rows] Adagrad accumulator before the step
     state: dict[str, torch.Tensor]  # per table: [rows] after the step
     dense_grads: list[torch.Tensor]  # per dense parameter: the gradient of the global loss
     # per table: how far each updated value moves when every term of the gradient's sums moves by its own
     # magnitude (the update's first-order condition): [rows, dim] for the weights, [rows] for the accumulator
     weights_scale: dict[str, torch.Tensor]
     state_scale: dict[str, torch.Tensor]
-    terms: dict[
-        str, torch.Tensor
-    ]  # per table: [rows] how many terms (lookups, over every rank) each row sums
+    # per table: [rows] how many terms (lookups, over every rank) each row's gradient sums
+    terms: dict[str, torch.Tensor]
 
 
 class Reference:
@@ -79,21 +76,20 @@ class Reference:
             emb = {n: functional.embedding(v, self.weights[n]) for n, (v, _l) in feats.items()}
             for n, (v, _l) in feats.items():
                 used[n].append(v)
-                if emb[n].requires_grad:
-                    emb[n].register_hook(_keep_abs(terms[n], v))
+                emb[n].register_hook(_keep_abs(terms[n], v))
             logits = batch_logits(self.dense, emb, b, self.user_table)
             outs.append(logits.detach())
             loss = self.dense.loss(logits) / world
             total = loss if total is None else total + loss
         total.backward()
-        rows, before, after, s_before, s_after, w_scale, s_scale, k = {}, {}, {}, {}, {}, {}, {}, {}
+        rows, after, s_after, w_scale, s_scale, k = {}, {}, {}, {}, {}, {}
         with torch.no_grad():
             for n, w in self.weights.items():
                 g_full = w.grad if w.grad is not None else torch.zeros_like(w)
                 r = torch.unique(torch.cat(used[n])) if used[n] else torch.zeros(0, dtype=torch.int64)
                 r = r.to(self.device)
                 g = g_full[r]
-                rows[n], before[n], s_before[n] = r.cpu(), w[r].cpu(), self.state[n][r].cpu()
+                rows[n] = r.cpu()
                 a, k[n] = _abs_sums(terms[n], r, g)
                 if self.optimizer == "sgd":
                     w[r] = w[r] - self.lr * g
@@ -109,7 +105,7 @@ class Reference:
             (p.grad if p.grad is not None else torch.zeros_like(p)).detach().cpu()
             for p in self.dense.parameters()
         ]
-        return ReferenceStep(outs, rows, before, after, s_before, s_after, dense_grads, w_scale, s_scale, k)
+        return ReferenceStep(outs, rows, after, s_after, dense_grads, w_scale, s_scale, k)
 
 
 def _keep_abs(into: list, ids: torch.Tensor):  # noqa: ANN202 (a tensor hook)

@@ -45,7 +45,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.errors import ConfigError, DataError
-from flexshard.workloads._text import grow
 from solvers.types import RowHistogram, TableSpec, Workload
 
 from .measured import measured_table
@@ -250,6 +249,12 @@ def _int64(a: np.ndarray) -> np.ndarray:
     return (np.minimum(a, MAX_COUNT) if a.dtype.kind == "u" else a).astype(np.int64)
 
 
+def _grow(a: np.ndarray, size: int) -> np.ndarray:
+    out = np.zeros(size, dtype=a.dtype)
+    out[: a.size] = a
+    return out
+
+
 def _add(acc: _Table, r: _Records) -> None:
     """Check one table's records of one batch against what was read before, then store them."""
     k = _first(r.samples != acc.samples)
@@ -271,9 +276,9 @@ def _add(acc: _Table, r: _Records) -> None:
     top = int(r.rows.max()) + 1
     if top > acc.seen.size:  # geometric growth: ids arriving in ascending order copy O(rows) in all
         size = r.limit if r.limit is not None else min(max(top, 2 * acc.seen.size), MAX_ID)
-        acc.lookups, acc.seen = grow(acc.lookups, size), grow(acc.seen, size)
+        acc.lookups, acc.seen = _grow(acc.lookups, size), _grow(acc.seen, size)
         if acc.touched is not None:
-            acc.touched = grow(acc.touched, size)
+            acc.touched = _grow(acc.touched, size)
     k = _first(acc.seen[r.rows])
     if k is not None:
         raise _bad(r.path, int(r.records[k]), r.table, ROW, r.rows[k], DUPLICATE)
@@ -377,7 +382,7 @@ def read_row_stats(
     tables, orders = [], {}
     for table, acc in sorted(accs.items()):
         n = limits.get(table, max(acc.top, 1))
-        counts = grow(acc.lookups, n)[:n] if acc.lookups.size < n else acc.lookups[:n]
+        counts = _grow(acc.lookups, n)[:n] if acc.lookups.size < n else acc.lookups[:n]
         total = counts.sum()
         if total <= 0:
             raise DataError(f"{files[0]}: table {table!r}: every row has lookups 0 (nothing is looked up)")
@@ -390,7 +395,7 @@ def read_row_stats(
             hist=RowHistogram.from_counts(counts, n),
         )
         if sampling is not None and acc.touched is not None:
-            touched = grow(acc.touched, n)[:n] if acc.touched.size < n else acc.touched[:n]
+            touched = _grow(acc.touched, n)[:n] if acc.touched.size < n else acc.touched[:n]
             q = touched / acc.samples
             m = counts.astype(np.float64) / acc.samples
             spec = measured_table(spec, order, q, m, sampling)
