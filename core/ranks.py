@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -160,6 +161,13 @@ def pick_backend(asked: str | None, cuda: bool) -> str:
     if asked == "nccl" and not cuda:
         raise ConfigError(f"{BACKEND_ENV}: 'nccl' needs CUDA, which this process cannot see; use gloo")
     return ("nccl" if cuda else "gloo") if asked == "auto" else asked
+
+
+def launcher_gpu(gpus: int, default_local_rank: int = 0) -> int:
+    """:func:`local_gpu` from the launcher's ``LOCAL_RANK`` (else ``default_local_rank``) and
+    ``LOCAL_WORLD_SIZE`` (else just enough processes for that rank)."""
+    local = int(os.environ.get("LOCAL_RANK", default_local_rank))
+    return local_gpu(local, int(os.environ.get("LOCAL_WORLD_SIZE", local + 1)), gpus)
 
 
 def local_gpu(local_rank: int, local_world: int, gpus: int) -> int:

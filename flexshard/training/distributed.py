@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from core.errors import CollectiveError, ConfigError, agreed
-from core.ranks import BACKEND_ENV, local_gpu, pick_backend
+from core.ranks import BACKEND_ENV, launcher_gpu, pick_backend
 
 DEFAULT_TIMEOUT_S = 600.0  # how long a collective waits for a peer (train --timeout)
 _PEER_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
@@ -29,11 +29,9 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.
     created = False
     timeout = timedelta(seconds=float(timeout_s))
     if not dist.is_initialized():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        here = int(os.environ.get("LOCAL_WORLD_SIZE", local + 1))
         try:  # the same environment on every process of the host: the same answer
             backend = pick_backend(os.environ.get(BACKEND_ENV), torch.cuda.is_available())
-            gpu = local_gpu(local, here, torch.cuda.device_count()) if backend == "nccl" else None
+            gpu = launcher_gpu(torch.cuda.device_count()) if backend == "nccl" else None
         except ConfigError as e:
             raise agreed(e) from None
         if gpu is not None:

@@ -16,7 +16,7 @@ from fake_nvml import fake_nvswitch_node
 
 from core.errors import ConfigError
 from core.osutil import free_port
-from core.ranks import RankLayout, local_gpu, pick_backend
+from core.ranks import RankLayout, launcher_gpu, local_gpu, pick_backend
 from core.vocabulary import LinkClass
 from topology import TopologyError, cluster_view, read_json, slow_links, write_json
 from topology.probe import (
@@ -144,6 +144,18 @@ def test_more_processes_than_gpus_on_a_host_is_one_line_naming_both():
         assert str(err.value) == expected
     with pytest.raises(ConfigError, match="^3 processes on this host but 2 CUDA GPU"):
         local_gpu(2, 2, 2)  # a local rank past the GPUs, whatever LOCAL_WORLD_SIZE said
+
+
+def test_the_launchers_local_rank_and_world_pick_the_gpu(monkeypatch):
+    """``launcher_gpu``: torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE, else the default rank and just enough."""
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert launcher_gpu(1) == 0 and launcher_gpu(4, default_local_rank=3) == 3
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert launcher_gpu(2) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="^2 processes on this host but 1 CUDA GPU"):
+        launcher_gpu(1)
 
 
 def test_the_backend_follows_cuda_unless_asked():

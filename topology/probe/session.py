@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.errors import ProbeError
-from core.ranks import BACKEND_ENV, local_gpu, pick_backend
+from core.ranks import BACKEND_ENV, launcher_gpu, pick_backend
 from topology.probe.measurements import RankInfo
 from topology.probe.pci import normalize_bus_id
 
@@ -126,8 +126,7 @@ def init_probe_group(
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
         gpus = torch.cuda.device_count()
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", min(world_size, gpus)))
-        local = local_gpu(int(os.environ.get("LOCAL_RANK", rank % max(gpus, 1))), local_world, gpus)
+        local = launcher_gpu(gpus, default_local_rank=rank % max(gpus, 1))
         torch.cuda.set_device(local)
         kwargs["device_id"] = torch.device("cuda", local)
     dist.init_process_group(
