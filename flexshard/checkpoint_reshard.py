@@ -8,8 +8,8 @@ in each tier. :func:`load_resharded` fills them, with their optimizer state:
 
 * each rank opens every old rank file once, memory-mapped (only the pages it reads are loaded);
 * :class:`HeldRows` lists the ids the rank holds in any tier of a table, sorted; each saved
-  ``(table, tier)`` entry's ids are looked up in it by binary search (``np.searchsorted``), in chunks of
-  :data:`CHUNK_IDS` ids, so an old cold row may land in a new hot, warm or cold shard;
+  ``(table, tier)`` entry's ids are looked up in it by binary search (``np.searchsorted``, keys sorted
+  first), in chunks of :data:`CHUNK_IDS` ids, so an old cold row may land in a new hot, warm or cold shard;
 * only the matched rows' weights and state are read and copied (``index_select`` / ``index_copy_``);
 * every held row must be found exactly once over the old files, else a :class:`CheckpointError`.
 
@@ -37,7 +37,7 @@ from flexshard.cli_common import first_line
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
 
-CHUNK_IDS = 1 << 22  # saved ids looked up at once: 4 Mi ids, ~100 MiB of scratch
+CHUNK_IDS = 1 << 22  # saved ids looked up at once: 4 Mi ids, ~150 MiB of scratch
 TIERS = (Tier.HOT, Tier.WARM, Tier.COLD)
 
 
@@ -87,16 +87,18 @@ class HeldRows:
         if n == 0 or saved.size == 0:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, empty, -1
-        pos = np.minimum(np.searchsorted(self.sorted_ids, saved), n - 1)
-        hit = self.sorted_ids[pos] == saved
-        src = np.flatnonzero(hit)
-        at = pos[src]
+        by_id = np.argsort(saved)  # sorted keys: the binary searches share their cache lines
+        pos = np.minimum(np.searchsorted(self.sorted_ids, saved[by_id]), n - 1)
+        hit = np.flatnonzero(self.sorted_ids[pos] == saved[by_id])
+        repeated = np.flatnonzero(np.diff(pos[hit]) == 0)  # hits in id order: a repeat is adjacent
+        if repeated.size:
+            return hit, hit, hit, int(self.sorted_ids[pos[hit[repeated[0]]]])
+        src = by_id[hit]
+        keep = np.argsort(src)  # back to file order: the rows are read in ascending order
+        src, at = src[keep], pos[hit[keep]]
         again = self.found[at]
         if again.any():
             return src, at, at, int(saved[src[np.argmax(again)]])
-        if np.unique(at).size != at.size:
-            values, counts = np.unique(at, return_counts=True)
-            return src, at, at, int(self.sorted_ids[values[np.argmax(counts > 1)]])
         self.found[at] = True
         row = self.order[at]
         tier = np.searchsorted(self.offsets, row, side="right") - 1

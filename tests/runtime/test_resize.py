@@ -216,19 +216,21 @@ def test_a_row_in_no_rank_file_or_in_two_is_one_line_on_every_rank(resized):
 
 @pytest.mark.slow
 def test_one_process_resumes_the_four_ranks_checkpoint(resized, monkeypatch, capsys, tmp_path):
-    """4 ranks to 1 (no launcher): every row in the one rank's shards, the step verifies."""
+    """4 ranks to 1 (no launcher): every row in the one rank's shards, the step verifies; saved ids looked
+    up in chunks of 777 (many chunks per entry, the last one short)."""
     import train_workers
 
+    from flexshard import checkpoint_reshard
     from flexshard.train import main
+
+    monkeypatch.setattr(checkpoint_reshard, "CHUNK_IDS", 777)
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
     folder = _copy(resized["saved"], tmp_path, "one")
     argv, patch = _resume(folder, 4)
     with train_workers.PATCHES[patch]():
-        assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert "global batch 1 x 16 samples (was 4 x 16)" in out and "verify: OK (1 steps" in out
+        rc = main(argv)
     old = checkpoint.load_full(checkpoint.step_dir(folder, 3))
     dump = torch.load(tmp_path / "one-loaded" / "rank0.pt")
     for table, weights in old.weights.items():
@@ -237,6 +239,8 @@ def test_one_process_resumes_the_four_ranks_checkpoint(resized, monkeypatch, cap
         for entry in dump["rows"][table].values():
             assert torch.equal(entry["weights"], weights[entry["ids"]])
             assert torch.equal(entry["state"], old.state[table][entry["ids"]])
+    out = capsys.readouterr().out
+    assert rc == 0 and "global batch 1 x 16 samples (was 4 x 16)" in out and "verify: OK (1 steps" in out
 
 
 def test_held_rows_place_saved_ids_as_brute_force_does():
