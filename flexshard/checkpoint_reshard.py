@@ -13,10 +13,12 @@ in each tier. :func:`load_resharded` fills them, with their optimizer state:
 * only the matched rows' weights and state are read and copied (``index_select`` / ``index_copy_``);
 * every held row must be found exactly once over the old files, else a :class:`CheckpointError`.
 
-Memory per rank: its own rows (already allocated by the module), 17 bytes per row it holds (sorted ids, their
-order, a found mark) and one chunk. From each old file it reads the ids (8 bytes per saved row) and the
-rows it holds. The dense model and the dense optimizer are replicated: they load from rank 0's file, as in
-:func:`flexshard.checkpoint.load`. Collective, with one agreed error on every rank.
+Memory per rank: its own rows (already allocated by the module), 17 bytes per row it holds (sorted ids,
+their order, a found mark) and one chunk. From each old file it reads the ids (8 bytes per saved row) and
+the rows it holds; the mapped file pages are the page cache's, not the process's own memory (a 420 MB
+rank file, its ids and 2% of its rows read: 24 MB more anonymous memory). The dense model and the dense
+optimizer are replicated: they load from rank 0's file, as in :func:`flexshard.checkpoint.load`.
+Collective, with one agreed error on every rank.
 """
 
 from __future__ import annotations
