@@ -60,10 +60,8 @@ def describe_resize(manifest: dict[str, Any], module: ShardedSequenceEmbedding, 
 
 @dataclass
 class HeldRows:
-    """The rows one rank holds of one table, over its tiers, as one sorted id list.
-
-    ``ids[k]`` (int64, slot order) are the rows of tier ``TIERS[k]``; :meth:`place` says where saved ids go.
-    """
+    """The rows one rank holds of one table, over its tiers, as one sorted id list (:meth:`of` each tier's
+    ids in slot order, tiers in :data:`TIERS` order); :meth:`place` says where saved ids go."""
 
     sorted_ids: np.ndarray  # int64[n]: every held id, ascending
     order: np.ndarray  # int64[n]: sorted_ids[i] is the concatenated tiers' row order[i]
