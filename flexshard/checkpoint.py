@@ -19,7 +19,8 @@ folder, which :func:`latest` ignores and the next save of that step replaces. Al
 same ``dir`` (a shared file system when ranks are on several hosts).
 
 :func:`load` restores a module of the same world size, groups, tables, optimizer and layout (each is
-checked, with a clear error): every rank reads its hot rows from rank 0's file, its warm rows from the
+checked, with a clear error; another world size or other groups: :mod:`flexshard.checkpoint_reshard`):
+every rank reads its hot rows from rank 0's file, its warm rows from the
 file of the group-0 rank at its position and its cold rows from its own file, and checks the saved
 ids equal the ids it holds. :func:`load_full` assembles whole tables (every row exactly once, checked)
 for references and tests.

@@ -6,6 +6,13 @@ over ranks (the module's semantics) and dense gradients are all-reduced with SUM
 mean loss over the global batch. Dense parameters use element-wise SGD / Adagrad
 (:class:`flexshard.model.DenseOptimizer`, ``torch.optim``'s math) with the same learning rate as the
 row-wise embedding optimizer.
+
+Resuming (``--resume``) starts at the checkpoint's step. Rank ``r``'s batch at step ``s`` is a function of
+``(seed, s, r)`` alone, so a run resumed at its own world size continues as if never stopped. At another
+world size or with other groups the rows are re-dealt (:mod:`flexshard.checkpoint_reshard`, under the plan
+remade for the new world or given) and the steps continue with the new ranks: ranks below both world sizes
+draw the batches they would have drawn, the batch per rank stays (it is part of the run's identity), so
+the global batch becomes the new world size times it, and the learning rate is not rescaled.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from core.errors import CheckpointError, FlexShardError, InputError, agreed
 from core.osutil import check_writable
 from core.ranks import RankLayout
 from core.vocabulary import FetchMode
-from flexshard import checkpoint
+from flexshard import checkpoint, checkpoint_reshard
 from flexshard.batching import SamplePlacer
 from flexshard.cli_common import first_line
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
@@ -158,12 +165,19 @@ class TrainingRun:
         if found is None:
             self.say(f"resume: no checkpoint in {config.checkpoint_dir}, starting at step 0")
             return 0, None
-        saved = checkpoint.read_manifest(found).get("run")
+        manifest = checkpoint.read_manifest(found)
+        saved = manifest.get("run")
         problem = agreed_message(identity_mismatch(found, saved, self.identity), self.dev)
         if problem:
             raise agreed(CheckpointError(problem))
-        start = checkpoint.load(found, self.module, self.dense, self.dense_opt)
+        resized = checkpoint_reshard.is_resize(manifest, self.module)  # the same on every rank
+        load = checkpoint_reshard.load_resharded if resized else checkpoint.load
+        start = load(found, self.module, self.dense, self.dense_opt)
         self.say(f"resume: {found} (step {start})" + ("" if saved else "; it records no run identity"))
+        if resized:
+            self.say(
+                "resume: " + checkpoint_reshard.describe_resize(manifest, self.module, self.source.batch_size)
+            )
         return start, found
 
     def train(self) -> int:

@@ -3,7 +3,8 @@
 With ``--plan``, the plan's settings (dedup, sync, wire precision, batch per GPU) apply. A flag that asks
 for another value is refused (:func:`flexshard.contract.settings_mismatch`), unless ``--override-plan``
 says the difference is on purpose; each override is logged. The data, world and tables are checked when the
-sharded module is built (:mod:`flexshard.contract`).
+sharded module is built (:mod:`flexshard.contract`); with ``--resume`` the world is checked here, so a job
+resumed at another world size with the old world's plan stops with a line that says what to give instead.
 
 Without ``--plan``, rank 0 plans the source's workload with ``--strategy`` on ``--groups`` emulated
 NVLink groups of consecutive ranks, priced as H100-class hosts (the ``h100:<groups>x<ranks per group>``
@@ -53,6 +54,12 @@ def check_plan(
         raise PlanMismatchError(message)
     if message:
         notes.append(f"override: {message.split(';')[0]}")
+    message = world_mismatch(plan_file, world)
+    if message and config.resume:  # a resized resume: the plan must be for the new world, or none
+        raise PlanMismatchError(
+            f"--plan: {message}; --resume re-deals the checkpoint to a plan for {world} ranks, or to the "
+            "plan made on the fly without --plan"
+        )
     if config.groups is not None:
         message = world_mismatch(plan_file, world, RankLayout.consecutive(world, config.groups, "--groups"))
         if message:

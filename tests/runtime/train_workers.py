@@ -66,8 +66,42 @@ def _stall_rank_1(module, n: int) -> None:
         time.sleep(8.0)
 
 
+@contextlib.contextmanager
+def _dump_resharded_load():
+    """After ``checkpoint_reshard.load_resharded``, each rank saves what its module and dense model hold to
+    ``<checkpoint-dir>-loaded/rank<r>.pt`` (beside the checkpoint folder): ``world``, ``groups``, ``rows``
+    (``{table: {tier: {ids, weights, state}}}``), ``dense``, ``dense_optimizer``."""
+    from flexshard import checkpoint_reshard
+
+    original = checkpoint_reshard.load_resharded
+
+    def load(path, module, dense_model=None, dense_optimizer=None):
+        step = original(path, module, dense_model, dense_optimizer)
+        folder = Path(path).parent.with_name(Path(path).parent.name + "-loaded")
+        folder.mkdir(exist_ok=True)
+        rows: dict = {}
+        for (table, tier), (ids, w, s) in module.shard_rows().items():
+            rows.setdefault(table, {})[tier] = {"ids": torch.from_numpy(ids), "weights": w, "state": s}
+        dump = {
+            "world": module.world_size,
+            "groups": module.pg.groups,
+            "rows": rows,
+            "dense": {k: v.detach().cpu() for k, v in dense_model.state_dict().items()},
+            "dense_optimizer": dense_optimizer.state_dict(),
+        }
+        torch.save(dump, folder / f"rank{module.rank}.pt")
+        return step
+
+    checkpoint_reshard.load_resharded = load
+    try:
+        yield
+    finally:
+        checkpoint_reshard.load_resharded = original
+
+
 PATCHES = {
     None: contextlib.nullcontext,
+    "dump_resharded_load": _dump_resharded_load,
     "stall_rank_1": lambda: _patched_step(_stall_rank_1),
     "diverge_replica": lambda: _patched_step(_diverge_replica),
     "skew_update": lambda: _patched_step(_skew_update),
