@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import run
+from cli_helpers import fails, run
 
 from flexshard.plan_file import write_plan
 from flexshard.report import human_bytes
-from topology import cluster_view, read_json
+from topology import cluster_view, h100_cluster, read_json, write_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "topology" / "fixtures"
 PROBED = {  # made by the real probe on one host: `flexshard probe --quick` and `--nproc 4 --groups 1`
@@ -128,6 +128,49 @@ def test_a_non_finite_number_is_never_written_to_a_plan_file(tmp_path):
     with pytest.raises(ValueError, match=r"'predicted.per_rank_time_s\[1\]' = nan"):
         write_plan(path, doc)
     assert list(tmp_path.iterdir()) == []
+
+
+# --- topologies refused before any planning: one line, exit 2, no plan file ------------------------------
+
+
+def _broken(tmp_path: Path, what: str) -> Path:
+    path = tmp_path / f"{what}.json"
+    write_json(h100_cluster(2, 2), path)
+    data = json.loads(path.read_text())
+    link = {"kind": "network", "bandwidth_GBps": 50.0, "latency_us": 1.0}
+    if what == "disconnected":  # node1's NICs lose their link to the leaf
+        data["edges"] = [e for e in data["edges"] if not e["source"].startswith("node1/nic")]
+    elif what == "duplicate":  # node0/nic1 - leaf0 again, the other way round
+        data["edges"].append({"source": "leaf0", "target": "node0/nic1", **link})
+    else:
+        data["edges"].append({"source": "leaf0", "target": "leaf0", **link})
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        (
+            "disconnected",
+            "hosts 'node0' and 'node1': no network path between them (gpu 'node0/gpu0' cannot reach gpu "
+            "'node1/gpu0' over any link); link their NICs to a common fabric",
+        ),
+        ("duplicate", "edges[{last}]: edge 'leaf0'-'node0/nic1' repeats edges[{first}]; a pair of nodes has"),
+        ("self-loop", "edges[{last}]: edge 'leaf0'-'leaf0' is a self-loop; a link joins two different nodes"),
+    ],
+)
+def test_plan_and_simulate_refuse_a_broken_topology_in_one_line(capsys, tmp_path, what, message):
+    path = _broken(tmp_path, what)
+    edges = json.loads(path.read_text())["edges"]
+    first = next(i for i, e in enumerate(edges) if {e["source"], e["target"]} == {"node0/nic1", "leaf0"})
+    message = message.format(last=len(edges) - 1, first=first)
+    out = tmp_path / "plan.json"
+    line = fails(capsys, "plan", "--topology", str(path), "--out", str(out))
+    assert line.startswith(f"flexshard plan: error: topology file '{path}': {message}"), line
+    assert not out.exists()
+    line = fails(capsys, "simulate", "--topology", str(path), "--budgets", "2")
+    assert line.startswith(f"flexshard simulate: error: topology file '{path}': {message}"), line
 
 
 # --- the real probe on this machine, then the planner (multi-process) ------------------------------------
