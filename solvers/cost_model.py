@@ -437,7 +437,9 @@ def collective_latency_s(
     """Latency part of an iteration, in seconds: one hop per all-to-all (``A2A_PER_TIER`` per exchange
     stage); an all-reduce over k ranks takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for
     latency-bound sizes) while its bandwidth term is the ring's. A group fetch has two stages: within
-    the group, then between rail peers."""
+    the group, then between rail peers. A single rank has no peer: no hop, no latency."""
+    if view.num_ranks == 1:
+        return 0.0
     g = int(view.group_sizes.max())
     big_g = view.num_groups
     lat_intra = float(view.intra_latency_s.max())

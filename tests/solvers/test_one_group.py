@@ -183,3 +183,14 @@ def test_placement_balances_owner_shares_over_unequal_links_in_one_group():
     assert after.modeled_time_s < 0.9 * before.modeled_time_s
     assert after.memory_per_gpu_bytes <= budget * (1 + 1e-9)
     assert np.all(after.traffic.bytes[:, INTER] == 0.0)
+
+
+def test_a_single_gpu_moves_nothing_and_waits_for_no_peer():
+    """One GPU (``h100:1x1``, ``probe --nproc 1``): no link is used, so no bytes and no collective latency
+    (it was charged 4 all-to-all hops of NVLink latency, 12 us, for an exchange with no peer)."""
+    view = cluster_view(from_preset("h100:1x1"))
+    workload = zipf_workload()
+    for strategy in STRATEGIES:
+        report = make_plan(strategy, workload, view, budget_bytes(workload, view, 1.0)).report
+        assert np.all(report.traffic.bytes == 0.0) and report.latency_s == 0.0, strategy
+        assert report.modeled_time_s == 0.0 and report.time_with_latency_s == 0.0, strategy
