@@ -218,10 +218,12 @@ def cluster_view(G: nx.Graph) -> ClusterView:
     inter_bw = np.zeros(n)
     inter_lat = np.zeros(n)
     for rank, hops in enumerate(paths):
-        if not hops:
+        if len(hops) < 2:  # no network hop: its PCIe edge to a NIC alone is no way out of the group
             if len(group_lists) > 1:
+                dead_end = f"; NIC {hops[0][0][1]!r} has no network link" if hops else ""
                 raise TopologyError(
                     f"gpu {gpus[rank][0]!r}: no network path (pcie -> nic -> switch) to reach other groups"
+                    + dead_end
                 )
             continue
         shares = [sum(G.edges[e]["bandwidth_GBps"] / users[frozenset(e)] for e in hop) for hop in hops]

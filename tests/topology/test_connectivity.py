@@ -187,3 +187,21 @@ def test_validate_refuses_a_self_loop_added_by_hand(tmp_path):
         write_json(G, tmp_path / "x.json")
     assert one_line(err) == "edge 'leaf0'-'leaf0': a self-loop; a link joins two different nodes"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_gpu_whose_nic_reaches_no_switch_is_not_priced_at_its_pcie_link():
+    """node1/gpu1's NIC lost its network link, but the GPU still reaches the others through its group's
+    NVSwitch: the graph is connected, yet its way out of the group ended at the NIC, and the view priced
+    its inter-group bandwidth at the PCIe edge (64 GB/s, above the 50 GB/s NICs). Refused, naming both."""
+    G = h100_cluster(2, 2)
+    G.remove_edge("node1/nic1", "leaf0")
+    validate(G)  # connected
+    with pytest.raises(TopologyError) as err:
+        cluster_view(G)
+    assert one_line(err) == (
+        "gpu 'node1/gpu1': no network path (pcie -> nic -> switch) to reach other groups; NIC 'node1/nic1' "
+        "has no network link"
+    )
+    single = h100_cluster(1, 2)
+    single.remove_edge("node0/nic1", "leaf0")
+    assert cluster_view(single).num_groups == 1  # one group: nothing has to leave it
