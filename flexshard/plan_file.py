@@ -194,10 +194,34 @@ def to_dict(
 
 
 def write_plan(path: str | os.PathLike, document: dict[str, Any]) -> None:
-    """Write atomically (:func:`core.osutil.atomic_open`), so no partial file is left."""
+    """Write atomically (:func:`core.osutil.atomic_open`), so no partial file is left. The file is strict
+    JSON: a number that is not finite (inf, NaN) is a bug upstream, raised naming its field, never written."""
+    bad = _non_finite_field(document)
+    if bad is not None:
+        raise ValueError(f"plan file: field {bad[0]!r} = {bad[1]!r} is not a finite number; nothing written")
     text = json.dumps(document, indent=1, allow_nan=False)
     with atomic_open(path, what="plan file") as f:
         f.write(text + "\n")
+
+
+def _non_finite_field(value: Any, where: str = "") -> tuple[str, float] | None:
+    """(dotted path, value) of the first float in a JSON-like ``value`` that is inf or NaN, or None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (where, value)
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, (list, tuple))
+        else ()
+    )
+    for key, item in items:
+        found = _non_finite_field(
+            item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}".lstrip(".")
+        )
+        if found is not None:
+            return found
+    return None
 
 
 def read_plan(path: str | os.PathLike) -> PlanFile:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from core.vocabulary import Component, LinkClass
+from core.vocabulary import Component
 from solvers.cost_model import table_mass
 from solvers.placement import is_homogeneous
 from solvers.types import MEMORY_PARTS, CostReport, Plan, Workload
@@ -20,7 +20,7 @@ def human_bytes(x: float | None) -> str:
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.2f} {unit}"
-    return f"{x:.0f} B"
+    return f"{0.0 if abs(x) < 0.5 else x:.0f} B"  # never "-0 B": a residue under half a byte is none
 
 
 def human_count(x: float) -> str:
@@ -111,7 +111,7 @@ def plan_report(
         rows,
     )
     traffic_rows = []
-    for link in LinkClass:
+    for link in view.link_classes:  # one group: no inter-group link class
         worst = int(np.argmax(report.link_bytes(link)))
         traffic_rows.append(
             [
@@ -128,7 +128,8 @@ def plan_report(
         tiers,
         touch_rates_line(workload),
         "",
-        "Bytes per iteration (max of send and receive):",
+        "Bytes per iteration (max of send and receive)"
+        + (":" if view.has_inter_group else "; one group, so no inter-group links:"),
         traffic,
         "",
         f"Modeled communication time: {report.modeled_time_s * 1e3:.3f} ms per iteration "

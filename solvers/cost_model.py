@@ -214,9 +214,12 @@ def lookup_traffic(
     out = Traffic.zeros(view.num_ranks)
     if volume <= 0:
         return out
-    group_share = np.bincount(view.group_of_rank, weights=share, minlength=view.num_groups)[
-        view.group_of_rank
-    ]
+    if view.has_inter_group:
+        group_share = np.bincount(view.group_of_rank, weights=share, minlength=view.num_groups)[
+            view.group_of_rank
+        ]
+    else:  # the one group holds the whole tier: exactly nothing leaves it (a sum of shares is 1 +- 1e-16)
+        group_share = np.ones(view.num_ranks)
     gsize = view.group_size_of_rank().astype(np.float64)
     asked, served = wire.lookups_by_link(share, group_share, gsize, view.num_ranks, volume, within_group)
     return _priced(out, asked, served, vector_bytes)
@@ -386,8 +389,11 @@ def _access_share(by_owner: np.ndarray | None, row_share: np.ndarray, position: 
 
 
 def link_time_s(view: ClusterView, traffic: Traffic) -> np.ndarray:
-    """float64[N]: each rank's modeled seconds, ``sum over link classes of max(send, recv) / bandwidth``."""
+    """float64[N]: each rank's modeled seconds, ``sum over link classes of max(send, recv) / bandwidth``,
+    over the view's link classes (a cluster of one group has no inter-group link, and no bytes on it)."""
     per_link = traffic.per_link()  # [N, 2]
+    if not view.has_inter_group and per_link[:, LinkClass.INTER_GROUP].any():
+        raise AssertionError("cost model: inter-group bytes on a cluster of one group (a bug)")
     bw = np.stack([view.intra_bw_Bps, view.inter_bw_Bps], axis=1)
     return np.divide(per_link, bw, out=np.zeros_like(per_link), where=per_link > 0).sum(axis=1)
 
@@ -431,7 +437,9 @@ def collective_latency_s(
     """Latency part of an iteration, in seconds: one hop per all-to-all (``A2A_PER_TIER`` per exchange
     stage); an all-reduce over k ranks takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for
     latency-bound sizes) while its bandwidth term is the ring's. A group fetch has two stages: within
-    the group, then between rail peers."""
+    the group, then between rail peers. A single rank has no peer: no hop, no latency."""
+    if view.num_ranks == 1:
+        return 0.0
     g = int(view.group_sizes.max())
     big_g = view.num_groups
     lat_intra = float(view.intra_latency_s.max())

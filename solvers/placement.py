@@ -115,10 +115,9 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
         sent[LinkClass.INTER_GROUP] += warm_sync
         received[LinkClass.INTER_GROUP] += warm_sync
         time_us = []
-        for link, bw in (
-            (LinkClass.INTRA_GROUP, view.intra_bw_Bps[r]),
-            (LinkClass.INTER_GROUP, view.inter_bw_Bps[r]),
-        ):
+        bandwidth = {LinkClass.INTRA_GROUP: view.intra_bw_Bps[r], LinkClass.INTER_GROUP: view.inter_bw_Bps[r]}
+        for link in view.link_classes:  # one group: no inter-group link (its bytes are 0 for any shares)
+            bw = bandwidth[link]
             y = pulp.LpVariable(f"{link.label}_{r}", 0)
             prob += y >= sent[link] * mb
             prob += y >= received[link] * mb
@@ -129,9 +128,11 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
     if pulp.LpStatus[status] != "Optimal":
         return plan  # keep even shares: the tier optimizer already checked they fit
     # Many share vectors reach the same slowest-rank time; among them take the one closest to
-    # shares proportional to each rank's inter-group bandwidth (so fast ranks are treated alike).
+    # shares proportional to the bandwidth cold lookups leave a rank by (so fast ranks are treated
+    # alike): inter-group, or intra-group on a cluster of one group.
     best_us = float(slowest_us.value() or 0.0)
-    target = view.inter_bw_Bps / view.inter_bw_Bps.sum()
+    out_bw = view.inter_bw_Bps if view.has_inter_group else view.intra_bw_Bps
+    target = out_bw / out_bw.sum()
     dev = [pulp.LpVariable(f"dev_{r}", 0) for r in range(n)]
     for r in range(n):
         prob += dev[r] >= a[r] - float(target[r])

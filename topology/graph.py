@@ -13,7 +13,9 @@ Nodes, by attribute ``kind``:
 
 Edges (undirected), all with ``kind`` in ``{"nvlink", "pcie", "network"}``, ``bandwidth_GBps`` (per
 direction, GB = 1e9 bytes) and ``latency_us`` (microseconds, one way). Layout: GPU --nvlink-- its group's
-nvswitch; GPU --pcie-- its NIC; NIC --network-- a leaf switch; leaf --network-- spine.
+nvswitch; GPU --pcie-- its NIC; NIC --network-- a leaf switch; leaf --network-- spine. A pair of nodes
+has at most one link, no link joins a node to itself, and every GPU reaches every other over links (one
+host with no network is fine; hosts the network does not join are refused, not priced).
 
 Builders: :func:`new_topology`, :func:`add_node_group` (one host with its GPUs and NICs),
 :func:`add_switch`, :func:`add_link`, and :func:`build_cluster` (hosts + leaf/spine fabric from
@@ -83,6 +85,13 @@ def add_link(G: nx.Graph, u: str, v: str, kind: str, bandwidth_GBps: float, late
     for node in (u, v):
         if node not in G:
             raise TopologyError(f"link {u!r}-{v!r}: node {node!r} is not in the topology; add it first")
+    if u == v:
+        raise TopologyError(f"link {u!r}-{v!r}: a self-loop; a link joins two different nodes")
+    if G.has_edge(u, v):
+        raise TopologyError(
+            f"link {u!r}-{v!r}: already in the topology (kind {G.edges[u, v].get('kind')!r}); "
+            "a pair of nodes has one link, its bandwidth the sum of the lanes"
+        )
     if kind not in EDGE_KINDS:
         raise TopologyError(f"link {u!r}-{v!r}: field 'kind' = {kind!r}; expected one of {EDGE_KINDS}")
     _check_bandwidth(f"link {u!r}-{v!r}", bandwidth_GBps)
@@ -249,10 +258,11 @@ def _check_field(where: str, attrs: dict, field: str, expected: type) -> None:
         raise TopologyError(f"{where}: field {field!r} = {value!r}; expected {expected.__name__}")
 
 
-def validate(G: nx.Graph, source: str | None = None) -> nx.Graph:
+def validate(G: nx.Graph, source: str | None = None, *, connected: bool = True) -> nx.Graph:
     """Check ``G`` against the schema; returns ``G`` or raises :class:`TopologyError` (one line).
 
-    ``source`` (e.g. a file name) prefixes the message.
+    ``source`` (e.g. a file name) prefixes the message. ``connected=False`` skips the check that every
+    GPU reaches every other, for a part of a cluster (one host before its NICs join the fabric).
     """
     prefix = f"{source}: " if source else ""
 
@@ -310,7 +320,28 @@ def validate(G: nx.Graph, source: str | None = None) -> nx.Graph:
         bad = sorted(set(owner) - set(range(n)))
         missing = sorted(set(range(n)) - set(owner))
         fail(f"field 'rank': ranks must be contiguous 0..{n - 1}; found {bad[:3]}, missing {missing[:3]}")
+    loop = next(iter(nx.selfloop_edges(G)), None)
+    if loop is not None:
+        fail(f"edge {loop[0]!r}-{loop[1]!r}: a self-loop; a link joins two different nodes")
+    apart = _unreachable_pair(G) if connected else None
+    if apart is not None:
+        (a, a_attrs), (b, b_attrs) = apart
+        if a_attrs["host"] == b_attrs["host"]:
+            fail(f"host {a_attrs['host']!r}: gpus {a!r} and {b!r} are not joined by any path of links")
+        fail(
+            f"hosts {a_attrs['host']!r} and {b_attrs['host']!r}: no network path between them (gpu {a!r} "
+            f"cannot reach gpu {b!r} over any link); link their NICs to a common fabric"
+        )
     return G
+
+
+def _unreachable_pair(G: nx.Graph) -> tuple[tuple[Any, dict], tuple[Any, dict]] | None:
+    """The lowest-ranked GPU and the first GPU (by rank) it cannot reach over links, or None when every GPU
+    reaches every other. Host nodes carry no links (metadata), so no path goes through one."""
+    links = G.subgraph(node for node, kind in G.nodes(data="kind") if kind != "host")
+    gpus = gpu_nodes(G)
+    reached = nx.node_connected_component(links, gpus[0][0])
+    return next(((gpus[0], gpu) for gpu in gpus[1:] if gpu[0] not in reached), None)
 
 
 def gpu_nodes(G: nx.Graph) -> list[tuple[Any, dict]]:

@@ -38,19 +38,38 @@ def _check_structure(data: Any, where: str) -> str:
     for key in ("nodes", edges_key):
         if not isinstance(data.get(key), list):
             raise TopologyError(f"{where}: field {key!r} = {data.get(key)!r}; expected a list")
-    ids = set()
+    ids: dict[Any, int] = {}
     for i, node in enumerate(data["nodes"]):
         if not isinstance(node, dict) or "id" not in node:
             raise TopologyError(f"{where}: nodes[{i}]: missing field 'id'")
         if not isinstance(node["id"], (str, int)) or isinstance(node["id"], bool):
             raise TopologyError(f"{where}: nodes[{i}]: field 'id' = {node['id']!r}; expected str or int")
-        ids.add(node["id"])
+        if node["id"] in ids:  # networkx would merge the two silently
+            raise TopologyError(
+                f"{where}: nodes[{i}]: node {node['id']!r} repeats nodes[{ids[node['id']]}]; "
+                "list each node once"
+            )
+        ids[node["id"]] = i
+    seen: dict[frozenset, int] = {}
     for i, edge in enumerate(data[edges_key]):
         for end in ("source", "target"):
             if not isinstance(edge, dict) or end not in edge:
                 raise TopologyError(f"{where}: {edges_key}[{i}]: missing field {end!r}")
-            if not isinstance(edge[end], (str, int)) or edge[end] not in ids:
+            if not isinstance(edge[end], (str, int)) or isinstance(edge[end], bool) or edge[end] not in ids:
                 raise TopologyError(f"{where}: {edges_key}[{i}]: field {end!r} = {edge[end]!r}; no such node")
+        u, v = edge["source"], edge["target"]
+        if u == v:
+            raise TopologyError(
+                f"{where}: {edges_key}[{i}]: edge {u!r}-{v!r} is a self-loop; a link joins two "
+                "different nodes"
+            )
+        pair = frozenset((u, v))
+        if pair in seen:  # either direction: the graph is undirected, and networkx would merge the two
+            raise TopologyError(
+                f"{where}: {edges_key}[{i}]: edge {u!r}-{v!r} repeats {edges_key}[{seen[pair]}]; a pair of "
+                "nodes has one link (sum parallel lanes into its bandwidth)"
+            )
+        seen[pair] = i
     for flag in ("directed", "multigraph"):
         if data.get(flag, False) is not False:
             raise TopologyError(f"{where}: field {flag!r} = {data[flag]!r}; expected false")

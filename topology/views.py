@@ -15,6 +15,7 @@ import numpy as np
 
 from core.errors import TopologyError
 from core.ranks import RankLayout
+from core.vocabulary import LinkClass
 from topology.graph import edges_of_kind, gpu_nodes, validate
 
 __all__ = ["ClusterView", "TopologyError", "cluster_view", "groups", "slow_links", "summary", "uniform_view"]
@@ -26,6 +27,10 @@ class ClusterView:
 
     ``layout`` holds the groups (NVLink domains, by default one host each). Bandwidths are per
     direction, in bytes per second (``_Bps``); latencies in seconds.
+
+    A cluster of one group has no inter-group link class: nothing leaves the group, so its
+    ``inter_bw_Bps`` and ``inter_latency_s`` are 0 for every rank, whatever the graph's NICs say (set so
+    on construction), and :attr:`link_classes` is the intra-group class alone.
     """
 
     layout: RankLayout
@@ -35,6 +40,21 @@ class ClusterView:
     intra_latency_s: np.ndarray  # float64[N]
     inter_latency_s: np.ndarray  # float64[N]
     memory_bytes: np.ndarray  # int64[N], device memory
+
+    def __post_init__(self) -> None:
+        if self.layout.num_groups == 1:  # no inter-group link class (see the class docstring)
+            object.__setattr__(self, "inter_bw_Bps", np.zeros(self.layout.num_ranks))
+            object.__setattr__(self, "inter_latency_s", np.zeros(self.layout.num_ranks))
+
+    @property
+    def has_inter_group(self) -> bool:
+        """Whether the cluster has an inter-group link class (two or more groups)."""
+        return self.layout.num_groups > 1
+
+    @property
+    def link_classes(self) -> tuple[LinkClass, ...]:
+        """The link classes traffic can use: intra-group, and inter-group when there are several groups."""
+        return tuple(LinkClass) if self.has_inter_group else (LinkClass.INTRA_GROUP,)
 
     @property
     def group_of_rank(self) -> np.ndarray:
@@ -82,7 +102,8 @@ def uniform_view(
     inter_latency_s: float = 0.0,
     memory_bytes: int = 80 * 2**30,
 ) -> ClusterView:
-    """A homogeneous cluster view without building a graph (for tests and quick models)."""
+    """A homogeneous cluster view without building a graph (for tests and quick models); with one group the
+    inter-group figures are 0 (:class:`ClusterView`)."""
     if num_groups <= 0 or group_size <= 0:
         raise TopologyError(
             f"uniform_view: num_groups and group_size must be positive, got {num_groups}, {group_size}"
@@ -166,8 +187,9 @@ def cluster_view(G: nx.Graph) -> ClusterView:
     * ``inter_latency_s``: twice the one-way latency up that path (sum over hops of the hop's largest edge
       latency): up to the top of the fabric and back down to a GPU of the same shape.
 
-    A GPU with no path to the network gets ``inter_bw_Bps = 0`` and ``inter_latency_s = 0`` when the cluster
-    is a single group (no traffic leaves it); with several groups that is a :class:`TopologyError`.
+    A single group has no inter-group link class: ``inter_bw_Bps = 0`` and ``inter_latency_s = 0`` for every
+    rank, with or without NICs (no traffic leaves the group). With several groups a GPU with no path to the
+    network is a :class:`TopologyError`.
     """
     gpus, keys = _rank_groups(G)
     group_lists = _group_lists(keys)
@@ -196,10 +218,12 @@ def cluster_view(G: nx.Graph) -> ClusterView:
     inter_bw = np.zeros(n)
     inter_lat = np.zeros(n)
     for rank, hops in enumerate(paths):
-        if not hops:
+        if len(hops) < 2:  # no network hop: its PCIe edge to a NIC alone is no way out of the group
             if len(group_lists) > 1:
+                dead_end = f"; NIC {hops[0][0][1]!r} has no network link" if hops else ""
                 raise TopologyError(
                     f"gpu {gpus[rank][0]!r}: no network path (pcie -> nic -> switch) to reach other groups"
+                    + dead_end
                 )
             continue
         shares = [sum(G.edges[e]["bandwidth_GBps"] / users[frozenset(e)] for e in hop) for hop in hops]
@@ -273,6 +297,9 @@ def summary(G: nx.Graph, max_slow: int = 10) -> str:
         ("inter latency us", view.inter_latency_s * 1e6),
         ("memory GiB", view.memory_bytes / 2**30),
     ):
+        if label.startswith("inter") and not view.has_inter_group:
+            lines.append(f"{label:<18}{'-':>10}{'-':>10}{'-':>10}  (one group: no inter-group links)")
+            continue
         lines.append(f"{label:<18}{values.min():>10.2f}{np.median(values):>10.2f}{values.max():>10.2f}")
     slow = slow_links(G)
     lines.append(f"slow links: {len(slow) if slow else 'none'}")

@@ -195,8 +195,13 @@ def test_pcie_uses_max_link_when_current_trained_down():
 
 
 def test_direct_nvlink_pairs_are_groups():
-    G = host_graph(probe_host(_bridged_box([(0, 1), (2, 3)]), host="box"))
-    view = cluster_view(G)
+    probe = probe_host(_bridged_box([(0, 1), (2, 3)]), host="box")
+    G = host_graph(probe)
+    # the host alone: two NVLink islands with no link between them, refused rather than priced at the
+    # NICs' PCIe figure; the job's graph joins them through the NICs' fabric
+    with pytest.raises(TopologyError, match=r"^host 'box': gpus 'box/gpu0' and 'box/gpu2' are not joined"):
+        cluster_view(G)
+    view = cluster_view(merge_hosts([probe]))
     assert view.groups == ((0, 1), (2, 3))
     assert np.allclose(view.intra_bw_Bps, 4 * 25 * GB)
     assert G.nodes["box/gpu0"]["group"] == "box/nvl0" and G.nodes["box/gpu3"]["group"] == "box/nvl1"
@@ -205,8 +210,7 @@ def test_direct_nvlink_pairs_are_groups():
 
 
 def test_partly_bridged_box_keeps_unbridged_gpus_apart():
-    G = host_graph(probe_host(_bridged_box([(0, 1)]), host="box"))
-    view = cluster_view(G)
+    view = cluster_view(merge_hosts([probe_host(_bridged_box([(0, 1)]), host="box")]))
     assert view.groups == ((0, 1), (2, 3))
     assert np.allclose(view.intra_bw_Bps, [100 * GB, 100 * GB, 31.5 * GB, 31.5 * GB], rtol=1e-3)
 
@@ -297,7 +301,7 @@ def test_unsupported_queries_do_not_crash():
     assert view.groups == (tuple(range(8)),) and np.allclose(view.intra_bw_Bps, 450 * GB)
     bridged = _bridged_box([(0, 1)])
     bridged.unsupported = frozenset({"nvmlDeviceGetNvLinkRemoteDeviceType"})
-    assert cluster_view(host_graph(probe_host(bridged, host="box"))).groups == ((0, 1), (2, 3))
+    assert cluster_view(merge_hosts([probe_host(bridged, host="box")])).groups == ((0, 1), (2, 3))
 
 
 def test_required_query_failure_raises_topology_error():

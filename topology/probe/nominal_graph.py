@@ -186,7 +186,8 @@ def real_nic_id(host: str, device: str) -> str:
 
 
 def host_graph(probe: HostProbe, *, nics: bool = True) -> nx.Graph:
-    """The intra-host topology of one probed host (validated; graph name ``probe:<host>``).
+    """The intra-host topology of one probed host (validated as a part of a cluster: GPUs of separate
+    NVLink islands are joined only by :func:`merge_hosts`' fabric; graph name ``probe:<host>``).
 
     * GPUs whose NVLinks go to NVSwitches form one group with an ``nvswitch`` node; each GPU's edge to it
       has the sum of its links' nominal bandwidth (H100 SXM: 18 x 25 = 450 GB/s per direction).
@@ -203,7 +204,7 @@ def host_graph(probe: HostProbe, *, nics: bool = True) -> nx.Graph:
     """
     G = new_topology(f"probe:{probe.host}")
     _add_host(G, probe, nics)
-    return validate(G)
+    return validate(G, connected=False)  # a part: NVLink islands join only once the NICs reach a fabric
 
 
 def _join_fabric_domains(G: nx.Graph) -> None:
