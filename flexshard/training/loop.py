@@ -30,8 +30,9 @@ from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
 from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
-from flexshard.training.data import make_source
+from flexshard.training.data import make_source, table_shape
 from flexshard.training.distributed import Phase, allreduce_dense_grads, device
+from flexshard.training.limits import check_step_memory
 from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import directory_problem, identity_mismatch, prune, run_identity
@@ -50,9 +51,12 @@ def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> t
         if config.metrics_out:
             check_writable(config.metrics_out, "--metrics-out")
         given = read_plan(config.plan) if config.plan else None
-        source = make_source(
-            config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed
-        )
+        batch = batch_size(config, given)
+        check_step_memory(
+            batch, config.max_len, config.dim, config.negatives, *table_shape(config.data), dev,
+            replicas=1 + world if config.verify else 1,
+        )  # fmt: skip
+        source = make_source(config.data, config.dim, config.max_len, config.negatives, batch, config.seed)
         if given is not None:
             names = [name for name, _rows, _dim in source.tables]
             plan_file, notes = check_plan(config, given, names, world, source.touch_sampling)
