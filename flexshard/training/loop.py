@@ -91,11 +91,12 @@ def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_f
     ]
 
 
-def run(config: TrainConfig) -> int:
+def run(config: TrainConfig, phase: Phase | None = None) -> int:
     """Train as ``config`` says (collective: every rank of the default process group calls it). A
     collective whose peer fails ends the run with a :class:`~core.errors.CollectiveError` naming the
-    rank and the phase."""
-    phase = Phase(dist.get_rank(), config.timeout)
+    rank and the phase. ``phase`` (made here when None) tells the caller where the run was when it
+    ended (its ``step``)."""
+    phase = phase or Phase(dist.get_rank(), config.timeout)
     with phase.guard():
         return TrainingRun(config, phase).train()
 
@@ -198,6 +199,7 @@ class TrainingRun:
             self.config, self.phase, self.module, self.dense, self.dev, self.world
         )  # fmt: skip
         t0 = time.perf_counter()
+        phase.step = step + 1
         phase.at(f"step {step + 1}: sample placement")
         batch = self.placer.place(self.source.batch(step, self.rank))
         phase.at(f"step {step + 1}: forward")
