@@ -151,7 +151,7 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "budget", "timeout"):
             if not 0 < getattr(self, name) < float("inf"):
-                raise ConfigError(f"--{name}: must be a positive number, got {getattr(self, name)}")
+                raise ConfigError(f"--{name}: must be a finite number > 0, got {getattr(self, name)}")
         if (self.resume or self.checkpoint_every or self.overwrite or self.keep) and not self.checkpoint_dir:
             raise ConfigError("--resume, --checkpoint-every, --overwrite and --keep need --checkpoint-dir")
         if self.resume and self.overwrite:
