@@ -185,6 +185,10 @@ class TrainingRun:
             self.log.write({"kind": "end", "steps": done - start, "error": first_line(e)})
             self.log.close()
             raise
+        except KeyboardInterrupt:  # Ctrl-C (flexshard.training.interrupt): the log says so
+            self.log.write({"kind": "end", "steps": done - start, "error": "interrupted"})
+            self.log.close()
+            raise
         if config.metrics_out:
             self.log.write(
                 {"kind": "end", "steps": config.steps - start, "verify": "OK" if config.verify else None}

@@ -8,6 +8,7 @@ and exits 1 (torchrun's, not ours: the workers' part is one line).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -67,9 +68,10 @@ def test_the_line_names_the_step_and_the_newest_complete_checkpoint(tmp_path):
 
 
 def test_ctrl_c_of_one_process_is_one_line_and_exit_130(tmp_path):
-    ckpt = tmp_path / "ckpt"
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, *TRAIN, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2"],
+        [sys.executable, *TRAIN, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2",
+         "--metrics-out", str(metrics)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path,
     )  # fmt: skip
     _wait_for_checkpoint(ckpt, [proc])
@@ -83,6 +85,12 @@ def test_ctrl_c_of_one_process_is_one_line_and_exit_130(tmp_path):
     step, saved = int(m.group(1)), int(m.group(2))
     assert saved == _saved_steps(ckpt)[-1] and saved <= step
     assert f"checkpoint: saved {ckpt / f'step-{saved:08d}'}" in out
+    records = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    steps = [r for r in records if r["kind"] == "step"]
+    end = records[-1]
+    assert (end["kind"], end["error"]) == ("end", "interrupted")
+    assert end["steps"] in (step - 1, step)  # steps done: all but the one under way (or it, just done)
+    assert len(steps) in (step - 1, step)
 
 
 @pytest.mark.slow
