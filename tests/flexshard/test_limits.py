@@ -10,6 +10,7 @@ content depends on the run.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +182,29 @@ def test_verify_with_no_difference_says_so(capsys, monkeypatch):
         "verify: largest difference 0: every compared value equal to the reference's",
         "verify: OK (2 steps, all rows of all copies match)",
     ]
+
+
+@pytest.mark.slow
+def test_the_memory_refusal_is_one_line_under_torchrun(tmp_path):
+    """Two workers (LOCAL_WORLD_SIZE 2: each gets half the machine): rank 0 prints the one line, both
+    exit 2 (torchrun's summary), before any batch exists; torchrun itself exits 1."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            "-m", "flexshard.train", "--negatives", str(10**9)]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    err = done.stderr
+    assert done.returncode == 1
+    ours = [ln for ln in err.splitlines() if ln.startswith("flexshard train")]
+    assert len(ours) == 1, err
+    assert re.fullmatch(
+        r"flexshard train: error: --negatives: 1,000,000,000 \(with --batch-size 512, --max-len 20, "
+        r"--dim 16\) needs about [0-9,.]+ GiB per rank for one step, over this machine's [0-9,.]+ GiB "
+        r"shared by 2 local ranks \([0-9,.]+ GiB\); lower --negatives",
+        ours[0],
+    ), ours[0]
+    assert err.count("exitcode  : 2") == 2
