@@ -23,12 +23,16 @@ from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report, touch_rates_line, tradeoffs
 from flexshard.workloads.measured import HISTORY_FORMATS, histories, with_touch_rates
+from flexshard.workloads.readers import FORMATS
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
 from topology import cluster_view, load_topology, summary, write_json
 
 DEFAULT_TOPOLOGY = "h100:8"
 DEFAULT_BUDGETS = "1,1.5,2,3,4,6,8"
+
+
+STATS_FORMATS = (*FORMATS, "rows")  # stats --format: the readers' formats and row statistics
 
 
 def _budgets(text: str) -> list[float]:
@@ -84,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--format",
         default="auto",
+        choices=STATS_FORMATS,
         help="auto (by extension, then content; Parquet with columns table, row, lookups is row "
         "statistics), seq, csv, recbole, parquet, rows",
     )

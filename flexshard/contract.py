@@ -63,7 +63,10 @@ def tables_mismatch(
         if int(rows) != meta.num_rows:
             return f"{where} covers {meta.num_rows} rows, the model has {int(rows)}: {REPLAN}"
         if int(dim) != meta.dim:
-            return f"{where} was made for dim {meta.dim}, the model has dim {int(dim)}: {REPLAN}"
+            return (
+                f"{where} was made for dim {meta.dim}, the model has dim {int(dim)}: train with --dim "
+                f"{meta.dim}, or make the plan with flexshard stats --dim {int(dim)}, then flexshard plan"
+            )
         got = order_fingerprint(orders.get(name), meta.num_rows)
         if got != meta.order_fingerprint:
             return (

@@ -255,9 +255,7 @@ def read_plan(path: str | os.PathLike) -> PlanFile:
 
 def _parse(doc: dict, where: str) -> PlanFile:
     world = doc["world"]
-    size = int(world["size"])
-    if size <= 0:
-        raise DataError(f"{where}: world.size must be positive, got {size}")
+    size = _positive(world["size"], f"{where}: world.size")
     try:
         layout = RankLayout.of(world["groups"], size, what=f"{where}: world.groups")
     except ConfigError as e:
@@ -271,24 +269,35 @@ def _parse(doc: dict, where: str) -> PlanFile:
     batch = settings["batch_size_per_gpu"]
     if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
         raise DataError(f"{where}: settings.batch_size_per_gpu must be a positive integer, got {batch!r}")
-    period = int(doc.get("owner_pattern_period", OWNER_PATTERN_PERIOD))
-    if period <= 0:
-        raise DataError(f"{where}: owner_pattern_period must be positive, got {period}")
+    period = _positive(
+        doc.get("owner_pattern_period", OWNER_PATTERN_PERIOD), f"{where}: owner_pattern_period"
+    )
+    if not isinstance(settings["dedup"], bool):
+        raise DataError(f"{where}: settings.dedup must be true or false, got {settings['dedup']!r}")
+    names = [t.get("name") if isinstance(t, dict) else None for t in doc["tables"]]
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name:
+            raise DataError(f"{where}: tables[{i}].name must be a non-empty string, got {name!r}")
+        if name in names[:i]:
+            raise DataError(
+                f"{where}: tables[{i}].name: table {name!r} is listed twice "
+                f"(also tables[{names.index(name)}])"
+            )
     g = layout.uniform_group_size
     plans, metas = [], []
     for i, t in enumerate(doc["tables"]):
         tw = f"{where}: tables[{i}] ({t.get('name')!r})"
         meta = PlannedTable(
-            name=str(t["name"]),
+            name=t["name"],
             num_rows=_positive(t["num_rows"], f"{tw}.num_rows"),
             dim=_positive(t["dim"], f"{tw}.dim"),
             element_bytes=_positive(t["element_bytes"], f"{tw}.element_bytes"),
-            optimizer_bytes_per_row=int(t["optimizer_bytes_per_row"]),
+            optimizer_bytes_per_row=_count(t["optimizer_bytes_per_row"], f"{tw}.optimizer_bytes_per_row"),
             order_fingerprint=str(t["order_fingerprint"]),
             touch_rates=None if t.get("touch_rates") is None else str(t["touch_rates"]),
         )
-        hot, warm, cold = int(t["hot_rows"]), int(t["warm_rows"]), int(t["cold_rows"])
-        if min(hot, warm, cold) < 0 or hot + warm + cold != meta.num_rows:
+        hot, warm, cold = (_count(t[f"{tier}_rows"], f"{tw}.{tier}_rows") for tier in ("hot", "warm", "cold"))
+        if hot + warm + cold != meta.num_rows:
             raise DataError(f"{tw}: tiers {hot}+{warm}+{cold} do not add up to num_rows {meta.num_rows}")
         cold_share = _shares(t["cold_share"], size, f"{tw}.cold_share", must_sum=cold > 0)
         if warm > 0 and g is None:
@@ -332,6 +341,13 @@ def _parse(doc: dict, where: str) -> PlanFile:
 def _positive(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise DataError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    """``value`` when it is an integer >= 0 (not a bool, a float or a string), else DataError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(f"{what} must be an integer >= 0, got {value!r}")
     return value
 
 

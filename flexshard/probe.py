@@ -191,10 +191,17 @@ def run_rank(
     G = measured_graph(m, base, name=options["name"])
     if options.get("out"):
         write_json(G, options["out"])
-    lines = [*notes, report(m), "", summary(G)]
+    lines = [probe_text(m, G, notes)]
     if options.get("out"):
         lines.append(f"\nwrote {options['out']}")
     return "\n".join(lines)
+
+
+def probe_text(m: Any, G: Any, notes: list[str]) -> str:
+    """What the probe prints for measurements ``m`` and their graph ``G``: the notes, the report (with
+    the one count of slow parts, as measured) and the graph's summary without its slow links (the same
+    parts seen on the graph's edges)."""
+    return "\n".join([*notes, report(m), "", summary(G, slow=False)])
 
 
 def _gpu_of(G: Any, rank: int) -> Any:

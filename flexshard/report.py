@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from core.vocabulary import Component
-from solvers.cost_model import table_mass
+from solvers.cost_model import row_wise_memory_bytes, table_mass
 from solvers.placement import is_homogeneous
 from solvers.types import MEMORY_PARTS, CostReport, Plan, Workload
 from topology.views import ClusterView
@@ -62,6 +62,15 @@ def touch_rates_line(workload: Workload) -> str:
     return "Touch rates: " + "; ".join(parts)
 
 
+def _budget_text(workload: Workload, view: ClusterView, plan: Plan, budget_x: float) -> str:
+    """``budget 2.00x row-wise = 9.95 GB per GPU``, or the cap when the multiple asked for more than
+    every table on every GPU (:func:`solvers.planner.everything_fits_bytes`)."""
+    if plan.budget_bytes is not None and plan.budget_bytes < budget_x * row_wise_memory_bytes(workload, view):
+        capped = human_bytes(plan.budget_bytes)
+        return f"budget {budget_x:g}x row-wise, capped at {capped} per GPU (everything fits)"
+    return f"budget {budget_x:.2f}x row-wise = {human_bytes(plan.budget_bytes)} per GPU"
+
+
 def plan_report(
     workload: Workload, view: ClusterView, plan: Plan, report: CostReport, budget_x: float
 ) -> str:
@@ -70,8 +79,7 @@ def plan_report(
     head = (
         f"{plan.strategy} plan: workload {workload.name!r} ({len(workload.tables)} tables, "
         f"{human_count(workload.num_rows)} rows) on {n} GPUs in {view.num_groups} groups of "
-        f"{'/'.join(map(str, sizes))}; budget {budget_x:.2f}x row-wise = "
-        f"{human_bytes(plan.budget_bytes)} per GPU; "
+        f"{'/'.join(map(str, sizes))}; {_budget_text(workload, view, plan, budget_x)}; "
         f"dedup {'on' if plan.dedup else 'off'}, {plan.sync} sync"
     )
     rows = []

@@ -15,8 +15,9 @@ available) or as a single process (world size 1). The options are the fields of
 
 Exit status: 0 success, 1 verification failure (one ``verify: FAILED ...`` line), 2 bad input (one
 ``flexshard train: error: ...`` line), 3 a collective failed (one line naming the rank and the phase:
-another rank stopped, died or did not arrive within ``--timeout``). Anything else is a bug and shows
-its traceback. An error every
+another rank stopped, died or did not arrive within ``--timeout``), 130 Ctrl-C (one ``flexshard
+train: interrupted at step N; last checkpoint: ...`` line from rank 0;
+:mod:`flexshard.training.interrupt`). Anything else is a bug and shows its traceback. An error every
 rank raised alike (agreed across the ranks, or from the same flags) is printed by rank 0 only, so a
 torchrun job logs it once; every worker still exits with the status. torchrun itself then exits 1 and
 prints its summary of the failed workers (it does not pass the workers' status on).
@@ -36,8 +37,9 @@ import torch.distributed as dist
 
 from core.errors import CollectiveError, InputError, agreed, is_agreed
 from flexshard.cli_common import first_line
-from flexshard.training.config import parse_args
-from flexshard.training.distributed import init_distributed
+from flexshard.training.config import TrainConfig, parse_args
+from flexshard.training.distributed import Phase, init_distributed
+from flexshard.training.interrupt import INTERRUPTED_STATUS, SigintWatch, interrupted_line
 from flexshard.training.loop import run
 from flexshard.training.verify import VerifyError
 
@@ -45,24 +47,40 @@ _AGENT_STOP_WAIT_S = 30.0  # how long a failed torchrun worker waits for its age
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    created = False
-    try:
+    created, config, phase, watch = False, None, None, SigintWatch()
+    with watch.watching():
         try:
-            config = parse_args(argv)
-        except InputError as e:  # the same flags on every rank: the same error
-            raise agreed(e) from None
-        created, _device = init_distributed(config.timeout)
-        return run(config)
-    except VerifyError as e:
-        return _fail(e, str(e), 1)
-    except CollectiveError as e:
-        return _fail(e, f"flexshard train: error: {first_line(e)}", 3)
-    except InputError as e:
-        return _fail(e, f"flexshard train: error: {first_line(e)}", 2)
-    finally:
-        sys.stdout.flush()
-        if created and dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                config = parse_args(argv)
+            except InputError as e:  # the same flags on every rank: the same error
+                raise agreed(e) from None
+            created, _device = init_distributed(config.timeout)
+            phase = Phase(dist.get_rank(), config.timeout)
+            return run(config, phase)
+        except KeyboardInterrupt:
+            return _interrupted(config, phase)
+        except Exception as e:  # after a Ctrl-C, a peer's failure is that Ctrl-C too
+            if watch.seen:
+                return _interrupted(config, phase)
+            if isinstance(e, VerifyError):
+                return _fail(e, str(e), 1)
+            if isinstance(e, CollectiveError):
+                return _fail(e, f"flexshard train: error: {first_line(e)}", 3)
+            if isinstance(e, InputError):
+                return _fail(e, f"flexshard train: error: {first_line(e)}", 2)
+            raise
+        finally:
+            sys.stdout.flush()
+            if created and dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _interrupted(config: TrainConfig | None, phase: Phase | None) -> int:
+    """Ctrl-C: rank 0 prints the one line of :func:`interrupted_line`; every rank returns 130."""
+    if _rank() == 0:
+        line = interrupted_line(phase.step if phase else 0, config.checkpoint_dir if config else None)
+        print(line, file=sys.stderr, flush=True)
+    return INTERRUPTED_STATUS
 
 
 def _fail(err: BaseException, line: str, status: int) -> int:

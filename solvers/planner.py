@@ -11,7 +11,7 @@ from solvers.baselines import BASELINES
 from solvers.cost_model import row_wise_memory_bytes
 from solvers.optimizer import OptimizerConfig, optimize_tiers
 from solvers.placement import balance, priced_spread
-from solvers.types import CostReport, Plan, Workload
+from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, CostReport, Plan, Workload
 from topology.views import ClusterView
 
 STRATEGIES = ("flexshard", *BASELINES)
@@ -24,10 +24,18 @@ class PlannedStrategy:
 
 
 def budget_bytes(workload: Workload, view: ClusterView, budget_x: float) -> float:
-    """Per-GPU bytes of a budget given as a multiple of row-wise sharding's per-GPU bytes."""
+    """Per-GPU bytes of a budget given as a multiple of row-wise sharding's per-GPU bytes, capped at
+    :func:`everything_fits_bytes` (a larger budget allows no other plan: everything fits), so that a
+    budget such as 1e308x never reaches the solver as an infinite or huge bound."""
     if not 0 < budget_x < float("inf"):
         raise ConfigError(f"budget: must be a positive multiple of row-wise memory, got {budget_x!r}")
-    return budget_x * row_wise_memory_bytes(workload, view)
+    return min(budget_x * row_wise_memory_bytes(workload, view), everything_fits_bytes(workload))
+
+
+def everything_fits_bytes(workload: Workload) -> float:
+    """Per-GPU bytes no plan can exceed: every row of every table on the GPU (vector and optimizer
+    state) plus the routing entry of every row (``ROUTING_BYTES_PER_REPLICATED_ROW``, B)."""
+    return float(sum(t.num_rows * (t.row_bytes + ROUTING_BYTES_PER_REPLICATED_ROW) for t in workload.tables))
 
 
 def make_plan(

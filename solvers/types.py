@@ -47,9 +47,11 @@ class RowHistogram:
             )
         if (rows <= 0).any():
             raise PlannerError(f"histogram.rows: every bucket needs at least one row, got min {rows.min()}")
-        if not np.isfinite(prob).all() or (prob < 0).any():
+        bad = ~(np.isfinite(prob) & (prob >= 0))
+        if bad.any():
+            k = int(np.argmax(bad))
             raise PlannerError(
-                f"histogram.prob: probabilities must be finite and >= 0, got min {np.nanmin(prob)}"
+                f"histogram.prob: probabilities must be finite and >= 0, got {float(prob[k])} (bucket {k})"
             )
         if (np.diff(prob) > 1e-12 * max(prob[0], 1e-300)).any():
             raise PlannerError("histogram.prob: buckets must be sorted hottest first")
@@ -76,9 +78,11 @@ class RowHistogram:
         if counts.ndim != 1:
             raise PlannerError(f"counts: expected a 1-D array, got shape {counts.shape}")
         if counts.dtype.kind == "f" and not np.isfinite(counts).all():
-            raise PlannerError("counts: NaN or infinite access count")
+            k = int(np.argmax(~np.isfinite(counts)))
+            raise PlannerError(f"counts: access counts must be finite, got {float(counts[k])} (row {k})")
         if counts.size and counts.min() < 0:
-            raise PlannerError(f"counts: negative access count {counts.min()}")
+            k = int(np.argmin(counts))
+            raise PlannerError(f"counts: negative access count {counts[k]} (row {k})")
         n = counts.size if num_rows is None else int(num_rows)
         if n < counts.size:
             raise PlannerError(f"num_rows: {n} is smaller than the {counts.size} counted rows")

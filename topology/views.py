@@ -280,8 +280,9 @@ def slow_links(G: nx.Graph, factor: float = 0.5) -> list[dict]:
     return found
 
 
-def summary(G: nx.Graph, max_slow: int = 10) -> str:
-    """A short human-readable table: GPUs, hosts, groups, per-rank speeds (min/median/max), slow links."""
+def summary(G: nx.Graph, max_slow: int = 10, slow: bool = True) -> str:
+    """A short human-readable table: GPUs, hosts, groups, per-rank speeds (min/median/max), and (with
+    ``slow``) the slow links; the probe leaves them out, its report lists the slow parts measured."""
     view = cluster_view(G)
     sizes = sorted({len(g) for g in view.groups})
     size_text = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]}"
@@ -301,13 +302,15 @@ def summary(G: nx.Graph, max_slow: int = 10) -> str:
             lines.append(f"{label:<18}{'-':>10}{'-':>10}{'-':>10}  (one group: no inter-group links)")
             continue
         lines.append(f"{label:<18}{values.min():>10.2f}{np.median(values):>10.2f}{values.max():>10.2f}")
-    slow = slow_links(G)
-    lines.append(f"slow links: {len(slow) if slow else 'none'}")
-    for link in slow[:max_slow]:
+    if not slow:
+        return "\n".join(lines)
+    found = slow_links(G)
+    lines.append(f"slow links: {len(found) if found else 'none'}")
+    for link in found[:max_slow]:
         lines.append(
             f"  {link['u']} - {link['v']} ({link['kind']}): {link['bandwidth_GBps']:g} GB/s, "
             f"{link['ratio']:.2f} x median {link['median_GBps']:g}"
         )
-    if len(slow) > max_slow:
-        lines.append(f"  ... and {len(slow) - max_slow} more")
+    if len(found) > max_slow:
+        lines.append(f"  ... and {len(found) - max_slow} more")
     return "\n".join(lines)

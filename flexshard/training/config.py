@@ -22,6 +22,8 @@ from flexshard.training.distributed import DEFAULT_TIMEOUT_S
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
 from solvers.planner import STRATEGIES
 
+MAX_SEED = 2**32 - 1  # seeds are 32-bit: numpy's legacy range, and torch.manual_seed's without wrapping
+
 
 def _flag(help: str, **argparse_kwargs: Any) -> dict:  # noqa: A002
     return {"help": help, "argparse": argparse_kwargs}
@@ -89,7 +91,10 @@ class TrainConfig:
             action="store_true",
         ),
     )
-    seed: int = field(default=0, metadata=_flag("seed of the initial rows, the dense model and the batches"))
+    seed: int = field(
+        default=0,
+        metadata=_flag(f"seed of the initial rows, the dense model and the batches (0..{MAX_SEED})"),
+    )
     dim: int = field(default=16, metadata=_flag("embedding dim of every table"))
     max_len: int = field(default=DEFAULT_WINDOW, metadata=_flag("history positions kept"))
     negatives: int = field(default=DEFAULT_NEGATIVES, metadata=_flag("random negatives per sample"))
@@ -134,12 +139,19 @@ class TrainConfig:
         for name in ("batch_size", "groups"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
-        for name in ("negatives", "checkpoint_every", "keep"):
+        if self.negatives < 1:  # the target alone: sampled softmax over one candidate has loss 0
+            raise ConfigError(
+                f"--negatives: must be at least 1 (the loss compares the target with its negatives), "
+                f"got {self.negatives}"
+            )
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}], got {self.seed}")
+        for name in ("checkpoint_every", "keep"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "budget", "timeout"):
             if not 0 < getattr(self, name) < float("inf"):
-                raise ConfigError(f"--{name}: must be a positive number, got {getattr(self, name)}")
+                raise ConfigError(f"--{name}: must be a finite number > 0, got {getattr(self, name)}")
         if (self.resume or self.checkpoint_every or self.overwrite or self.keep) and not self.checkpoint_dir:
             raise ConfigError("--resume, --checkpoint-every, --overwrite and --keep need --checkpoint-dir")
         if self.resume and self.overwrite:

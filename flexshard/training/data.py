@@ -40,6 +40,7 @@ from flexshard.workloads.row_stats import is_row_stats
 from solvers.types import RowHistogram, TableSpec, Workload
 
 SYN_ITEMS, SYN_ITEMS_PER_CREATOR, SYN_ALPHA, SYN_HEAD, SYN_TAIL = 50_000, 10, 0.9, 5_000, 0.05
+SYN_TABLES = ("item", "creator")  # the synthetic source's sequence tables
 
 
 class SyntheticSource:
@@ -60,7 +61,7 @@ class SyntheticSource:
         p[:SYN_HEAD] += (1 - SYN_TAIL) * head / head.sum()
         self.pmf = p / p.sum()
         self.cdf = np.cumsum(self.pmf)
-        self.seq_tables = ["item", "creator"]
+        self.seq_tables = list(SYN_TABLES)
         self.user_table: str | None = None
         self.orders: dict[str, np.ndarray] = {}  # rows are numbered hottest first
         self.touch_sampling: dict[str, str] = {}  # the workload's rates are exact draws, not measured
@@ -165,6 +166,12 @@ class SequenceFileSource:
 
     def describe(self) -> str:
         return f"{self.path} (" + ", ".join(f"{n} {r:,} x {d}" for n, r, d in self.tables) + ")"
+
+
+def table_shape(data: str | None) -> tuple[int, bool]:
+    """(sequence tables, whether a user table is looked up) of the source ``make_source(data, ...)``
+    builds, known before it is built (for :mod:`flexshard.training.limits`)."""
+    return (1, True) if data else (len(SYN_TABLES), False)
 
 
 def make_source(

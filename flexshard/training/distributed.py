@@ -96,6 +96,7 @@ class Phase:
 
     def __init__(self, rank: int, timeout_s: float) -> None:
         self.rank, self.timeout_s, self.now = rank, timeout_s, "start-up"
+        self.step = 0  # the training step under way (1-based); 0 before the first
 
     def at(self, where: str) -> None:
         self.now = where

@@ -37,8 +37,9 @@ from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
 from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
-from flexshard.training.data import make_source
+from flexshard.training.data import make_source, table_shape
 from flexshard.training.distributed import Phase, allreduce_dense_grads, device
+from flexshard.training.limits import check_step_memory
 from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import directory_problem, identity_mismatch, prune, run_identity
@@ -57,9 +58,12 @@ def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> t
         if config.metrics_out:
             check_writable(config.metrics_out, "--metrics-out")
         given = read_plan(config.plan) if config.plan else None
-        source = make_source(
-            config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed
-        )
+        batch = batch_size(config, given)
+        check_step_memory(
+            batch, config.max_len, config.dim, config.negatives, *table_shape(config.data), dev,
+            replicas=1 + world if config.verify else 1,
+        )  # fmt: skip
+        source = make_source(config.data, config.dim, config.max_len, config.negatives, batch, config.seed)
         if given is not None:
             names = [name for name, _rows, _dim in source.tables]
             plan_file, notes = check_plan(config, given, names, world, source.touch_sampling)
@@ -94,11 +98,12 @@ def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_f
     ]
 
 
-def run(config: TrainConfig) -> int:
+def run(config: TrainConfig, phase: Phase | None = None) -> int:
     """Train as ``config`` says (collective: every rank of the default process group calls it). A
     collective whose peer fails ends the run with a :class:`~core.errors.CollectiveError` naming the
-    rank and the phase."""
-    phase = Phase(dist.get_rank(), config.timeout)
+    rank and the phase. ``phase`` (made here when None) tells the caller where the run was when it
+    ended (its ``step``)."""
+    phase = phase or Phase(dist.get_rank(), config.timeout)
     with phase.guard():
         return TrainingRun(config, phase).train()
 
@@ -194,6 +199,10 @@ class TrainingRun:
             self.log.write({"kind": "end", "steps": done - start, "error": first_line(e)})
             self.log.close()
             raise
+        except KeyboardInterrupt:  # Ctrl-C (flexshard.training.interrupt): the log says so
+            self.log.write({"kind": "end", "steps": done - start, "error": "interrupted"})
+            self.log.close()
+            raise
         if config.metrics_out:
             self.log.write(
                 {"kind": "end", "steps": config.steps - start, "verify": "OK" if config.verify else None}
@@ -208,6 +217,7 @@ class TrainingRun:
             self.config, self.phase, self.module, self.dense, self.dev, self.world
         )  # fmt: skip
         t0 = time.perf_counter()
+        phase.step = step + 1
         phase.at(f"step {step + 1}: sample placement")
         batch = self.placer.place(self.source.batch(step, self.rank))
         phase.at(f"step {step + 1}: forward")

@@ -168,6 +168,8 @@ class Verifier:
         calls: list = [None] * dist.get_world_size()
         dist.all_gather_object(calls, self.largest)
         share, what, step = max(calls, key=lambda c: c[0])
+        if not what:  # no difference was ever above 0 (or no step was compared)
+            return "largest difference 0: every compared value equal to the reference's"
         return (
             f"largest difference {share * TOLERANCE_UNITS:.2f} of the {TOLERANCE_UNITS:g} unit roundoffs "
             f"allowed ({what}, step {step})"

@@ -64,15 +64,23 @@ def check_ids(
         k = int(np.argmax(bad))
         i = int(idx[k])
         text = tok.text(i)
-        if (ids[k] >= 0 or text.isdigit()) and limit is None:  # all digits but negative: past int64
-            problem = f"ids of {MAX_ID:,} and above need remapping to dense ids (or an explicit num_rows)"
-        elif ids[k] >= 0:
-            problem = f"ids outside the table ({table!r} has num_rows {limit})"
-        elif text.lstrip("-").isdigit():
+        if ids[k] >= 0 or _ascii_digits(text):  # all digits yet parsed negative: past int64
+            if limit is None:
+                problem = f"ids of {MAX_ID:,} and above need remapping to dense ids (or an explicit num_rows)"
+            else:
+                problem = f"ids outside the table ({table!r} has num_rows {limit})"
+        elif text[:1] == "-" and _ascii_digits(text[1:]):
             problem = "ids < 0 are not allowed"
-        else:
+        else:  # '٣' and other non-ASCII digits are not ids (str.isdigit and int() accept them)
             problem = "not a non-negative integer id"
+            if not text.isascii() and any(ch.isdigit() for ch in text):
+                problem += " (ids are written with the ASCII digits 0-9)"
         raise bad_value(path, int(tok.line[i]), field_name, text, problem)
+
+
+def _ascii_digits(text: str) -> bool:
+    """Whether ``text`` is one or more of the ASCII digits 0-9."""
+    return text.isascii() and text.isdigit()
 
 
 def check_max_len(max_len: object) -> int:

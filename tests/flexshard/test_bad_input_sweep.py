@@ -38,6 +38,8 @@ def files(tmp_path_factory) -> Path:
         "nan_share": lambda d: d["tables"][0].update(cold_share=[float("nan")]),
         "negative_share": lambda d: d["tables"][0].update(cold_share=[-1.0]),
         "uncovered": lambda d: d["world"].update(groups=[[1]]),
+        "string_hot_rows": lambda d: d["tables"][0].update(hot_rows="3"),
+        "table_twice": lambda d: d["tables"].append(dict(d["tables"][0])),
     }.items():
         bad = json.loads((root / "plan.json").read_text())
         change(bad)
@@ -49,6 +51,8 @@ def files(tmp_path_factory) -> Path:
     (root / "bad_topo.json").write_text(json.dumps(topo))
     (root / "id_2_64.txt").write_text(f"1 {2**64 + 5} 3\n2 5 6\n")
     (root / "id_2_32.txt").write_text(f"1 {2**32} 3\n2 5 6\n")
+    (root / "arabic_digit.txt").write_text("1 2 3\n2 \u0663 6\n", encoding="utf-8")  # '٣': int() takes it
+    (root / "arabic_digit.csv").write_text("1,\u0663,3\n", encoding="utf-8")
     (root / "a_file").write_text("not a folder\n")
     ckpt = root / "ckpt"
     assert (
@@ -86,7 +90,7 @@ CASES = {  # id: (argv with {d} for the folder of inputs, the one line expected 
     "plan dim other than the model's": (
         ["train", "--plan", "{d}/plan.json", *SMALL, "--dim", "32"],
         "flexshard train: error: table 'item': the plan was made for dim 16, the model has dim 32: "
-        "make a plan for this run (flexshard stats, then flexshard plan)",
+        "train with --dim 16, or make the plan with flexshard stats --dim 32, then flexshard plan",
         None,
     ),
     "binary plan file": (
@@ -181,6 +185,99 @@ CASES = {  # id: (argv with {d} for the folder of inputs, the one line expected 
         ["train", "--steps", "0"],
         "flexshard train: error: --steps: must be positive, got 0",
         None,
+    ),
+    # issue 22: limits checked before work, and messages that say what happened
+    "train --negatives 0": (
+        ["train", "--negatives", "0"],
+        "flexshard train: error: --negatives: must be at least 1 (the loss compares the target with its "
+        "negatives), got 0",
+        None,
+    ),
+    "train --negatives -1": (
+        ["train", "--negatives", "-1"],
+        "flexshard train: error: --negatives: must be at least 1 (the loss compares the target with its "
+        "negatives), got -1",
+        None,
+    ),
+    "train --seed -1": (
+        ["train", "--seed", "-1"],
+        "flexshard train: error: --seed: must be an integer in [0, 4294967295], got -1",
+        None,
+    ),
+    "train --seed 2**32": (
+        ["train", "--seed", str(2**32)],
+        "flexshard train: error: --seed: must be an integer in [0, 4294967295], got 4294967296",
+        None,
+    ),
+    "train --batch-size 0": (
+        ["train", "--batch-size", "0"],
+        "flexshard train: error: --batch-size: must be positive, got 0",
+        None,
+    ),
+    "plan string hot_rows": (
+        ["train", "--plan", "{d}/string_hot_rows.json", *SMALL],
+        "flexshard train: error: plan file '{d}/string_hot_rows.json': tables[0] ('item').hot_rows must be "
+        "an integer >= 0, got '3'",
+        None,
+    ),
+    "plan with a table listed twice": (
+        ["train", "--plan", "{d}/table_twice.json", *SMALL],
+        "flexshard train: error: plan file '{d}/table_twice.json': tables[2].name: table 'item' is listed "
+        "twice (also tables[0])",
+        None,
+    ),
+    "plan --budget inf": (
+        ["plan", "--budget", "inf", "--out", "{d}/p4.json"],
+        "flexshard plan: error: argument --budget: must be a finite number > 0, got 'inf' (see flexshard "
+        "plan --help)",
+        "{d}/p4.json",
+    ),
+    "plan --budget nan": (
+        ["plan", "--budget", "nan", "--out", "{d}/p4.json"],
+        "flexshard plan: error: argument --budget: must be a finite number > 0, got 'nan' (see flexshard "
+        "plan --help)",
+        "{d}/p4.json",
+    ),
+    "plan --budget 0": (
+        ["plan", "--budget", "0", "--out", "{d}/p4.json"],
+        "flexshard plan: error: argument --budget: must be a finite number > 0, got '0' (see flexshard "
+        "plan --help)",
+        "{d}/p4.json",
+    ),
+    "plan --budget=-1": (
+        ["plan", "--budget=-1", "--out", "{d}/p4.json"],
+        "flexshard plan: error: argument --budget: must be a finite number > 0, got '-1' (see flexshard "
+        "plan --help)",
+        "{d}/p4.json",
+    ),
+    "simulate --budgets 2,inf": (
+        ["simulate", "--budgets", "2,inf"],
+        "flexshard simulate: error: argument --budgets: must be a finite number > 0, got 'inf' (see "
+        "flexshard simulate --help)",
+        None,
+    ),
+    "train --budget inf": (
+        ["train", "--budget", "inf"],
+        "flexshard train: error: --budget: must be a finite number > 0, got inf",
+        None,
+    ),
+    "a non-ASCII digit in a sequence file": (
+        ["stats", "{d}/arabic_digit.txt", "--out", "{d}/s3.npz"],
+        "flexshard stats: error: {d}/arabic_digit.txt:2: field 'item id' value '\u0663': not a "
+        "non-negative integer id (ids are written with the ASCII digits 0-9)",
+        "{d}/s3.npz",
+    ),
+    "a non-ASCII digit in a CSV file": (
+        ["stats", "{d}/arabic_digit.csv", "--out", "{d}/s4.npz"],
+        "flexshard stats: error: {d}/arabic_digit.csv:1: field 'item' value '\u0663': not a "
+        "non-negative integer id (ids are written with the ASCII digits 0-9)",
+        "{d}/s4.npz",
+    ),
+    "stats --format xyz": (
+        ["stats", "{d}/id_2_32.txt", "--format", "xyz", "--out", "{d}/s5.npz"],
+        "flexshard stats: error: argument --format: invalid choice: 'xyz' (choose from 'auto', 'seq', "
+        "'csv', 'recbole', 'parquet', 'rows') (see flexshard stats --help)",
+        "{d}/s5.npz",
     ),
     "train --steps x": (
         ["train", "--steps", "x"],

@@ -143,7 +143,8 @@ def _edit(path: Path, change) -> Path:
         (lambda d: d["tables"][0].update(cold_share=[0.5, 0.5, 0.5, 0.5]), "cold_share: shares sum to 2"),
         (lambda d: d["tables"][0].update(cold_share=[1.0]), "cold_share has 1 entries, expected 4"),
         (lambda d: d["world"].update(groups=[[0, 1], [3]]), "must cover ranks 0..3 exactly once"),
-        (lambda d: d["world"].update(size=0), "world.size must be positive, got 0"),
+        (lambda d: d["world"].update(size=0), "world.size must be a positive integer, got 0"),
+        (lambda d: d["world"].update(size="4"), "world.size must be a positive integer, got '4'"),
         (lambda d: d["settings"].update(sync="lazy"), "settings.sync: unknown 'lazy'"),
         (
             lambda d: d["settings"].update(batch_size_per_gpu=0),
@@ -151,6 +152,46 @@ def _edit(path: Path, change) -> Path:
         ),
         (lambda d: d["tables"][1].update(dim=0), "tables[1] ('tags').dim must be a positive integer, got 0"),
         (lambda d: d["tables"][0].update(hot_rows=100), "do not add up to num_rows 12"),
+        # issue 22: every tier count an integer >= 0 (was int() of anything, and "-5+0+206 do not add up")
+        (
+            lambda d: d["tables"][0].update(hot_rows="0"),
+            "tables[0] ('items').hot_rows must be an integer >= 0, got '0'",
+        ),
+        (
+            lambda d: d["tables"][0].update(hot_rows=0.0),
+            "tables[0] ('items').hot_rows must be an integer >= 0, got 0.0",
+        ),
+        (
+            lambda d: d["tables"][0].update(warm_rows=None),
+            "tables[0] ('items').warm_rows must be an integer >= 0, got None",
+        ),
+        (
+            lambda d: d["tables"][0].update(warm_rows=True),
+            "tables[0] ('items').warm_rows must be an integer >= 0, got True",
+        ),
+        (
+            lambda d: d["tables"][0].update(hot_rows=-5, cold_rows=d["tables"][0]["cold_rows"] + 5),
+            "tables[0] ('items').hot_rows must be an integer >= 0, got -5",
+        ),
+        (
+            lambda d: d["tables"][1].update(cold_rows=-1),
+            "tables[1] ('tags').cold_rows must be an integer >= 0, got -1",
+        ),
+        (
+            lambda d: d["tables"][0].update(optimizer_bytes_per_row="4"),
+            "tables[0] ('items').optimizer_bytes_per_row must be an integer >= 0, got '4'",
+        ),
+        (
+            lambda d: d["tables"].append(dict(d["tables"][0])),
+            "tables[2].name: table 'items' is listed twice (also tables[0])",
+        ),
+        (lambda d: d["tables"][1].update(name=7), "tables[1].name must be a non-empty string, got 7"),
+        (lambda d: d["tables"][1].update(name=""), "tables[1].name must be a non-empty string, got ''"),
+        (lambda d: d["settings"].update(dedup="no"), "settings.dedup must be true or false, got 'no'"),
+        (
+            lambda d: d.update(owner_pattern_period=1.5),
+            "owner_pattern_period must be a positive integer, got 1.5",
+        ),
         (
             lambda d: (d["world"].update(groups=[[0, 1, 2], [3]]), d["tables"][0].update(fetch="group")),
             "tables[0] ('items'): a group fetch needs groups of equal size, got [[0, 1, 2], [3]]",

@@ -290,8 +290,8 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     # a plan for another embedding dim
     assert main(["--plan", str(tmp_path / "w1.json"), "--steps", "1", "--dim", "32", *SMALL]) == 2
     assert capsys.readouterr().err.strip() == (
-        "flexshard train: error: table 'item': the plan was made for dim 16, the model has dim 32: make a "
-        "plan for this run (flexshard stats, then flexshard plan)"
+        "flexshard train: error: table 'item': the plan was made for dim 16, the model has dim 32: train "
+        "with --dim 16, or make the plan with flexshard stats --dim 32, then flexshard plan"
     )
     # a plan priced at float32 on the wire is not run at bf16 unless on purpose
     assert main(["--plan", str(tmp_path / "w1.json"), "--steps", "1", "--wire-dtype", "bf16", *SMALL]) == 2

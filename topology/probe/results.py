@@ -300,6 +300,14 @@ def _table_rows(m: Measurements) -> list[str]:
     return rows
 
 
+def _slow_line(slow: list[dict], factor: float) -> str:
+    """The one count of slow parts, by kind: ``slow: 5 below 0.5 x the median of their class (2 pairs,
+    2 ranks, 1 host)``, or ``slow: none ...``."""
+    head = f"slow: {len(slow) if slow else 'none'} below {factor:g} x the median of their class"
+    kinds = [(what, sum(s["what"] == what for s in slow)) for what in ("pair", "rank", "host")]
+    return head + (" (" + ", ".join(_plural(n, what) for what, n in kinds if n) + ")" if slow else "")
+
+
 def report(m: Measurements, max_slow: int = 10) -> str:
     """Groups, a bandwidth table per link class, and the slow parts (at most ``max_slow`` listed)."""
     hosts = sorted({i.host for i in m.ranks})
@@ -312,7 +320,7 @@ def report(m: Measurements, max_slow: int = 10) -> str:
         f"groups: {named}{' ...' if len(m.groups) > 8 else ''}",
         f"{'link class':<27}{'n':>5}{'GB/s min':>10}{'median':>10}{'max':>10}{'lat us':>10}",
         *_table_rows(m),
-        f"slow: {len(slow) if slow else 'none'} (below {m.config.slow_factor:g} x the median)",
+        _slow_line(slow, m.config.slow_factor),
     ]
     lines += [
         f"  {s['what']} {s['name']} ({s['class']}): {s['bandwidth_GBps']:.2f} GB/s, "
