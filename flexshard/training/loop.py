@@ -48,7 +48,7 @@ def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> t
     problem, source, given, plan_file, notes = "", None, None, None, []
     try:
         if config.metrics_out:
-            check_writable(config.metrics_out, "--metrics-out")
+            check_writable(config.metrics_out, "--metrics-out", config.inputs())
         given = read_plan(config.plan) if config.plan else None
         source = make_source(
             config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed
