@@ -316,9 +316,15 @@ def load_full(path: str | os.PathLike) -> FullCheckpoint:
     manifest = read_manifest(path)
     weights, state, seen = {}, {}, {}
     for t in manifest.tables:
-        weights[t.name] = torch.zeros(t.num_rows, t.dim)
-        state[t.name] = torch.zeros(t.num_rows)
-        seen[t.name] = np.zeros(t.num_rows, dtype=np.int64)
+        try:
+            weights[t.name] = torch.zeros(t.num_rows, t.dim)
+            state[t.name] = torch.zeros(t.num_rows)
+            seen[t.name] = np.zeros(t.num_rows, dtype=np.int64)
+        except (RuntimeError, MemoryError, ValueError) as e:
+            raise CheckpointError(
+                f"{manifest.where()}: table {t.name!r} of {t.num_rows:,} x {t.dim} does not fit in memory "
+                f"here ({type(e).__name__})"
+            ) from None
     first: dict[str, Any] = {}
     for r in range(manifest.world_size):
         payload = read_rank_file(manifest, r)

@@ -243,7 +243,7 @@ def parse_manifest(doc: Any, folder: Path) -> Manifest:
         isinstance(g, list) and g and all(isinstance(r, int) and not isinstance(r, bool) for r in g)
         for g in groups
     ) else None  # fmt: skip
-    if flat is None or sorted(flat) != list(range(world)):
+    if flat is None or len(flat) != world or sorted(flat) != list(range(world)):
         raise bad("groups", groups, f"lists of ranks covering 0..{world - 1} once")
     tables = doc["tables"]
     if not isinstance(tables, list) or not tables:
@@ -255,11 +255,12 @@ def parse_manifest(doc: Any, folder: Path) -> Manifest:
             and set(t) == {"name", "num_rows", "dim"}
             and isinstance(t["name"], str)
             and all(
-                isinstance(t[f], int) and not isinstance(t[f], bool) and t[f] > 0 for f in ("num_rows", "dim")
+                isinstance(t[f], int) and not isinstance(t[f], bool) and 0 < t[f] < limit
+                for f, limit in (("num_rows", 2**63), ("dim", 2**31))
             )
         )
         if not ok:
-            raise bad(f"tables[{k}]", t, "{name: text, num_rows: integer > 0, dim: integer > 0}")
+            raise bad(f"tables[{k}]", t, "{name: text, num_rows: 1..2^63-1, dim: 1..2^31-1}")
         entries.append(TableEntry(t["name"], t["num_rows"], t["dim"]))
     if len({t.name for t in entries}) != len(entries):
         raise bad("tables", [t.name for t in entries], "distinct table names")
