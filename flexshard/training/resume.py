@@ -139,6 +139,14 @@ def checkpoint_folder_name(name: str) -> bool:
 def _fresh_run_problem(config: TrainConfig, d: Path) -> str:
     """'' when a fresh run may start in ``d``: no other run's checkpoints (``--overwrite`` removes them
     here) and no ``step-NNNNNNNN`` folder this tool did not write (its saves would replace it)."""
+    foreign = sorted(
+        p.name for p in d.iterdir() if checkpoint_folder_name(p.name) and not written_by_flexshard(p)
+    )
+    if foreign:  # checked before --overwrite removes anything: a refused run changes nothing
+        return (
+            f"--checkpoint-dir: {d / foreign[0]} is not a checkpoint this tool wrote (no FlexShard "
+            "manifest), and this run's saves would replace it; move it out of the folder"
+        )
     old = existing_checkpoints(d)
     if old and not config.overwrite:
         return (
@@ -150,12 +158,6 @@ def _fresh_run_problem(config: TrainConfig, d: Path) -> str:
             shutil.rmtree(p)
         except OSError as e:
             return f"--overwrite: cannot remove {p}: {e.strerror or e}"
-    foreign = sorted(p.name for p in d.iterdir() if checkpoint_folder_name(p.name))
-    if foreign:
-        return (
-            f"--checkpoint-dir: {d / foreign[0]} is not a checkpoint this tool wrote (no FlexShard "
-            "manifest), and this run's saves would replace it; move it out of the folder"
-        )
     return ""
 
 
