@@ -183,9 +183,9 @@ def fallback_hint(newest: Path, accept: Callable[[Manifest], str], only_found: b
     step = step_of(newest)
     older = loadable_older(newest.parent, step, accept) if step is not None else None
     if older is None:
-        return "" if only_found else f"no older checkpoint in {newest.parent} verifies either"
+        return "" if only_found else f"no older checkpoint in {newest.parent} would load either"
     aside = newest.parent / f"refused-{newest.name}"
     return (
-        f"{older.name} verifies (manifest and rank file hashes): to resume from it, move the refused one "
-        f"aside (mv {newest} {aside}) and --resume again"
+        f"{older.name} would load (its manifest and rank file hashes verify): to resume from it, move the "
+        f"refused one aside (mv {newest} {aside}) and --resume again"
     )

@@ -51,9 +51,9 @@ def test_a_refused_newest_checkpoint_names_the_older_one_that_loads(tmp_path, ca
     aside = ckpt / "refused-step-00000003"
     assert _err(capsys) == (
         f"flexshard train: error: checkpoint '{newest}': rank0.pt: 3 bytes, the manifest records {size} "
-        "(truncated, damaged, or a file of another checkpoint); step-00000002 verifies (manifest and rank "
-        f"file hashes): to resume from it, move the refused one aside (mv {newest} {aside}) and --resume "
-        "again"
+        "(truncated, damaged, or a file of another checkpoint); step-00000002 would load (its manifest and "
+        f"rank file hashes verify): to resume from it, move the refused one aside (mv {newest} {aside}) and "
+        "--resume again"
     )
     assert not (ckpt / LOCK_NAME).exists()  # the failed run released the folder
     newest.rename(aside)  # as the line says
@@ -63,7 +63,7 @@ def test_a_refused_newest_checkpoint_names_the_older_one_that_loads(tmp_path, ca
     assert aside.is_dir()  # not a checkpoint any more, never removed
 
 
-def test_when_no_older_checkpoint_verifies_the_line_says_so(tmp_path, capsys):
+def test_when_no_older_checkpoint_would_load_the_line_says_so(tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     assert _train(ckpt, "--steps", "2") == 0
     (ckpt / "step-00000001" / "rank0.pt").write_bytes(b"x")
@@ -75,7 +75,7 @@ def test_when_no_older_checkpoint_verifies_the_line_says_so(tmp_path, capsys):
     assert _train(ckpt, "--steps", "3", "--resume") == 2
     assert _err(capsys) == (
         f"flexshard train: error: checkpoint '{ckpt / 'step-00000002'}': manifest.json: field 'world_size' "
-        f"missing; no older checkpoint in {ckpt} verifies either"
+        f"missing; no older checkpoint in {ckpt} would load either"
     )
 
 
