@@ -47,8 +47,8 @@ def check_writable(
     clash = input_clash(target, inputs)
     if clash:
         raise OutputError(
-            f"{what}: {str(path)!r} is the same file as {clash}, an input: writing it would destroy the "
-            "input; give another output path"
+            f"{what}: {str(path)!r} is the same file as {clash}: writing it would destroy that input; give "
+            "another output path"
         )
     return target
 

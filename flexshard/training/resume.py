@@ -118,7 +118,7 @@ def _inputs_inside(config: TrainConfig, d: Path) -> str:
     """'' unless an input or ``--metrics-out`` lies in a folder that checkpoints replace or remove."""
     root = d.resolve()
     for flag, given in [*config.inputs(), ("--metrics-out", config.metrics_out)]:
-        if given is None or not Path(given).exists():
+        if given is None:
             continue
         try:
             inside = Path(given).resolve().relative_to(root).parts

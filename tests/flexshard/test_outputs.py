@@ -64,8 +64,8 @@ def test_input_clash_finds_every_name_of_an_input(tmp_path):
     with pytest.raises(OutputError) as err:
         check_writable(tmp_path / "soft-d.txt", "--out", [("input", data)])
     assert str(err.value) == (
-        f"--out: {str(tmp_path / 'soft-d.txt')!r} is the same file as input {str(data)!r}, an input: "
-        "writing it would destroy the input; give another output path"
+        f"--out: {str(tmp_path / 'soft-d.txt')!r} is the same file as input {str(data)!r}: writing it would "
+        "destroy that input; give another output path"
     )
 
 
@@ -111,7 +111,7 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, caps
             line = fails(capsys, *[a.replace("{out}", str(alias)) for a in argv])
             assert line == (
                 f"flexshard {command}: error: {flag}: {str(alias)!r} is the same file as {input_flag} "
-                f"{str(source)!r}, an input: writing it would destroy the input; give another output path"
+                f"{str(source)!r}: writing it would destroy that input; give another output path"
             ), (name, how)
             assert source.read_bytes() == before, (name, how)
             assert alias.exists() and (alias.is_symlink() or alias.samefile(source)), (name, how)

@@ -121,6 +121,13 @@ def test_an_input_inside_a_checkpoint_is_refused(tmp_path, capsys):
         "folder that checkpoints replace or remove; move it out"
     )
     assert data.exists()
+    metrics = ckpt / "step-00000001" / "m.jsonl"  # not there yet: a later --keep would remove it
+    assert _train(ckpt, "--steps", "2", "--resume", "--metrics-out", str(metrics)) == 2
+    assert _err(capsys) == (
+        f"flexshard train: error: --checkpoint-dir: --metrics-out '{metrics}' lies in "
+        f"{ckpt / 'step-00000001'}, a folder that checkpoints replace or remove; move it out"
+    )
+    assert not metrics.exists() and checkpoint.latest(ckpt).name == "step-00000001"
 
 
 def _sleeper() -> subprocess.Popen:
