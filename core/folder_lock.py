@@ -1,10 +1,11 @@
 """A folder held by one job at a time: a lock file created with ``O_EXCL`` semantics.
 
-The lock file (``<folder>/.flexshard-lock``) is JSON naming its holder: ``host``, ``pid``, the process's
-start (``started``, UTC; ``ticks``, the kernel's start time of the process, which tells a reused pid from
-the holder) and, under torchrun, the job's run id and restart attempt. It appears whole (written to a
-private file, then hard-linked into place: ``link`` fails when the name exists, atomically, on local and
-network file systems), and :meth:`FolderLock.release` removes it only while it is still this holder's.
+The lock file (``<folder>/.flexshard-lock``) is JSON naming its holder: ``host``, ``pid``, when it took
+the lock (``started``, UTC), the kernel's start time of the process (``ticks``, which tells a reused pid
+from the holder) and, under torchrun, the job's run id and restart attempt. It appears whole (written to
+a private file, then hard-linked into place: ``link`` fails when the name exists, atomically, on local
+and network file systems; ``O_CREAT | O_EXCL`` where there are no hard links), and
+:meth:`FolderLock.release` removes it only while it is still this holder's.
 
 A lock is stale, and taken over, when its holder is gone: a process on this host that no longer runs
 (or whose pid now belongs to another process), or an earlier attempt of this same torchrun job (the
@@ -16,6 +17,7 @@ lock (``.flexshard-lock.break``), so two jobs that find the same stale lock cann
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -40,7 +42,7 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def holder_record() -> dict[str, Any]:
-    """This process as a lock holder: host, pid, start, torchrun run id and attempt (None without)."""
+    """This process as a lock holder: host, pid, now, its start ticks, torchrun run id and attempt."""
     return {
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -128,20 +130,38 @@ class FolderLock:
 
 
 def _link_new(path: Path, holder: dict[str, Any], what: str) -> bool:
-    """Create ``path`` holding ``holder``, whole, unless it exists: True when created."""
+    """Create ``path`` holding ``holder``, whole, unless it exists: True when created. Where the file
+    system has no hard links, ``O_CREAT | O_EXCL`` (a reader may then briefly find it empty: it counts as
+    held)."""
+    text = json.dumps(holder) + "\n"
     tmp = path.with_name(f"{path.name}.{holder['host']}.{holder['pid']}.{time.monotonic_ns()}")
     try:
-        tmp.write_text(json.dumps(holder) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
         try:
             os.link(tmp, path)
         except FileExistsError:
             return False
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            return _create_new(path, text)
         return True
     except OSError as e:
         raise OutputError(f"{what}: cannot lock {path.parent}: {e.strerror or e}") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def _create_new(path: Path, text: str) -> bool:
+    """``O_CREAT | O_EXCL`` create of ``path`` with ``text``: True when created, False when it exists."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    return True
 
 
 def _break_stale(path: Path, stale: dict[str, Any], me: dict[str, Any], what: str) -> None:

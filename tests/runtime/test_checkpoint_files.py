@@ -105,6 +105,7 @@ def test_a_checkpoint_reads_back_and_records_its_binding(saved):
         "flexshard-checkpoint/2", 0, 2, manifest.layout,
     )  # fmt: skip
     assert payload["run"] == hashlib.sha256(json.dumps(manifest.run, sort_keys=True).encode()).hexdigest()
+    assert manifest.document() == doc  # what was read is what is written
     full = checkpoint.load_full(manifest.path)
     assert sorted(full.weights) == [t.name for t in sorted(manifest.tables, key=lambda t: t.name)]
 

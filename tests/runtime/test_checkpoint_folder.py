@@ -258,3 +258,43 @@ def test_a_lock_is_released_only_by_its_holder(tmp_path):
     other = _lock_file(tmp_path, pid=1)
     lock.release()  # no longer its lock: left alone
     assert json.loads((tmp_path / LOCK_NAME).read_text()) == other
+
+
+def test_without_hard_links_the_lock_is_an_exclusive_create(tmp_path, monkeypatch):
+    import errno
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    lock = FolderLock.acquire(tmp_path, "--checkpoint-dir")
+    assert json.loads((tmp_path / LOCK_NAME).read_text()) == lock.holder
+    with pytest.raises(OutputError, match="is in use by another job"):
+        FolderLock.acquire(tmp_path, "--checkpoint-dir")
+    lock.release()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_two_jobs_started_together_never_both_succeed(tmp_path):
+    """Two real training processes launched at once into one fresh folder: exactly one exits 0; the
+    other stops with one line (the folder in use by the first, or, if the first finished before it
+    looked, the first's checkpoints)."""
+    ckpt = tmp_path / "ckpt"
+    argv = [sys.executable, "-m", "flexshard.train", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1",
+            "--steps", "20", *SMALL]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    jobs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]  # fmt: skip
+    done = [(j.wait(timeout=300), j.stderr.read().strip()) for j in jobs]
+    for j in jobs:
+        j.stdout.close()
+        j.stderr.close()
+    assert sorted(rc for rc, _ in done) == [0, 2], done
+    line = next(err for rc, err in done if rc == 2)
+    assert "\n" not in line
+    assert line.startswith(f"flexshard train: error: --checkpoint-dir: {ckpt} ")
+    assert "is in use by another job (host" in line or "holds 20 checkpoint(s) of another run" in line, line
+    assert checkpoint.latest(ckpt).name == "step-00000020" and not (ckpt / LOCK_NAME).exists()
