@@ -1,11 +1,12 @@
 """Operating-system helpers every layer uses: atomic file writes, free loopback ports, live processes and
 the machine's memory.
 
-The output rule (every file FlexShard writes goes through :func:`check_writable`, then
-:func:`atomic_open` or :func:`replace_for_append`):
+The output rule (every output file a command names goes through :func:`check_writable` before the work,
+then :func:`atomic_open` or :func:`replace_for_append`; checkpoints write into folders of their own,
+``flexshard.checkpoint``):
 
 * an output that is the same file as one of the command's inputs (the same path, a hard link, a symlink
-  to it, or a file inside an input folder that is read) is refused with one :class:`OutputError` line
+  either way, or a file directly inside an input folder) is refused with one :class:`OutputError` line
   naming the flag and both paths, before any work;
 * an output replaces the directory entry it names and never writes into an existing file: where the
   output path is a symlink, the link is replaced by a new file and its target is left as it was; where

@@ -218,7 +218,7 @@ def parse_manifest(doc: Any, folder: Path) -> Manifest:
         if isinstance(schema, str) and schema.startswith(SCHEMA_FAMILY):
             raise CheckpointError(
                 f"{where}: schema {schema!r} is from another FlexShard version (this one reads {SCHEMA!r}, "
-                "whose manifest records every rank file's hash); start a fresh run"
+                "whose manifest records every rank file's hash); start a fresh run (here: --overwrite)"
             )
         raise bad("schema", schema, repr(SCHEMA))
     for key in ("step", "world_size", "groups", "tables", "optimizer", "layout", "files", "run"):
@@ -344,6 +344,12 @@ def read_rank_file(manifest: Manifest, rank: int) -> dict[str, Any]:
     return check_payload(payload, manifest, rank)
 
 
+def _show(value: Any) -> str:
+    """``repr(value)`` on one line, at most 80 characters (a value from a file can be anything)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _is_tensor(x: Any, dtype: torch.dtype, ndim: int) -> bool:
     return isinstance(x, torch.Tensor) and x.layout == torch.strided and x.dtype == dtype and x.dim() == ndim
 
@@ -354,7 +360,8 @@ def check_payload(payload: Any, manifest: Manifest, rank: int) -> dict[str, Any]
     weights float32 ``[n, dim]``, state float32 ``[n]``; hot rows only in rank 0's file, warm rows only in
     group 0's); rank 0's also holds the dense state. Else CheckpointError."""
     where = f"{manifest.where()}: {manifest.files[rank].name}"
-    if not isinstance(payload, dict) or payload.get("format") != SCHEMA:
+    form = payload.get("format") if isinstance(payload, dict) else None
+    if not isinstance(form, str) or form != SCHEMA:
         raise CheckpointError(f"{where}: not a FlexShard rank file of schema {SCHEMA!r}")
     for key, want in (
         ("rank", rank),
@@ -362,15 +369,16 @@ def check_payload(payload: Any, manifest: Manifest, rank: int) -> dict[str, Any]
         ("layout", manifest.layout),
         ("run", run_digest(manifest.run)),
     ):
-        if payload.get(key) != want:
-            raise CheckpointError(f"{where}: records {key} {payload.get(key)!r}, the manifest {want!r}")
+        got = payload.get(key)
+        if type(got) is not type(want) or got != want:  # a value from a file: compared by type first
+            raise CheckpointError(f"{where}: records {key} {_show(got)}, the manifest {want!r}")
     rows = payload.get("rows")
     if not isinstance(rows, dict):
         raise CheckpointError(f"{where}: 'rows' is not a table -> tier mapping")
     for name, tiers in rows.items():
         table = manifest.table(name) if isinstance(name, str) else None
         if table is None or not isinstance(tiers, dict):
-            raise CheckpointError(f"{where}: rows of {name!r}, which is not a table of the manifest")
+            raise CheckpointError(f"{where}: rows of {_show(name)}, which is not a table of the manifest")
         for tier_name, entry in tiers.items():
             _check_entry(where, table, tier_name, entry, rank, manifest.groups[0])
     if rank == 0:
@@ -387,8 +395,8 @@ def check_payload(payload: Any, manifest: Manifest, rank: int) -> dict[str, Any]
 
 
 def _check_entry(where: str, table: TableEntry, tier_name: Any, entry: Any, rank: int, group0: list) -> None:
-    what = f"{where}: table {table.name!r} tier {tier_name!r}"
-    if tier_name not in [t.label for t in Tier]:
+    what = f"{where}: table {table.name!r} tier {_show(tier_name)}"
+    if not isinstance(tier_name, str) or tier_name not in [t.label for t in Tier]:
         raise CheckpointError(f"{what}: not a tier (hot, warm, cold)")
     if (tier_name == Tier.HOT.label and rank != 0) or (tier_name == Tier.WARM.label and rank not in group0):
         raise CheckpointError(f"{what}: rank {rank}'s file never holds these rows")

@@ -178,7 +178,7 @@ def test_the_reproductions_of_the_issue(saved, tmp_path):
     assert _refused(other) == (
         f"checkpoint {str(other)!r}: manifest.json: schema 'flexshard-checkpoint/1' is from another "
         "FlexShard version (this one reads 'flexshard-checkpoint/2', whose manifest records every rank "
-        "file's hash); start a fresh run"
+        "file's hash); start a fresh run (here: --overwrite)"
     )
 
 
@@ -210,6 +210,12 @@ def _payload_mutations(payload: dict, manifest: Manifest) -> list:
         mutated(lambda p: p.update(rows=[])),
         mutated(lambda p: p["rows"].update(other={})),
         mutated(lambda p: p["rows"].update({5: {}})),
+        mutated(lambda p: p["rows"].update({torch.zeros(30, 30): {}})),  # a key whose repr has lines
+        mutated(lambda p: p["rows"][table].update({torch.zeros(30, 30): entry(p)})),
+        mutated(lambda p: p.update(step=torch.zeros(30, 30))),
+        mutated(lambda p: p.update(format=torch.zeros(30, 30))),
+        mutated(lambda p: p.update(rank=False)),  # 0 == False: compared by type too
+        {torch.zeros(2, 2): 1},
         mutated(lambda p: p["rows"].update({table: []})),
         mutated(lambda p: p["rows"][table].update(lukewarm=entry(p))),
         mutated(lambda p: p["rows"][table].update({tier: []})),
