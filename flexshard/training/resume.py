@@ -165,8 +165,8 @@ def prune(directory: str | Path, keep: int) -> list[Path]:
     """Remove all but the newest ``keep`` complete checkpoints (0: keep all); returns those removed."""
     if keep <= 0:
         return []
-    done = [p for p in existing_checkpoints(directory) if p.name.startswith("step-")]
-    removed = sorted(done, key=lambda p: p.name)[:-keep] if len(done) > keep else []
+    done = sorted((p for p in existing_checkpoints(directory) if p.name.startswith("step-")), key=step_of)
+    removed = done[:-keep] if len(done) > keep else []  # by step: step-100000000 is newer than step-99999999
     for p in removed:
         try:
             shutil.rmtree(p)

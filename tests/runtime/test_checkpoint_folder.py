@@ -298,3 +298,15 @@ def test_two_jobs_started_together_never_both_succeed(tmp_path):
     assert line.startswith(f"flexshard train: error: --checkpoint-dir: {ckpt} ")
     assert "is in use by another job (host" in line or "holds 20 checkpoint(s) of another run" in line, line
     assert checkpoint.latest(ckpt).name == "step-00000020" and not (ckpt / LOCK_NAME).exists()
+
+
+def test_steps_past_eight_digits_order_by_step_not_by_name(tmp_path):
+    from flexshard.training.resume import prune
+
+    for step in (99_999_999, 100_000_000, 7):
+        folder = checkpoint.step_dir(tmp_path, step)
+        folder.mkdir()
+        (folder / "manifest.json").write_text(json.dumps({"schema": "flexshard-checkpoint/2"}))
+    assert checkpoint.latest(tmp_path).name == "step-100000000"
+    assert [p.name for p in prune(tmp_path, 1)] == ["step-00000007", "step-99999999"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-100000000"]
