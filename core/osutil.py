@@ -1,22 +1,41 @@
 """Operating-system helpers every layer uses: atomic file writes, free loopback ports, live processes and
-the machine's memory."""
+the machine's memory.
+
+The output rule (every output file a command names goes through :func:`check_writable` before the work,
+then :func:`atomic_open` or :func:`replace_for_append`; checkpoints write into folders of their own,
+``flexshard.checkpoint``):
+
+* an output that is the same file as one of the command's inputs (the same path, a hard link, a symlink
+  either way, or a file directly inside an input folder) is refused with one :class:`OutputError` line
+  naming the flag and both paths, before any work;
+* an output replaces the directory entry it names and never writes into an existing file: where the
+  output path is a symlink, the link is replaced by a new file and its target is left as it was; where
+  the file has other hard links, they keep the old contents. A symlink's target may be an input, a shared
+  data set or another user's file: replacing the link can only ever change the path that was named.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
 from core.errors import OutputError
 
 
-def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
+def check_writable(
+    path: str | os.PathLike, what: str = "output", inputs: Iterable[tuple[str, str | os.PathLike | None]] = ()
+) -> Path:
     """``path`` as a Path when a file can be created or replaced there (its folder exists and is writable,
-    and ``path`` is not a folder); else :class:`~core.errors.OutputError` naming ``what`` and the path.
+    ``path`` is not a folder, and it is none of ``inputs``); else :class:`~core.errors.OutputError` naming
+    ``what`` and the path. ``inputs``: ``(flag, path)`` pairs of the command's inputs (``None`` and paths
+    that do not exist, such as preset names, are skipped; a folder stands for the files directly in it).
     Call it before long work, so a bad output path fails first."""
     target = Path(path)
     if target.is_dir():
@@ -26,25 +45,58 @@ def check_writable(path: str | os.PathLike, what: str = "output") -> Path:
         raise OutputError(f"{what}: {str(path)!r}: folder {str(folder)!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise OutputError(f"{what}: {str(path)!r}: permission denied")
+    clash = input_clash(target, inputs)
+    if clash:
+        raise OutputError(
+            f"{what}: {str(path)!r} is the same file as {clash}: writing it would destroy that input; give "
+            "another output path"
+        )
     return target
+
+
+def _file_key(path: str | os.PathLike) -> tuple[int, int] | None:
+    """(device, inode) of the file ``path`` resolves to (symlinks followed), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def input_clash(output: str | os.PathLike, inputs: Iterable[tuple[str, str | os.PathLike | None]]) -> str:
+    """'' when writing ``output`` leaves every input as it was, else the clashing input as ``flag 'path'``:
+    ``output`` resolves (symlinks followed, hard links alike) to the same file as an input, or to a file
+    directly inside an input folder. An output that does not exist yet clashes with nothing."""
+    key = _file_key(output)
+    if key is None:
+        return ""
+    for flag, given in inputs:
+        if given is None:
+            continue
+        if _file_key(given) == key:
+            return f"{flag} {str(given)!r}"
+        if os.path.isdir(given):
+            try:
+                with os.scandir(given) as entries:
+                    for entry in entries:
+                        if _file_key(entry.path) == key:
+                            return f"{flag} {str(given)!r} (its file {entry.name!r})"
+            except OSError:
+                continue
+    return ""
 
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", what: str = "output") -> Iterator[IO]:
     """Open a temporary file beside ``path`` for writing and move it onto ``path`` when the block ends
     without an exception (``os.replace``); on an exception the temporary file is removed and ``path`` is
-    left as it was. ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``. A path that cannot be written raises
+    left as it was (a symlink at ``path`` is replaced by the file, its target untouched: the output rule
+    above). ``mode``: ``"w"`` (UTF-8 text) or ``"wb"``. A path that cannot be written raises
     :class:`~core.errors.OutputError` naming ``path`` (never the temporary file). The file gets the
     permissions of a plain ``open`` (the process umask), not ``mkstemp``'s 0600."""
     path = check_writable(path, what)
+    fd, tmp = _private_temp(path, what)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as err:
-        raise OutputError(f"{what}: {str(path)!r}: cannot write ({err.strerror or err})") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
         os.replace(tmp, path)
@@ -54,6 +106,52 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", what: str = "output") 
         if isinstance(err, OSError):
             raise OutputError(f"{what}: {str(path)!r}: cannot write ({err.strerror or err})") from None
         raise
+
+
+def _private_temp(path: Path, what: str) -> tuple[int, str]:
+    """A new temporary file beside ``path`` with a plain ``open``'s permissions (the umask, not
+    ``mkstemp``'s 0600): its descriptor and name. OutputError naming ``path`` when it cannot be made."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise OutputError(f"{what}: {str(path)!r}: cannot write ({err.strerror or err})") from None
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    return fd, tmp
+
+
+def replace_for_append(path: str | os.PathLike, keep: bool, what: str = "output") -> IO:
+    """A text file at ``path`` to append to as records come (flushed by the caller), under the output
+    rule: ``path`` is replaced at once by a new file (a symlink there is replaced, not followed; other
+    hard links keep the old contents). ``keep``: the new file starts with the old file's contents (the
+    file a resumed run continues); else it starts empty. A regular file with no other name is appended to
+    in place (nothing else can see it). OutputError naming ``path`` when it cannot be written."""
+    path = check_writable(path, what)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise OutputError(f"{what}: {str(path)!r}: cannot write ({err.strerror or err})") from None
+    try:
+        if keep and st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+            return open(path, "a", encoding="utf-8")  # noqa: SIM115
+        fd, tmp = _private_temp(path, what)
+        try:
+            f = os.fdopen(fd, "a", encoding="utf-8")
+            if keep and st is not None:
+                with open(path, encoding="utf-8") as old:
+                    shutil.copyfileobj(old, f)
+                f.flush()
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return f
+    except OSError as err:
+        raise OutputError(f"{what}: {str(path)!r}: cannot write ({err.strerror or err})") from None
 
 
 def free_port() -> int:

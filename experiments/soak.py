@@ -165,7 +165,7 @@ def run_job(name: str, workdir: Path, args, kill_every: int = 0) -> Run:
                 while process_alive(pid):
                     time.sleep(0.01)
                 found = checkpoint.latest(ckpt)
-                saved = checkpoint.read_manifest(found)["step"] if found else 0
+                saved = checkpoint.read_manifest(found).step if found else 0
                 run.kills.append(Kill(step, rank, saved))
                 print(
                     f"  {name}: step {step}: killed rank {rank}; last checkpoint: step {saved}",

@@ -3,20 +3,23 @@
 Layout of one checkpoint, ``<dir>/step-00000006/``:
 
 * ``rank<r>.pt`` (one per rank): the rows rank ``r`` is responsible for, with their ids and row-wise
-  optimizer state, as ``{"rows": {table: {tier: {"ids", "weights", "state"}}}}``. Every row is saved
-  exactly once: hot rows by rank 0 only, warm rows by the ranks of group 0 only (each its own warm
-  shard), cold rows by their owner. Rank 0's file also holds the dense model's and the dense
+  optimizer state, as ``{"rows": {table: {tier: {"ids", "weights", "state"}}}}``, and what binds it to
+  its checkpoint: the step, the rank, the layout fingerprint and a digest of the run's identity. Every
+  row is saved exactly once: hot rows by rank 0 only, warm rows by the ranks of group 0 only (each its
+  own warm shard), cold rows by their owner. Rank 0's file also holds the dense model's and the dense
   optimizer's state dicts (replicated, so saved once) and ``extra``.
 * ``manifest.json``: schema, step, world size, groups, tables, optimizer, the layout fingerprint (a
-  hash of every table's tier / owner / slot maps, i.e. plan and hotness orders), the rank files and
-  the run's identity (``run``, :mod:`flexshard.training.resume`; null when not given).
+  hash of every table's tier / owner / slot maps, i.e. plan and hotness orders), every rank file's name,
+  size and sha256, and the run's identity (``run``, :mod:`flexshard.training.resume`; null when not
+  given). Reading and validating both is :mod:`flexshard.checkpoint_manifest`: a rank file is unpickled
+  only once its size and hash are the manifest's.
 
 Atomicity: every rank writes its file into ``<dir>/.tmp-step-00000006/`` (a ``.part`` file renamed
-when complete); after all ranks agree that their writes succeeded, rank 0 writes the manifest (also
-via a rename) and renames the temporary folder to ``step-00000006`` (one atomic ``rename``). A
-checkpoint is a ``step-*`` folder *with* a manifest; an interrupted save leaves at most a ``.tmp-*``
-folder, which :func:`latest` ignores and the next save of that step replaces. All ranks must see the
-same ``dir`` (a shared file system when ranks are on several hosts).
+when complete, hashed as it is written); after all ranks agree that their writes succeeded, rank 0
+writes the manifest (also via a rename) and renames the temporary folder to ``step-00000006`` (one
+atomic ``rename``). A checkpoint is a ``step-*`` folder *with* a manifest; an interrupted save leaves at
+most a ``.tmp-*`` folder, which :func:`latest` ignores and the next save of that step replaces. All
+ranks must see the same ``dir`` (a shared file system when ranks are on several hosts).
 
 :func:`load` restores a module of the same world size, groups, tables, optimizer and layout (each is
 checked, with a clear error; another world size or other groups: :mod:`flexshard.checkpoint_reshard`):
@@ -31,8 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,16 +41,26 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
-from flexshard.cli_common import first_line
+from flexshard.checkpoint_manifest import (
+    MANIFEST,
+    SCHEMA,
+    HashingWriter,
+    Manifest,
+    RankFileRecord,
+    TableEntry,
+    latest,
+    manifest_document,
+    read_manifest,
+    read_rank_file,
+    run_digest,
+    written_by_flexshard,
+)
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
-
-SCHEMA = "flexshard-checkpoint/1"
-MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def step_dir(directory: str | os.PathLike, step: int) -> Path:
@@ -78,13 +89,17 @@ def _saves(module: ShardedSequenceEmbedding, tier: Tier) -> bool:
     return True
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
+def _atomic_torch_save(obj: Any, path: Path) -> RankFileRecord:
+    """``torch.save`` to a ``.part`` file renamed onto ``path`` when complete; its name, size and sha256
+    (hashed as it is written, not read back)."""
     part = path.with_name(path.name + ".part")
     with open(part, "wb") as f:
-        torch.save(obj, f)
+        writer = HashingWriter(f)
+        torch.save(obj, writer)
         f.flush()
         os.fsync(f.fileno())
     os.replace(part, path)
+    return writer.record(path.name)
 
 
 def _atomic_text(text: str, path: Path) -> None:
@@ -130,34 +145,49 @@ def save(
                 "weights": w.clone(),
                 "state": s.clone(),
             }
-    payload: dict[str, Any] = {"rank": module.rank, "rows": rows}
+    layout = layout_fingerprint(module)
+    payload: dict[str, Any] = {
+        "format": SCHEMA,
+        "rank": module.rank,
+        "step": int(step),
+        "layout": layout,
+        "run": run_digest(run),
+        "rows": rows,
+    }
     if module.rank == 0:
         payload["dense"] = {k: v.detach().cpu() for k, v in dense_model.state_dict().items()}
         payload["dense_optimizer"] = dense_optimizer.state_dict() if dense_optimizer is not None else None
         payload["extra"] = dict(extra or {})
+    name = f"rank{module.rank}.pt"
+    record = None
     try:
-        _atomic_torch_save(payload, tmp / f"rank{module.rank}.pt")
+        record = _atomic_torch_save(payload, tmp / name)
     except OSError as e:
-        error = f"rank {module.rank} cannot write {tmp / f'rank{module.rank}.pt'}: {e.strerror or e}"
-    _agree(error, dev, "checkpoint save: ")
+        error = f"rank {module.rank} cannot write {tmp / name}: {e.strerror or e}"
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (error, record))  # the errors agreed, the records to rank 0
+    error = next((e for e, _ in everyone if e), "")
+    if error:
+        raise agreed(CheckpointError("checkpoint save: " + error))
     if module.rank == 0:
-        manifest = {
-            "schema": SCHEMA,
-            "step": int(step),
-            "world_size": module.world_size,
-            "groups": module.pg.groups,
-            "tables": [
-                {"name": n, "num_rows": r.num_rows, "dim": d}
+        manifest = manifest_document(
+            step,
+            module.world_size,
+            module.pg.groups,
+            [
+                TableEntry(n, r.num_rows, d)
                 for n, r, d in zip(module.table_names, module.routing, module.dims, strict=True)
             ],
-            "optimizer": module.optimizer,
-            "layout": layout_fingerprint(module),
-            "files": [f"rank{r}.pt" for r in range(module.world_size)],
-            "run": dict(run) if run is not None else None,
-        }
+            module.optimizer,
+            layout,
+            [rec for _, rec in everyone],
+            run,
+        )
         try:
             _atomic_text(json.dumps(manifest, indent=1) + "\n", tmp / MANIFEST)
-            if final.exists():  # a checkpoint of this step from an earlier run: replace it
+            if final.exists() and not written_by_flexshard(final):
+                error = f"cannot publish {final}: it exists and is not a FlexShard checkpoint; move it away"
+            elif final.exists():  # a checkpoint of this step from an earlier run: replace it
                 old = directory / f".old-{final.name}"
                 if old.exists():
                     shutil.rmtree(old)
@@ -172,29 +202,6 @@ def save(
     return final
 
 
-def latest(directory: str | os.PathLike) -> Path | None:
-    """The complete checkpoint (``step-*`` folder with a manifest) of the highest step, or None."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for p in directory.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and (p / MANIFEST).is_file() and (best is None or int(m.group(1)) > best[0]):
-            best = (int(m.group(1)), p)
-    return best[1] if best else None
-
-
-def _resolve(path: str | os.PathLike) -> Path:
-    path = Path(path)
-    if (path / MANIFEST).is_file():
-        return path
-    found = latest(path)
-    if found is None:
-        raise CheckpointError(f"checkpoint {str(path)!r}: no complete checkpoint (step-* with {MANIFEST})")
-    return found
-
-
 def _agree(error: str, device: torch.device, prefix: str = "") -> None:
     """Collective: when any rank has an ``error``, raise the first rank's (in rank order) on every rank,
     as an agreed :class:`CheckpointError` (printed once under torchrun)."""
@@ -203,48 +210,35 @@ def _agree(error: str, device: torch.device, prefix: str = "") -> None:
         raise agreed(CheckpointError(prefix + message))
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
-    path = _resolve(path)
-    try:
-        doc = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {str(path)!r}: unreadable manifest ({e})") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise CheckpointError(f"checkpoint {str(path)!r}: manifest schema must be {SCHEMA!r}")
-    doc["path"] = str(path)
-    return doc
-
-
-def _check_compatible(doc: dict[str, Any], module: ShardedSequenceEmbedding) -> str:
-    where = f"checkpoint {doc['path']!r}"
-    if doc["world_size"] != module.world_size:
-        return f"{where} was saved by {doc['world_size']} ranks, this job has {module.world_size}"
-    if doc["groups"] != module.pg.groups:
-        return f"{where} was saved with groups {doc['groups']}, this job has {module.pg.groups}"
-    tables = [[t["name"], t["num_rows"], t["dim"]] for t in doc["tables"]]
+def model_mismatch(manifest: Manifest, module: ShardedSequenceEmbedding) -> str:
+    """'' when the checkpoint has ``module``'s tables (names, rows, dims) and optimizer, else one line
+    saying what differs (what must match at any world size and plan)."""
+    where = manifest.where()
+    tables = [[t.name, t.num_rows, t.dim] for t in manifest.tables]
     mine = [
         [n, r.num_rows, d] for n, r, d in zip(module.table_names, module.routing, module.dims, strict=True)
     ]
     if tables != mine:
         return f"{where} has tables {tables}, this model has {mine}"
-    if doc["optimizer"] != module.optimizer:
-        return f"{where} was saved with optimizer {doc['optimizer']!r}, this job uses {module.optimizer!r}"
-    if doc["layout"] != layout_fingerprint(module):
-        return f"{where} was saved with a different plan (tiers, owners or hotness orders); use the same plan"
+    if manifest.optimizer != module.optimizer:
+        return f"{where} was saved with optimizer {manifest.optimizer!r}, this job uses {module.optimizer!r}"
     return ""
 
 
-def _load_file(path: Path, name: str) -> dict[str, Any]:
-    """One rank file, loaded without running pickled code (``weights_only``); CheckpointError when it is
-    unreadable, not a checkpoint file, or holds anything but tensors and plain containers."""
-    try:
-        payload = torch.load(path / name, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
-        reason = first_line(e) if not isinstance(e, pickle.UnpicklingError) else "not a FlexShard rank file"
-        raise CheckpointError(f"checkpoint {str(path)!r}: cannot read {name} ({reason})") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("rows"), dict):
-        raise CheckpointError(f"checkpoint {str(path)!r}: {name} is not a FlexShard rank file")
-    return payload
+def check_compatible(manifest: Manifest, module: ShardedSequenceEmbedding) -> str:
+    """'' when ``module`` is what the checkpoint was saved from (world, groups, tables, optimizer, plan),
+    else one line saying what differs."""
+    where = manifest.where()
+    if manifest.world_size != module.world_size:
+        return f"{where} was saved by {manifest.world_size} ranks, this job has {module.world_size}"
+    if manifest.groups != module.pg.groups:
+        return f"{where} was saved with groups {manifest.groups}, this job has {module.pg.groups}"
+    problem = model_mismatch(manifest, module)
+    if problem:
+        return problem
+    if manifest.layout != layout_fingerprint(module):
+        return f"{where} was saved with a different plan (tiers, owners or hotness orders); use the same plan"
+    return ""
 
 
 def load(
@@ -254,21 +248,22 @@ def load(
     dense_optimizer: Any | None = None,
 ) -> int:
     """Restore ``module`` (and the dense model / optimizer) from a checkpoint folder, or from the
-    latest checkpoint under ``path``. Collective. Returns the checkpoint's step."""
-    error, step = "", -1
+    latest checkpoint under ``path``. Collective. Returns the checkpoint's step. Any problem (a malformed
+    or foreign manifest or rank file, another world, plan or model) is one CheckpointError, the first
+    rank's, raised on every rank."""
+    error, manifest = "", None
     try:
-        doc = read_manifest(path)
-        error = _check_compatible(doc, module)
-        step = int(doc["step"])
+        manifest = read_manifest(path)
+        error = check_compatible(manifest, module)
     except CheckpointError as e:
         error = str(e)
     _agree(error, module.device)
-    ckpt = Path(doc["path"])
+    assert manifest is not None
     files: dict[int, dict[str, Any]] = {}
 
     def shard(rank: int) -> dict[str, Any]:
         if rank not in files:
-            files[rank] = _load_file(ckpt, doc["files"][rank])
+            files[rank] = read_rank_file(manifest, rank)
         return files[rank]
 
     groups = module.pg.groups
@@ -282,7 +277,7 @@ def load(
             saved = np.zeros(0, np.int64) if entry is None else entry["ids"].numpy()
             if not np.array_equal(saved, ids):
                 raise CheckpointError(
-                    f"checkpoint {str(ckpt)!r}: rank {src}'s {tier_name} rows of table {name!r} are not the "
+                    f"{manifest.where()}: rank {src}'s {tier_name} rows of table {name!r} are not the "
                     f"rows rank {module.rank} holds"
                 )
             if entry is None:
@@ -291,21 +286,35 @@ def load(
             held = module.shards[(t, tier)]
             held.weights.copy_(entry["weights"].to(module.device))
             held.state.copy_(entry["state"].to(module.device))
-        if dense_model is not None:
-            dense_model.load_state_dict(shard(0)["dense"])
-        if dense_optimizer is not None and shard(0).get("dense_optimizer") is not None:
-            dense_optimizer.load_state_dict(shard(0)["dense_optimizer"])
+        load_dense(manifest, shard, dense_model, dense_optimizer)
     except CheckpointError as e:
         error = str(e)
     _agree(error, module.device)
     module.zero_grad()
-    return step
+    return manifest.step
+
+
+def load_dense(manifest: Manifest, shard, dense_model, dense_optimizer) -> None:
+    """The dense model's and optimizer's state from rank 0's file (``shard(0)``, its checked payload);
+    CheckpointError when it does not fit them (other keys, shapes or optimizer)."""
+    try:
+        if dense_model is not None:
+            dense_model.load_state_dict(shard(0)["dense"])
+        if dense_optimizer is not None and shard(0).get("dense_optimizer") is not None:
+            dense_optimizer.load_state_dict(shard(0)["dense_optimizer"])
+    except (RuntimeError, KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        if isinstance(e, CheckpointError):
+            raise CheckpointError(f"{manifest.where()}: rank0.pt: {e}") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(
+            f"{manifest.where()}: rank0.pt: the dense state does not fit this model ({reason[:200]})"
+        ) from None
 
 
 @dataclass
 class FullCheckpoint:
     step: int
-    manifest: dict[str, Any]
+    manifest: Manifest
     weights: dict[str, torch.Tensor]  # table -> float32[num_rows, dim]
     state: dict[str, torch.Tensor]  # table -> float32[num_rows]
     dense: dict[str, torch.Tensor]
@@ -315,16 +324,21 @@ class FullCheckpoint:
 
 def load_full(path: str | os.PathLike) -> FullCheckpoint:
     """Whole tables from all rank files (no process group needed); checks every row is saved once."""
-    doc = read_manifest(path)
-    ckpt = Path(doc["path"])
+    manifest = read_manifest(path)
     weights, state, seen = {}, {}, {}
-    for t in doc["tables"]:
-        weights[t["name"]] = torch.zeros(t["num_rows"], t["dim"])
-        state[t["name"]] = torch.zeros(t["num_rows"])
-        seen[t["name"]] = np.zeros(t["num_rows"], dtype=np.int64)
+    for t in manifest.tables:
+        try:
+            weights[t.name] = torch.zeros(t.num_rows, t.dim)
+            state[t.name] = torch.zeros(t.num_rows)
+            seen[t.name] = np.zeros(t.num_rows, dtype=np.int64)
+        except (RuntimeError, MemoryError, ValueError) as e:
+            raise CheckpointError(
+                f"{manifest.where()}: table {t.name!r} of {t.num_rows:,} x {t.dim} does not fit in memory "
+                f"here ({type(e).__name__})"
+            ) from None
     first: dict[str, Any] = {}
-    for r, name in enumerate(doc["files"]):
-        payload = _load_file(ckpt, name)
+    for r in range(manifest.world_size):
+        payload = read_rank_file(manifest, r)
         if r == 0:
             first = payload
         for table, tiers in payload["rows"].items():
@@ -337,23 +351,23 @@ def load_full(path: str | os.PathLike) -> FullCheckpoint:
         if (count != 1).any():
             bad = int(np.flatnonzero(count != 1)[0])
             raise CheckpointError(
-                f"checkpoint {str(ckpt)!r}: table {table!r} row {bad} is saved {int(count[bad])} times "
+                f"{manifest.where()}: table {table!r} row {bad} is saved {int(count[bad])} times "
                 "(expected exactly once)"
             )
     return FullCheckpoint(
-        int(doc["step"]),
-        doc,
-        weights,
-        state,
-        first.get("dense", {}),
-        first.get("dense_optimizer"),
-        first.get("extra", {}),
+        manifest.step, manifest, weights, state, first["dense"], first["dense_optimizer"], first["extra"]
     )
 
 
 __all__ = [
+    "MANIFEST",
+    "SCHEMA",
     "CheckpointError",
     "FullCheckpoint",
+    "Manifest",
+    "load_dense",
+    "model_mismatch",
+    "check_compatible",
     "latest",
     "layout_fingerprint",
     "load",

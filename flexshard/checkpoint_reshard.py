@@ -6,7 +6,8 @@ hot rows in rank 0's file, warm rows in group 0's files, cold rows in their owne
 another world runs another plan (remade for the new world, or given), so each rank now holds other rows
 in each tier. :func:`load_resharded` fills them, with their optimizer state:
 
-* each rank opens every old rank file once, memory-mapped (only the pages it reads are loaded);
+* each rank reads every old rank file once: its size and sha256 checked against the manifest, then
+  memory-mapped and checked (:func:`~flexshard.checkpoint_manifest.read_rank_file`);
 * :class:`HeldRows` lists the ids the rank holds in any tier of a table, sorted; each saved
   ``(table, tier)`` entry's ids are looked up in it by binary search (``np.searchsorted``, keys sorted
   first), in chunks of :data:`CHUNK_IDS` ids, so an old cold row may land in a new hot, warm or cold shard;
@@ -24,9 +25,7 @@ Collective, with one agreed error on every rank.
 from __future__ import annotations
 
 import os
-import pickle
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,8 +33,8 @@ import torch
 
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
-from flexshard.checkpoint import read_manifest
-from flexshard.cli_common import first_line
+from flexshard.checkpoint import load_dense, model_mismatch
+from flexshard.checkpoint_manifest import Manifest, read_manifest, read_rank_file
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
 
@@ -43,17 +42,17 @@ CHUNK_IDS = 1 << 22  # saved ids looked up at once: 4 Mi ids, ~150 MiB of scratc
 TIERS = (Tier.HOT, Tier.WARM, Tier.COLD)
 
 
-def is_resize(manifest: dict[str, Any], module: ShardedSequenceEmbedding) -> bool:
+def is_resize(manifest: Manifest, module: ShardedSequenceEmbedding) -> bool:
     """Whether the checkpoint of ``manifest`` was saved by another world size or other groups than
     ``module``'s (then :func:`load_resharded` loads it; :func:`flexshard.checkpoint.load` refuses it)."""
-    return manifest["world_size"] != module.world_size or manifest["groups"] != module.pg.groups
+    return manifest.world_size != module.world_size or manifest.groups != module.pg.groups
 
 
-def describe_resize(manifest: dict[str, Any], module: ShardedSequenceEmbedding, batch_per_rank: int) -> str:
+def describe_resize(manifest: Manifest, module: ShardedSequenceEmbedding, batch_per_rank: int) -> str:
     """One log phrase: the old and the new world, and what happens to the global batch."""
-    old, new = manifest["world_size"], module.world_size
+    old, new = manifest.world_size, module.world_size
     return (
-        f"rows re-dealt from {old} ranks in groups {manifest['groups']} to {new} ranks in groups "
+        f"rows re-dealt from {old} ranks in groups {manifest.groups} to {new} ranks in groups "
         f"{module.pg.groups}; global batch {new} x {batch_per_rank} samples (was {old} x {batch_per_rank})"
     )
 
@@ -110,71 +109,22 @@ class HeldRows:
         return int(self.sorted_ids[lost[0]]) if lost.size else -1
 
 
-def _open_rank_file(path: Path, name: str) -> dict[str, Any]:
-    """One old rank file, memory-mapped and loaded without running pickled code; CheckpointError when it
-    is unreadable or not a rank file."""
-    try:
-        payload = torch.load(path / name, map_location="cpu", weights_only=True, mmap=True)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError) as e:
-        reason = first_line(e) if not isinstance(e, pickle.UnpicklingError) else "not a FlexShard rank file"
-        raise CheckpointError(f"checkpoint {str(path)!r}: cannot read {name} ({reason})") from None
-    if not isinstance(payload, dict) or not isinstance(payload.get("rows"), dict):
-        raise CheckpointError(f"checkpoint {str(path)!r}: {name} is not a FlexShard rank file")
-    return payload
-
-
-def _compatibility(doc: dict[str, Any], module: ShardedSequenceEmbedding) -> str:
-    """'' when the checkpoint has the module's tables (names, rows, dims) and optimizer, else why not."""
-    where = f"checkpoint {doc['path']!r}"
-    tables = [[t["name"], t["num_rows"], t["dim"]] for t in doc["tables"]]
-    mine = [
-        [n, r.num_rows, d] for n, r, d in zip(module.table_names, module.routing, module.dims, strict=True)
-    ]
-    if tables != mine:
-        return f"{where} has tables {tables}, this model has {mine}"
-    if doc["optimizer"] != module.optimizer:
-        return f"{where} was saved with optimizer {doc['optimizer']!r}, this job uses {module.optimizer!r}"
-    if len(doc["files"]) != doc["world_size"]:
-        return f"{where} lists {len(doc['files'])} rank files for {doc['world_size']} ranks"
-    return ""
-
-
-def _entry(where: str, table: str, tier: str, entry: Any, num_rows: int, dim: int):
-    """A saved ``(table, tier)`` entry's ids (numpy), weights and state, checked."""
-    ok = isinstance(entry, dict) and all(
-        isinstance(entry.get(k), torch.Tensor) for k in ("ids", "weights", "state")
-    )
-    if ok:
-        ids, w, s = entry["ids"], entry["weights"], entry["state"]
-        n = ids.shape[0] if ids.dim() == 1 else -1
-        ok = (
-            ids.dtype == torch.int64
-            and n >= 0
-            and tuple(w.shape) == (n, dim)
-            and w.dtype == torch.float32
-            and tuple(s.shape) == (n,)
-            and s.dtype == torch.float32
-        )
-    if not ok:
-        raise CheckpointError(
-            f"{where}: table {table!r} {tier} rows are not ids, [rows, {dim}] weights, state"
-        )
-    ids_np = ids.numpy()
-    if ids_np.size and (int(ids_np.min()) < 0 or int(ids_np.max()) >= num_rows):
-        raise CheckpointError(f"{where}: table {table!r} {tier} rows have ids outside 0..{num_rows - 1}")
-    return ids_np, w, s
+def compatibility(manifest: Manifest, module: ShardedSequenceEmbedding) -> str:
+    """'' when ``module`` can load the checkpoint of ``manifest`` re-dealt (its tables and optimizer are the
+    checkpoint's; world, groups and plan may differ), else one line saying what differs."""
+    return model_mismatch(manifest, module)
 
 
 def _copy_from(payload: dict[str, Any], where: str, module: ShardedSequenceEmbedding, held: list[HeldRows]):
-    """Copy the rows of one old rank file that this rank holds into ``module``'s shards."""
+    """Copy the rows of one old rank file (its payload checked by
+    :func:`~flexshard.checkpoint_manifest.read_rank_file`) that this rank holds into ``module``'s shards."""
     dev = module.device
     for table, tiers in payload["rows"].items():
-        if table not in module.table_names or not isinstance(tiers, dict):
+        if table not in module.table_names:
             raise CheckpointError(f"{where}: table {table!r} is not one of {module.table_names}")
         t = module.table_names.index(table)
-        num_rows, dim = module.routing[t].num_rows, module.dims[t]
-        for tier_name, entry in tiers.items():
-            ids, w, s = _entry(where, table, str(tier_name), entry, num_rows, dim)
+        for entry in tiers.values():
+            ids, w, s = entry["ids"].numpy(), entry["weights"], entry["state"]
             for start in range(0, ids.size, CHUNK_IDS):  # one pass per chunk of ids
                 src, tier, slot, twice = held[t].place(ids[start : start + CHUNK_IDS])
                 if twice >= 0:
@@ -190,17 +140,6 @@ def _copy_from(payload: dict[str, Any], where: str, module: ShardedSequenceEmbed
                     shard.state.index_copy_(0, slots, s.index_select(0, rows).to(dev))
 
 
-def _load_dense(payload: dict[str, Any], where: str, dense_model, dense_optimizer) -> None:
-    """The dense model's and optimizer's state from rank 0's file (replicated: saved once)."""
-    try:
-        if dense_model is not None:
-            dense_model.load_state_dict(payload["dense"])
-    except (KeyError, RuntimeError) as e:  # no dense state, or another model's
-        raise CheckpointError(f"{where}: the dense model's state does not fit ({first_line(e)})") from None
-    if dense_optimizer is not None and payload.get("dense_optimizer") is not None:
-        dense_optimizer.load_state_dict(payload["dense_optimizer"])
-
-
 def load_resharded(
     path: str | os.PathLike,
     module: ShardedSequenceEmbedding,
@@ -210,37 +149,35 @@ def load_resharded(
     """Restore ``module`` (any world size, groups and plan) and the dense model / optimizer from the
     checkpoint folder ``path``, or the latest under it (see the module docstring). The tables (names,
     rows, dims) and the optimizer must be the checkpoint's. Collective; returns the checkpoint's step."""
-    error, step, doc = "", -1, None
+    error, manifest = "", None
     try:
-        doc = read_manifest(path)
-        error = _compatibility(doc, module)
-        step = int(doc["step"])
+        manifest = read_manifest(path)
+        error = compatibility(manifest, module)
     except CheckpointError as e:
         error = str(e)
     _agree(error, module.device)
-    ckpt = Path(doc["path"])
     held = [
         HeldRows.of([module.shards[(t, kind)].ids for kind in TIERS]) for t in range(len(module.table_names))
     ]
     try:
-        for name in doc["files"]:
-            payload = _open_rank_file(ckpt, name)
-            _copy_from(payload, f"checkpoint {str(ckpt)!r}: {name}", module, held)
-            if name == doc["files"][0]:
-                _load_dense(payload, f"checkpoint {str(ckpt)!r}: {name}", dense_model, dense_optimizer)
+        for rank, record in enumerate(manifest.files):
+            payload = read_rank_file(manifest, rank, mmap=True)  # size and hash checked before unpickling
+            _copy_from(payload, f"{manifest.where()}: {record.name}", module, held)
+            if rank == 0:
+                load_dense(manifest, lambda _r, p=payload: p, dense_model, dense_optimizer)
             del payload
         for table, rows in zip(module.table_names, held, strict=True):
             lost = rows.missing()
             if lost >= 0:
                 raise CheckpointError(
-                    f"checkpoint {str(ckpt)!r}: table {table!r} row {lost} (held by rank {module.rank}) is "
-                    "in no rank file"
+                    f"{manifest.where()}: table {table!r} row {lost} (held by rank {module.rank}) is in no "
+                    "rank file"
                 )
     except CheckpointError as e:
         error = str(e)
     _agree(error, module.device)
     module.zero_grad()
-    return step
+    return manifest.step
 
 
 def _agree(error: str, device: torch.device) -> None:
@@ -250,4 +187,4 @@ def _agree(error: str, device: torch.device) -> None:
         raise agreed(CheckpointError(message))
 
 
-__all__ = ["CHUNK_IDS", "HeldRows", "describe_resize", "is_resize", "load_resharded"]
+__all__ = ["CHUNK_IDS", "HeldRows", "compatibility", "describe_resize", "is_resize", "load_resharded"]

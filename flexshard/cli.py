@@ -177,7 +177,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     for name in ("dim", "batch_size"):
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
-    check_writable(args.out, "--out")
+    check_writable(args.out, "--out", [("the input", path) for path in args.inputs])
     num_rows = {}
     for item in args.num_rows:
         name, _, rows = item.partition("=")
@@ -283,7 +283,7 @@ def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict]:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
-        check_writable(args.out, "--out")
+        check_writable(args.out, "--out", [("--workload", args.workload), ("--topology", args.topology)])
     workload, orders = _workload(args)
     view = cluster_view(load_topology(args.topology))
     budget = budget_bytes(workload, view, args.budget)
@@ -391,7 +391,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_topology(args: argparse.Namespace) -> int:
     if args.out:
-        check_writable(args.out, "--out")
+        check_writable(args.out, "--out", [("--topology", args.topology)])
     graph = load_topology(args.topology)
     cluster_view(graph)  # validates the derived view too
     print(summary(graph))

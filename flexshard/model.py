@@ -175,5 +175,9 @@ class DenseOptimizer:
                 f"dense optimizer state is for {state.get('kind')!r} with {len(state.get('sums', []))} "
                 f"accumulators, this optimizer is {self.kind!r} with {len(self.sums)}"
             )
-        for s, saved in zip(self.sums, state["sums"], strict=True):
+        for k, (s, saved) in enumerate(zip(self.sums, state["sums"], strict=True)):
+            if not isinstance(saved, torch.Tensor) or saved.shape != s.shape:
+                raise CheckpointError(
+                    f"dense optimizer state: accumulator {k} is not a tensor of shape {list(s.shape)}"
+                )
             s.copy_(saved.to(s.device))

@@ -164,6 +164,11 @@ class TrainConfig:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def inputs(self) -> list[tuple[str, str | None]]:
+        """The files the run reads, as ``(flag, path)``: no output may be one of them
+        (:func:`core.osutil.check_writable`)."""
+        return [("--data", self.data), ("--plan", self.plan)]
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``flexshard train`` parser, one option per :class:`TrainConfig` field."""

@@ -17,6 +17,7 @@ the global batch becomes the new world size times it, and the learning rate is n
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from flexshard.training.distributed import Phase, allreduce_dense_grads, device
 from flexshard.training.limits import check_step_memory
 from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
 from flexshard.training.reference import Reference
-from flexshard.training.resume import directory_problem, identity_mismatch, prune, run_identity
+from flexshard.training.resume import claim_directory, fallback_hint, identity_mismatch, prune, run_identity
 from flexshard.training.verify import Verifier, describe_tolerance
 
 
@@ -56,7 +57,7 @@ def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> t
     problem, source, given, plan_file, notes = "", None, None, None, []
     try:
         if config.metrics_out:
-            check_writable(config.metrics_out, "--metrics-out")
+            check_writable(config.metrics_out, "--metrics-out", config.inputs())
         given = read_plan(config.plan) if config.plan else None
         batch = batch_size(config, given)
         check_step_memory(
@@ -104,22 +105,31 @@ def run(config: TrainConfig, phase: Phase | None = None) -> int:
     rank and the phase. ``phase`` (made here when None) tells the caller where the run was when it
     ended (its ``step``)."""
     phase = phase or Phase(dist.get_rank(), config.timeout)
-    with phase.guard():
-        return TrainingRun(config, phase).train()
+    with phase.guard(), contextlib.ExitStack() as held:  # held: the checkpoint folder's lock, released last
+        return TrainingRun(config, phase, held).train()
 
 
 class TrainingRun:
     """One run on this rank: the source, the plan, the models and the run's helpers (sample placement,
     verification, metrics, the phase), built by the constructor (collective) and trained by
-    :meth:`train`."""
+    :meth:`train`. ``held``: where the checkpoint folder's lock (rank 0's) is registered for release when
+    the run ends, however it ends."""
 
-    def __init__(self, config: TrainConfig, phase: Phase) -> None:
+    def __init__(self, config: TrainConfig, phase: Phase, held: contextlib.ExitStack) -> None:
         self.config, self.phase = config, phase
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.dev = dev = device()
         self.say = say = _say(self.rank)
         self.source, self.plan_file, notes = _prepare(config, self.world, self.rank, dev)
-        problem = agreed_message(directory_problem(config) if self.rank == 0 else "", dev)  # before any work
+        problem, self.lock = "", None
+        if self.rank == 0:  # the folder taken (locked, checked, --overwrite) before any work
+            try:
+                self.lock = claim_directory(config)
+            except CheckpointError as e:
+                problem = first_line(e)
+            if self.lock is not None:
+                held.callback(self.lock.release)
+        problem = agreed_message(problem, dev)
         if problem:
             raise agreed(CheckpointError(problem))
 
@@ -170,20 +180,39 @@ class TrainingRun:
         if found is None:
             self.say(f"resume: no checkpoint in {config.checkpoint_dir}, starting at step 0")
             return 0, None
-        manifest = checkpoint.read_manifest(found)
-        saved = manifest.get("run")
-        problem = agreed_message(identity_mismatch(found, saved, self.identity), self.dev)
-        if problem:
-            raise agreed(CheckpointError(problem))
-        resized = checkpoint_reshard.is_resize(manifest, self.module)  # the same on every rank
-        load = checkpoint_reshard.load_resharded if resized else checkpoint.load
-        start = load(found, self.module, self.dense, self.dense_opt)
+        problem, manifest, saved, other_run = "", None, None, False
+        try:
+            manifest = checkpoint.read_manifest(found)
+            saved = manifest.run
+            problem = identity_mismatch(found, saved, self.identity)
+            other_run = bool(problem)
+        except CheckpointError as e:
+            problem = first_line(e)
+        resized = False
+        try:
+            problem = agreed_message(problem, self.dev)
+            if problem:
+                raise agreed(CheckpointError(problem))
+            resized = checkpoint_reshard.is_resize(manifest, self.module)  # the same on every rank
+            load = checkpoint_reshard.load_resharded if resized else checkpoint.load
+            start = load(found, self.module, self.dense, self.dense_opt)
+        except CheckpointError as e:  # every rank here alike: rank 0 names an older one that would load
+            hint = fallback_hint(found, self._would_load, other_run) if self.rank == 0 else ""
+            hint = agreed_message(hint, self.dev)
+            raise agreed(CheckpointError(first_line(e) + (f"; {hint}" if hint else ""))) from None
         self.say(f"resume: {found} (step {start})" + ("" if saved else "; it records no run identity"))
         if resized:
             self.say(
                 "resume: " + checkpoint_reshard.describe_resize(manifest, self.module, self.source.batch_size)
             )
         return start, found
+
+    def _would_load(self, manifest: checkpoint.Manifest) -> str:
+        """'' when this run could resume from ``manifest``'s checkpoint (its run and layout), else why not."""
+        mismatch = identity_mismatch(manifest.path, manifest.run, self.identity)
+        if checkpoint_reshard.is_resize(manifest, self.module):
+            return mismatch or checkpoint_reshard.compatibility(manifest, self.module)
+        return mismatch or checkpoint.check_compatible(manifest, self.module)
 
     def train(self) -> int:
         """Every step from the start to ``--steps``, then the last check and the end of the log."""
@@ -268,8 +297,17 @@ class TrainingRun:
             )
 
     def _checkpoint(self, step: int) -> None:
-        """Save the checkpoint of ``step`` (collective), then prune to ``--keep``."""
+        """Save the checkpoint of ``step`` (collective), then prune to ``--keep``; refused on every rank
+        when the folder's lock is no longer this run's (removed, or taken by another job)."""
         config = self.config
+        lost = self.lock is not None and not self.lock.held()
+        problem = agreed_message(
+            f"--checkpoint-dir: {config.checkpoint_dir}: this run's lock {self.lock.path} was removed or "
+            "taken by another job; stopping before writing" if lost else "",
+            self.dev,
+        )  # fmt: skip
+        if problem:
+            raise agreed(CheckpointError(problem))
         path = checkpoint.save(
             self.module, self.dense, self.dense_opt, step, config.checkpoint_dir, {"seed": config.seed},
             self.identity,

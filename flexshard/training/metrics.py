@@ -9,6 +9,8 @@ and an ``end`` record (steps run, verify outcome, or the error that ended the ru
 appended and flushed as they come (:class:`MetricsLog`): a run that crashes keeps the steps it did. A
 fresh run replaces the file; ``--resume`` appends to it, after a new header whose ``start_step`` says
 where it took over (steps after the checkpoint it resumed from then appear twice: the later ones count).
+Like every output, a symlink at the path is replaced by the file, never written through
+(:mod:`core.osutil`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from core.errors import OutputError
-from core.osutil import check_writable
+from core.osutil import replace_for_append
 from core.traffic import SHAPE, Traffic
 from core.vocabulary import COMPONENTS, LINK_CLASSES, Component, LinkClass
 from flexshard.plan_file import PlanFile
@@ -95,16 +96,14 @@ def step_record(step: int, loss: float, elapsed_s: float, traffic: Traffic, devi
 
 class MetricsLog:
     """Rank 0's ``--metrics-out`` file, one JSON record a line, each flushed when written (no file and no
-    writes elsewhere, or without a path). ``append``: continue an existing file (``--resume``)."""
+    writes elsewhere, or without a path). ``append``: continue an existing file (``--resume``). The path
+    follows the output rule of :mod:`core.osutil`: a symlink there is replaced by the file, never
+    written through (:func:`~core.osutil.replace_for_append`)."""
 
     def __init__(self, path: str | Path | None, rank: int, append: bool = False) -> None:
         self.path, self._file = path, None
         if path is not None and rank == 0:
-            target = check_writable(path, "--metrics-out")
-            try:
-                self._file = open(target, "a" if append else "w", encoding="utf-8")  # noqa: SIM115
-            except OSError as e:
-                raise OutputError(f"--metrics-out: {str(path)!r}: {e.strerror or e}") from None
+            self._file = replace_for_append(path, keep=append, what="--metrics-out")
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is not None:

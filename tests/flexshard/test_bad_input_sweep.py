@@ -58,7 +58,8 @@ def files(tmp_path_factory) -> Path:
     assert (
         run_quietly(["train", "--plan", str(root / "plan.json"), *SMALL, "--checkpoint-dir", str(ckpt)]) == 0
     )
-    (ckpt / "step-00000001" / "rank0.pt").write_bytes(b"\x00\x01garbage" * 100)
+    size = (ckpt / "step-00000001" / "rank0.pt").stat().st_size  # garbage of the recorded size: its hash
+    (ckpt / "step-00000001" / "rank0.pt").write_bytes((b"\x00\x01garbage" * size)[:size])
     return root
 
 
@@ -101,8 +102,9 @@ CASES = {  # id: (argv with {d} for the folder of inputs, the one line expected 
     ),
     "random-bytes checkpoint": (
         ["train", "--plan", "{d}/plan.json", "--steps", "2", "--checkpoint-dir", "{d}/ckpt", "--resume"],
-        "flexshard train: error: checkpoint '{d}/ckpt/step-00000001': cannot read rank0.pt (not a "
-        "FlexShard rank file)",
+        "flexshard train: error: checkpoint '{d}/ckpt/step-00000001': rank0.pt: its sha256 is not the one "
+        "the manifest records (damaged, or a file of another checkpoint); no older checkpoint in {d}/ckpt "
+        "would load either",
         None,
     ),
     "topology file with a negative bandwidth": (

@@ -9,7 +9,6 @@ from cli_helpers import run
 
 from core.errors import CheckpointError, DataError
 from core.osutil import physical_memory_bytes
-from flexshard import checkpoint
 from flexshard.workloads._text import grow
 
 
@@ -72,10 +71,21 @@ def test_ids_too_large_for_memory_are_a_data_error():
 
 @pytest.mark.parametrize("content", [b"\x00\x01garbage" * 100, b"", b"PK\x03\x04not really a zip"])
 def test_a_rank_file_that_is_not_a_checkpoint_is_one_line(tmp_path, content):
+    """Even where the manifest records the garbage's own size and hash (so it reaches the unpickler)."""
+    import hashlib
+
+    from flexshard.checkpoint_manifest import Manifest, RankFileRecord, TableEntry, read_rank_file
+
     (tmp_path / "rank0.pt").write_bytes(content)
+    record = RankFileRecord("rank0.pt", len(content), hashlib.sha256(content).hexdigest())
+    manifest = Manifest(
+        tmp_path, 1, 1, [[0]], (TableEntry("item", 10, 4),), "adagrad", "f" * 64, (record,), None
+    )
     with pytest.raises(CheckpointError) as err:
-        checkpoint._load_file(tmp_path, "rank0.pt")
-    assert str(err.value).startswith(f"checkpoint {str(tmp_path)!r}: cannot read rank0.pt (")
+        read_rank_file(manifest, 0)
+    assert str(err.value).startswith(
+        f"checkpoint {str(tmp_path)!r}: cannot read rank0.pt (not a FlexShard rank file: "
+    )
     assert "\n" not in str(err.value)
 
 

@@ -63,13 +63,13 @@ def _at_all_to_all(step: int, rank: int, killed_inside: bool) -> None:
 def _mid_checkpoint(step: int, rank: int) -> None:
     original = checkpoint._atomic_torch_save
 
-    def save(obj, path: Path) -> None:
+    def save(obj, path: Path):
         if rank == 1 and path.parent.name == f".tmp-{checkpoint.step_dir('.', step).name}":
             part = path.with_name(path.name + ".part")
             torch.save(obj, part)
             os.truncate(part, part.stat().st_size // 2)
             _kill_self()
-        original(obj, path)
+        return original(obj, path)
 
     checkpoint._atomic_torch_save = save
 

@@ -9,6 +9,8 @@ rank files or saved twice are refused with one line on every rank. Unit checks o
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -39,6 +41,18 @@ def _plan(path: Path, groups: int, per_group: int, budget: float) -> Path:
     return path
 
 
+def _rewrite(path: Path, payload: dict) -> None:
+    """Save ``payload`` as the rank file ``path`` and record its new size and sha256 in the manifest, as a
+    checkpoint that was written that way would (so the re-deal's own checks are what refuses it)."""
+    torch.save(payload, path)
+    content = path.read_bytes()
+    manifest = path.parent / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    entry = next(f for f in doc["files"] if f["name"] == path.name)
+    entry.update(bytes=len(content), sha256=hashlib.sha256(content).hexdigest())
+    manifest.write_text(json.dumps(doc))
+
+
 def _copy(saved: Path, root: Path, name: str) -> Path:
     shutil.copytree(saved, root / name)
     return root / name
@@ -62,11 +76,12 @@ def resized(tmp_path_factory):
     step3 = "step-00000003"
     payload = torch.load(missing / step3 / "rank3.pt", weights_only=True)
     lost = payload["rows"]["creator"].pop("cold")  # rank 3's cold creator rows: in no file now
-    torch.save(payload, missing / step3 / "rank3.pt")
-    hot = torch.load(twice / step3 / "rank0.pt", weights_only=True)["rows"]["item"]["hot"]
+    _rewrite(missing / step3 / "rank3.pt", payload)
+    again = torch.load(twice / step3 / "rank0.pt", weights_only=True)["rows"]["item"]["cold"]
     payload = torch.load(twice / step3 / "rank1.pt", weights_only=True)
-    payload["rows"]["item"]["hot"] = hot  # rank 0's hot item rows saved a second time, by rank 1
-    torch.save(payload, twice / step3 / "rank1.pt")
+    mine = payload["rows"]["item"]["cold"]  # rank 0's cold item rows saved a second time, by rank 1
+    payload["rows"]["item"]["cold"] = {k: torch.cat([mine[k], again[k]]) for k in ("ids", "weights", "state")}
+    _rewrite(twice / step3 / "rank1.pt", payload)
     cases = {
         "2x1": (_copy(saved, root, "2x1"), ["--groups", "1"]),
         "2x2 compact": (_copy(saved, root, "2x2"), ["--groups", "2", "--layout", "compact"]),
@@ -113,8 +128,8 @@ def test_every_row_and_its_state_equal_the_saved_ones_after_a_resize(resized, ca
     old = checkpoint.load_full(checkpoint.step_dir(folder, step))  # every row saved exactly once (checked)
     dumps = [torch.load(folder.with_name(folder.name + "-loaded") / f"rank{r}.pt") for r in range(world)]
     assert [(d["world"], d["groups"]) for d in dumps] == [(world, groups)] * world
-    saved_world = old.manifest["world_size"]
-    assert saved_world != world or old.manifest["groups"] != groups
+    saved_world = old.manifest.world_size
+    assert saved_world != world or old.manifest.groups != groups
     for table, weights in old.weights.items():
         hot = [d["rows"][table]["hot"]["ids"] for d in dumps]
         assert all(torch.equal(h, hot[0]) for h in hot)  # every rank holds the same hot rows
@@ -159,12 +174,12 @@ def test_the_resized_run_trains_verifies_and_saves_the_new_world(resized, case):
     old = checkpoint.read_manifest(checkpoint.step_dir(folder, step))
     assert f"resume: {checkpoint.step_dir(folder, step)} (step {step})" in out
     assert (
-        f"resume: rows re-dealt from {old['world_size']} ranks in groups {old['groups']} to {world} ranks in "
-        f"groups {groups}; global batch {world} x 16 samples (was {old['world_size']} x 16)"
+        f"resume: rows re-dealt from {old.world_size} ranks in groups {old.groups} to {world} ranks in "
+        f"groups {groups}; global batch {world} x 16 samples (was {old.world_size} x 16)"
     ) in out
     assert out[-1] == "verify: OK (1 steps, all rows of all copies match)"
     new = checkpoint.load_full(checkpoint.latest(folder))  # every row once, at the new world
-    assert new.step == step + 1 and new.manifest["world_size"] == world and new.manifest["groups"] == groups
+    assert new.step == step + 1 and new.manifest.world_size == world and new.manifest.groups == groups
     before = checkpoint.load_full(checkpoint.step_dir(folder, step))
     assert not torch.equal(new.weights["item"], before.weights["item"])  # the step trained
 
@@ -202,16 +217,18 @@ def test_a_row_in_no_rank_file_or_in_two_is_one_line_on_every_rank(resized):
     ckpt = resized["folders"]["missing"] / "step-00000003"
     line = missing[0]["err"].strip()
     prefix = f"flexshard train: error: checkpoint {str(ckpt)!r}: table 'creator' row "
-    assert line.startswith(prefix) and line.endswith(" is in no rank file"), line
+    hint = f" is in no rank file; no older checkpoint in {str(ckpt.parent)} would load either"
+    assert line.startswith(prefix) and line.endswith(hint), line
     assert int(line[len(prefix) :].split()[0]) in set(lost.tolist())
     twice = resized["results"]["twice"]
     assert [c["rc"] for c in twice] == [2, 2] and twice[1]["err"] == ""
     ckpt = resized["folders"]["twice"] / "step-00000003"
     line = twice[0]["err"].strip()
     prefix = f"flexshard train: error: checkpoint {str(ckpt)!r}: rank1.pt: table 'item' row "
-    assert line.startswith(prefix) and line.endswith(" is saved more than once"), line
-    hot = torch.load(ckpt / "rank0.pt", weights_only=True)["rows"]["item"]["hot"]["ids"]
-    assert int(line[len(prefix) :].split()[0]) in set(hot.tolist())
+    hint = f" is saved more than once; no older checkpoint in {str(ckpt.parent)} would load either"
+    assert line.startswith(prefix) and line.endswith(hint), line
+    cold0 = torch.load(ckpt / "rank0.pt", weights_only=True)["rows"]["item"]["cold"]["ids"]
+    assert cold0.numel() and int(line[len(prefix) :].split()[0]) in set(cold0.tolist())
 
 
 @pytest.mark.slow

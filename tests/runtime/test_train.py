@@ -178,7 +178,7 @@ def test_checkpoint_resume_equals_straight_training(four):
 def test_checkpoint_files_hold_each_row_once(four):
     ckpt = checkpoint.step_dir(four["a"], 6)
     manifest = checkpoint.read_manifest(ckpt)
-    assert manifest["world_size"] == 4 and manifest["groups"] == [[0, 1], [2, 3]]
+    assert manifest.world_size == 4 and manifest.groups == [[0, 1], [2, 3]]
     tiers = {}
     for r in range(4):
         payload = torch.load(ckpt / f"rank{r}.pt", weights_only=True)
@@ -204,7 +204,7 @@ def test_interrupted_save_is_never_loaded(four, tmp_path):
     # a shard missing from a published checkpoint is reported, not silently zero
     broken = ckpt / "step-00000003"
     (broken / "rank3.pt").unlink()
-    with pytest.raises(checkpoint.CheckpointError, match="cannot read rank3.pt"):
+    with pytest.raises(checkpoint.CheckpointError, match="rank3.pt: cannot read"):
         checkpoint.load_full(broken)
 
 
@@ -573,18 +573,42 @@ def test_a_stopped_rank_ends_the_run_with_the_rank_and_the_phase(tmp_path):
 @pytest.mark.slow
 def test_a_corrupt_rank_file_on_resume_is_one_line_from_rank_0(tmp_path):
     """Only rank 1 reads its own rank file: the load agrees on its error, so rank 0 prints rank 1's line
-    (once, under a launcher), rank 1 stays quiet, and both exit 2."""
-    ckpt = tmp_path / "ckpt"
-    base = ["--checkpoint-dir", str(ckpt), "--quiet", *SMALL]
-    assert [c["rc"] for c in _call(run_main(2, [([*base, "--steps", "2"], None)], tmp_path / "a"), 0)] == [
-        0,
-        0,
-    ]
-    (ckpt / "step-00000002" / "rank1.pt").write_bytes(b"garbage" * 50)
-    results = _call(run_main(2, [([*base, "--steps", "3", "--resume"], None)], tmp_path / "b"), 0)
-    assert [c["rc"] for c in results] == [2, 2]
-    assert results[0]["err"].strip() == (
-        f"flexshard train: error: checkpoint '{ckpt / 'step-00000002'}': cannot read rank1.pt "
-        "(not a FlexShard rank file)"
+    (once, under a launcher), rank 1 stays quiet, and both exit 2. The line names the older checkpoint
+    that would load. Two cases: a file of another size (refused by the manifest's record before reading),
+    and garbage whose own hash the manifest records (refused by the unpickler, as one line too)."""
+    import hashlib
+    import json
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    first = run_main(2, [([*f, "--steps", "2"], None) for f in _resume_flags(a, b)], tmp_path / "r1")
+    assert [c["rc"] for r in first for c in r] == [0, 0, 0, 0]
+    (a / "step-00000002" / "rank1.pt").write_bytes(b"garbage" * 50)
+    size = json.loads((a / "step-00000002" / "manifest.json").read_text())["files"][1]["bytes"]
+    garbage = b"\x80\x02garbage" * 50
+    (b / "step-00000002" / "rank1.pt").write_bytes(garbage)
+    doc = json.loads((b / "step-00000002" / "manifest.json").read_text())
+    doc["files"][1].update(bytes=len(garbage), sha256=hashlib.sha256(garbage).hexdigest())
+    (b / "step-00000002" / "manifest.json").write_text(json.dumps(doc))
+    second = run_main(
+        2, [([*f, "--steps", "3", "--resume"], None) for f in _resume_flags(a, b)], tmp_path / "r2"
     )
-    assert results[1]["err"] == ""
+    for i, (ckpt, reason) in enumerate(
+        [
+            (a, f"rank1.pt: 350 bytes, the manifest records {size} (truncated, damaged, or a file of another "
+                "checkpoint)"),
+            (b, "cannot read rank1.pt (not a FlexShard rank file: UnpicklingError)"),
+        ]
+    ):  # fmt: skip
+        results = _call(second, i)
+        assert [c["rc"] for c in results] == [2, 2]
+        newest = ckpt / "step-00000002"
+        assert results[0]["err"].strip() == (
+            f"flexshard train: error: checkpoint '{newest}': {reason}; step-00000001 would load (its "
+            "manifest and rank file hashes verify): to resume from it, move the refused one aside (mv "
+            f"{newest} {ckpt / 'refused-step-00000002'}) and --resume again"
+        )
+        assert results[1]["err"] == ""
+
+
+def _resume_flags(*folders: Path) -> list[list[str]]:
+    return [["--checkpoint-dir", str(f), "--checkpoint-every", "1", "--quiet", *SMALL] for f in folders]
