@@ -110,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="TABLE=ROWS",
-        help="declare a table's size; ids at or past it are errors (repeatable; default: the largest id "
-        "seen + 1)",
+        help="declare a table's size; ids at or past it are errors (repeatable; default: sizes from the "
+        "data)",
     )
     for role, default in (("user", "user"), ("item", "item"), ("time", None), ("count", None)):
         st.add_argument(

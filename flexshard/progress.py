@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 DEFAULT_EVERY_S = 10.0
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
     s = int(round(seconds))
     if s < 60:
@@ -67,7 +67,7 @@ class Progress:
             return ""
         per_s = self.done / elapsed
         left = (self.total - self.done) / per_s
-        return f"{per_s:.3g}/s, {_duration(left)} left"
+        return f"{per_s:.3g}/s, {duration(left)} left"
 
     def note(self, note: str) -> None:
         if not self.enabled:
@@ -91,7 +91,7 @@ class Progress:
         rate = self.rate()
         share = self.done / self.total
         return (
-            f"{self.label}: {self.done}/{self.total} ({share:.0%}) after {_duration(elapsed)}"
+            f"{self.label}: {self.done}/{self.total} ({share:.0%}) after {duration(elapsed)}"
             + (f", {rate}" if rate else "")
             + (f" ({note})" if note else "")
         )
@@ -108,6 +108,4 @@ class Progress:
             sys.stderr.flush()
         elif exc[:1] in ((), (None,)) and self.clock() - self.start >= self.every_s:
             done = "done " if self.done == self.total else ""
-            log.info(
-                f"{self.label}: {self.done}/{self.total} {done}in {_duration(self.clock() - self.start)}"
-            )
+            log.info(f"{self.label}: {self.done}/{self.total} {done}in {duration(self.clock() - self.start)}")

@@ -32,6 +32,7 @@ from flexshard.batching import SamplePlacer
 from flexshard.cli_common import first_line
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan
+from flexshard.progress import duration
 from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
 from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
@@ -262,7 +263,8 @@ class TrainingRun:
         self.say(
             f"step {step + 1}/{config.steps} loss {float(loss_sum):.6f} "
             f"samples/s {world * self.source.batch_size / max(float(stats[3]), 1e-9):,.0f} "
-            f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks)"
+            f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks), "
+            f"{duration((config.steps - step - 1) * self.summary.step_s / self.summary.steps)} left"
         )
         if self.rank == 0 and log.isEnabledFor(logging.DEBUG):
             log.debug(f"step {step + 1}: rank 0 bytes by component: {_by_component(self.module.traffic)}")
