@@ -180,5 +180,5 @@ def test_a_killed_agent_takes_its_workers_and_a_new_launch_resumes(tmp_path, uni
     again = _launch(ckpt, restarts=0)
     out, err = again.communicate(timeout=180)
     assert again.returncode == 0, err
-    assert _resumed_steps(out, ckpt)[0] >= 10, out
+    assert _resumed_steps(err, ckpt)[0] >= 10, err
     _assert_same_state(_final_state(ckpt), uninterrupted)
