@@ -460,16 +460,14 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # the training entry point has its own options
+    level = argv[:2] if argv[:1] == ["--log-level"] else argv[:1] if argv[0:1] != ["train"] else []
+    level = level if level and level[0].startswith("--log-level") else []  # `flexshard --log-level L train`
+    if argv[len(level) : len(level) + 1] == ["train"]:  # the training entry point has its own options
         from flexshard import train
 
-        return train.main(argv[1:])
+        return train.main([*level, *argv[len(level) + 1 :]])
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level)
-    if args.command == "train":  # `flexshard --log-level debug train ...`
-        from flexshard import train
-
-        return train.main(["--log-level", args.log_level, *args.args])
     try:
         return COMMANDS[args.command](args)
     except InputError as e:  # bad input: one line; anything else is a bug and keeps its traceback

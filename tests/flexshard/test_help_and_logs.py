@@ -113,3 +113,12 @@ def test_an_error_is_one_line_whatever_the_level(tmp_path, capsys):
     assert e.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "--log-level" in line and "'loud'" in line
+
+
+def test_the_top_level_flag_reaches_train(monkeypatch, capsys):
+    """`flexshard --log-level warning train ...` is `flexshard train --log-level warning ...`: no log lines,
+    the summary on stdout."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    rc, out, err = run(capsys, "--log-level", "warning", "train", "--steps", "1", "--batch-size", "16")
+    assert rc == 0 and err == "" and out.startswith("summary: 1 steps (steps 1-1), final loss ")
