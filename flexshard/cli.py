@@ -422,13 +422,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
         print(comparison_table(records))
         print(LEGEND)
-        extra = [
-            record
-            for x, dedup, strategy in baseline_keys(records)
-            for record in simulate_records(
-                workload, view, [x], [dedup], [strategy], args.sync, wire=args.wire_dtype
+        extra = []
+        for (dedup, strategy), budgets in baseline_keys(records).items():  # one pass each (one bar)
+            extra += simulate_records(
+                workload, view, budgets, [dedup], [strategy], args.sync, wire=args.wire_dtype
             )
-        ]
         print("\n" + "\n".join(headline(records, extra)))
         notes = tradeoffs(records)
         if notes:

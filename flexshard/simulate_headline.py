@@ -31,21 +31,21 @@ _BYTES_ATOL = 0.5  # bytes: less than half a byte apart is equal (float residue 
 _SECONDS_ATOL = 1e-12
 
 
-def baseline_keys(records: Sequence[dict[str, Any]]) -> list[tuple[float, bool, str]]:
-    """``(budget_x, dedup, strategy)`` of the baseline records the headline compares with that
-    ``records`` lacks (``--dedup on`` runs have no TorchRec default, ``--strategies`` may leave row-wise
-    out): the caller prices them for the headline only."""
+def baseline_keys(records: Sequence[dict[str, Any]]) -> dict[tuple[bool, str], list[float]]:
+    """The baseline records the headline compares with that ``records`` lacks (``--dedup on`` runs have
+    no TorchRec default, ``--strategies`` may leave row-wise out), as ``{(dedup, strategy): budgets}``:
+    the caller prices them for the headline only."""
     have = {(r["budget_x"], r["dedup"], r["strategy"]) for r in records}
-    want: list[tuple[float, bool, str]] = []
+    want: dict[tuple[bool, str], list[float]] = {}
     for r in records:
         if r["strategy"] != "flexshard":
             continue
         needed = [TORCHREC_DEFAULT] + ([ROW_WISE_DEDUP] if r["dedup"] else [])
         for strategy, dedup in needed:
-            key = (r["budget_x"], dedup, strategy)
-            if key not in have and key not in want:
-                want.append(key)
-    return want
+            budgets = want.setdefault((dedup, strategy), [])
+            if (r["budget_x"], dedup, strategy) not in have and r["budget_x"] not in budgets:
+                budgets.append(r["budget_x"])
+    return {key: budgets for key, budgets in want.items() if budgets}
 
 
 def headline(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] = ()) -> list[str]:

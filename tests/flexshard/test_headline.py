@@ -50,9 +50,13 @@ def test_one_line_per_budget_and_the_default_priced_for_the_headline_only():
     """Records of ``--dedup on`` have no TorchRec default: baseline_keys names it, the caller prices it
     (``extra``), and the headline reads it there; budgets in the records' order."""
     records = [r for x in (1.0, 4.0) for r in _three(x) if r["dedup"]]
-    assert baseline_keys(records) == [(1.0, False, "row_wise"), (4.0, False, "row_wise")]
+    assert baseline_keys(records) == {(False, "row_wise"): [1.0, 4.0]}
+    assert baseline_keys([r for r in records if r["strategy"] == "flexshard"]) == {
+        (False, "row_wise"): [1.0, 4.0],
+        (True, "row_wise"): [1.0, 4.0],  # --strategies without row_wise
+    }
     extra = [r for x in (1.0, 4.0) for r in _three(x) if not r["dedup"]]
-    assert baseline_keys([*records, *extra]) == []
+    assert baseline_keys([*records, *extra]) == {}
     lines = headline(records, extra)
     assert [line.split(":")[0] for line in lines] == [
         "FlexShard at 1x, dedup on",
