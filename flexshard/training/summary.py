@@ -43,9 +43,11 @@ class RunSummary:
     def lines(self, plan_file: PlanFile, sample_placement: str = "off") -> list[str]:
         """The summary's lines (the figures of the plan, its ``predicted`` bytes and overrides, from
         ``plan_file``)."""
+        if not self.steps:
+            return [f"summary: no steps run (resumed at step {self.start}, already --steps)"]
         samples = self.steps * self.world * self.batch_size
         rate = samples / self.step_s if self.step_s > 0 else float("nan")
-        span = f"steps {self.start + 1}-{self.start + self.steps}" if self.steps else "no steps"
+        span = f"steps {self.start + 1}-{self.start + self.steps}"
         head = (
             f"summary: {self.steps} steps ({span}), final loss {self.final_loss:.6f}, {rate:,.0f} samples/s "
             f"({samples:,} samples in {self.step_s:.3f} s of steps, the slowest rank's)"
@@ -53,7 +55,7 @@ class RunSummary:
         applies = not plan_file.overrides
         rows = []
         for label, total in self.link_bytes.items():
-            measured = total / self.steps if self.steps else 0.0
+            measured = total / self.steps
             predicted = float(plan_file.predicted.get(f"{label}_bytes", 0.0)) if applies else None
             rows.append([label, f"{measured:,.0f} B", *_beside(measured, predicted)])
         table = format_table(
