@@ -27,6 +27,7 @@ LEGEND = (
     "(never slower than a feasible baseline)"
 )
 _REL_TOL = 1e-6  # figures closer than this (relative) are equal
+NEAR = 0.01  # a baseline within 1% of FlexShard's modeled time gets a line of its own
 _BYTES_ATOL = 0.5  # bytes: less than half a byte apart is equal (float residue of a one-group cluster)
 _SECONDS_ATOL = 1e-12
 
@@ -49,9 +50,10 @@ def baseline_keys(records: Sequence[dict[str, Any]]) -> dict[tuple[bool, str], l
 
 
 def headline(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] = ()) -> list[str]:
-    """One line per FlexShard point (budget, dedup) of ``records``, in their order, then one line per
-    baseline whose figures FlexShard's equal there, with the reason; ``extra``: baseline records priced
-    for the headline only (:func:`baseline_keys`)."""
+    """One line per FlexShard point (budget, dedup) of ``records``, in their order; then, per point, a
+    line naming the baselines whose figures FlexShard's equal, with the reason, and one naming those
+    within :data:`NEAR` of its modeled time, with what its plan shares with them (where the records have
+    the plan's shape); ``extra``: baseline records priced for the headline only (:func:`baseline_keys`)."""
     index = {(r["budget_x"], r["dedup"], r["strategy"]): r for r in [*extra, *records]}
     lines, equal = [], []
     for ours in records:
@@ -67,15 +69,33 @@ def headline(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] 
             needed.append(("row-wise with dedup", ROW_WISE_DEDUP, ""))
         compared = [(name, index.get((x, d, s)), prefix) for name, (s, d), prefix in needed]
         lines.append(_line(where, ours, compared))
-        same = [
-            r["strategy"]
-            for r in records
-            if (r["budget_x"], r["dedup"]) == (x, dedup) and r["strategy"] != "flexshard" and _equal(ours, r)
+        others = [
+            r for r in records if (r["budget_x"], r["dedup"]) == (x, dedup) and r["strategy"] != "flexshard"
         ]
+        same = [r["strategy"] for r in others if _equal(ours, r)]
         if same:
-            names = ", ".join(same[:-1]) + (" and " if len(same) > 1 else "") + same[-1]
-            equal.append(f"{where} equals {names}: {_why_equal(ours)}")
+            equal.append(f"{where} equals {_names(same)}: {_why_equal(ours)}")
+        near = [r for r in others if r["strategy"] not in same and _near(ours, r)]
+        if near:
+            gap = max(abs(r["modeled_time_s"] / ours["modeled_time_s"] - 1) for r in near)
+            close = "matches" if gap <= _REL_TOL else f"is within {_percent(gap)} of"
+            names = _names([r["strategy"] for r in near])
+            equal.append(
+                f"{where} {close} {names} in modeled time"
+                + (f": {_why_near(ours)}" if "cold_tables" in ours else "")
+            )
     return lines + equal
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+
+
+def _near(ours: dict, r: dict) -> bool:
+    """A feasible baseline whose modeled time is within :data:`NEAR` of FlexShard's (and not equal)."""
+    if not r["feasible"] or ours["modeled_time_s"] <= 0:
+        return False
+    return abs(r["modeled_time_s"] / ours["modeled_time_s"] - 1) <= NEAR
 
 
 def _line(where: str, ours: dict, compared: list[tuple[str, dict | None, str]]) -> str:
@@ -130,8 +150,12 @@ def _relative(ours: float, theirs: float, atol: float, words: tuple[str, str, st
     if theirs <= atol:  # no percentage of nothing
         return more
     change = ours / theirs - 1
-    size = f"{abs(change):.1%}" if abs(change) >= 5e-4 else f"{abs(change) * 100:.2g}%"
-    return f"{size} {less}" if change < 0 else f"{size} {more}"
+    return f"{_percent(change)} {less}" if change < 0 else f"{_percent(change)} {more}"
+
+
+def _percent(change: float) -> str:
+    """``41.9%``; below 0.05%, two significant digits (``0.0048%``)."""
+    return f"{abs(change):.1%}" if abs(change) >= 5e-4 else f"{abs(change) * 100:.2g}%"
 
 
 def _close(a: float, b: float, atol: float) -> bool:
@@ -147,31 +171,53 @@ def _equal(ours: dict, r: dict) -> bool:
     return all(_close(_bytes(ours, k), _bytes(r, k), atol) for k, atol in tolerances.items())
 
 
-def _why_equal(ours: dict) -> str:
-    """Why FlexShard's plan prices as a baseline's, from the plan's tiers, its cold fetch and
-    what the planner chose."""
+def _fetch(ours: dict) -> str:
+    """How the plan fetches its cold rows, from the record's tables with cold rows and those fetched per
+    group."""
     cold_tables, group = ours.get("cold_tables", 0), ours.get("group_fetch_tables", 0)
     if cold_tables and group == cold_tables:
-        how = "fetches every cold row once per group: the group fetch alone is the bound at this budget"
-    elif cold_tables and group == 0:
-        how = "fetches every cold row from its owner, as row-wise does"
-    elif cold_tables:
-        how = f"fetches the cold rows of {group} of {cold_tables} tables once per group"
-    else:
-        how = "has no cold rows"
+        return "fetches every cold row once per group"
+    if cold_tables and group == 0:
+        return "fetches every cold row from its owner, as row-wise does"
+    if cold_tables:
+        return f"fetches the cold rows of {group} of {cold_tables} tables once per group"
+    return "has no cold rows"
+
+
+def _kept(ours: dict) -> str:
+    """What the planner kept instead of its optimizer's plan (``chosen``), or ''."""
+    if not ours.get("chosen"):
+        return ""
+    name, _, kind = ours["chosen"].rpartition(" ")
+    what = f"{name}'s own plan" if kind == "plan" else f"{name}'s tiers, dealt FlexShard's way"
+    return f"FlexShard's planner kept {what} (no plan of its optimizer was faster in the model)"
+
+
+def _why_equal(ours: dict) -> str:
+    """Why FlexShard's plan prices as a baseline's, from the plan's tiers, its cold fetch and what the
+    planner chose."""
+    how = _fetch(ours)
+    if how == "fetches every cold row once per group":
+        how += ": the group fetch alone is the bound at this budget"
     hot, warm = ours.get("hot_rows", 0), ours.get("warm_rows", 0)
     rows = hot + warm + ours.get("cold_rows", 0)
     room = (
         " (a 1x budget leaves no memory to replicate beyond rounding)" if ours["budget_x"] <= 1 + 1e-9 else ""
     )
-    chosen = ours.get("chosen")
-    if chosen:
-        name, _, kind = chosen.rpartition(" ")
-        what = f"{name}'s own plan" if kind == "plan" else f"{name}'s tiers, dealt FlexShard's way"
-        return f"FlexShard's planner kept {what} (no plan of its optimizer was faster in the model); it {how}"
+    if _kept(ours):
+        return f"{_kept(ours)}; it {how}"
     if hot == warm == 0:
         return f"the plan replicates nothing{room} and {how}"
     return (
         f"the plan replicates only {hot:,} hot and {warm:,} warm of {rows:,} rows{room}, too few to move the "
         f"figures, and {how}"
     )
+
+
+def _why_near(ours: dict) -> str:
+    """What FlexShard's plan shares with baselines it barely beats: its tiers and its cold fetch."""
+    if _kept(ours):
+        return f"{_kept(ours)}; it {_fetch(ours)}"
+    hot, warm = ours.get("hot_rows", 0), ours.get("warm_rows", 0)
+    rows = hot + warm + ours.get("cold_rows", 0)
+    return f"the plan replicates {hot:,} hot and {warm:,} warm of {rows:,} rows and {_fetch(ours)}"

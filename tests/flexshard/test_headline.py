@@ -103,7 +103,8 @@ def test_one_group_speaks_of_intra_group_bytes_and_never_divides_by_zero():
     assert headline(records) == [
         "FlexShard at 2x, dedup on: 102.70 MB intra-group, 0.228 ms (one group: no inter-group links); 55.0% "
         "fewer bytes and 55.0% less time than TorchRec's default (row-wise, dedup off: 228.12 MB, 0.507 ms) "
-        "and 0.029% fewer bytes and equal time than row-wise with dedup (102.73 MB, 0.228 ms)"
+        "and 0.029% fewer bytes and equal time than row-wise with dedup (102.73 MB, 0.228 ms)",
+        "FlexShard at 2x, dedup on matches row_wise in modeled time",  # not equal: other bytes
     ]
     zero = [_rec("flexshard", True, 5e6, 0.0, 1e-3), _rec("row_wise", True, 0.0, 0.0, 1e-3)]
     assert headline(zero)[0].endswith("more bytes and equal time than row-wise with dedup (0 B, 1.000 ms)")
@@ -144,7 +145,30 @@ def test_equal_figures_say_why_from_the_plan():
         "dealt FlexShard's way (no plan of its optimizer was faster in the model); it fetches every cold row "
         "once per group: the group fetch alone is the bound at this budget"
     )
-    assert len(headline(_three())) == 1  # no baseline equal: no reason line
+    assert len(headline(_three())) == 1  # no baseline equal or near: no other line
+
+
+def test_baselines_within_one_percent_are_named_with_what_the_plan_shares():
+    """The embedded default at 2x with dedup: row_wise_group_dedup is 0.07% slower than FlexShard, whose
+    plan replicates few rows and fetches every cold row once per group as that baseline does."""
+    shape = {"hot_rows": 7126, "warm_rows": 63305, "cold_rows": 362050569, "cold_tables": 8}
+    records = [
+        *_three(),
+        _rec("row_wise_group_dedup", True, 59.74e6, 102.73e6, 1.421e-3),  # 1.421 / 1.420 - 1 = 0.070%: "0.1%"
+        _rec("hybrid", True, 59.80e6, 102.80e6, 1.4343e-3),  # 1.01%: not near
+    ]
+    records[0] = {**records[0], **shape, "group_fetch_tables": 8}
+    assert headline(records)[1:] == [
+        "FlexShard at 2x, dedup on is within 0.1% of row_wise_group_dedup in modeled time: the plan "
+        "replicates 7,126 hot and 63,305 warm of 362,121,000 rows and fetches every cold row once per group"
+    ]
+    records.append(_rec("2d", True, 59.90e6, 102.00e6, 1.4284e-3))  # 0.59%: the largest gap is named
+    records[0] = {**records[0], "chosen": "2d tiers"}
+    assert headline(records)[1:] == [
+        "FlexShard at 2x, dedup on is within 0.6% of row_wise_group_dedup and 2d in modeled time: "
+        "FlexShard's planner kept 2d's tiers, dealt FlexShard's way (no plan of its optimizer was faster in "
+        "the model); it fetches every cold row once per group"
+    ]
 
 
 def test_infeasible_points_are_named_not_priced():
