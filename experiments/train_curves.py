@@ -146,11 +146,12 @@ def run_one(
     lines: list[str] = []
     with (
         open(err_path, "w") as err,
-        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc,
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc,
     ):
         assert proc.stdout is not None
-        for line in proc.stdout:
+        for line in proc.stdout:  # results and the log lines (stderr) together
             lines.append(line.rstrip())
+            err.write(line)
             if line.startswith("step "):
                 k = int(line.split()[1].split("/")[0])
                 if k == 1 or k % every == 0 or k == steps:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,16 +18,19 @@ from typing import Any
 from core.errors import ConfigError, InputError, PlannerError
 from core.osutil import check_writable
 from core.vocabulary import SyncMode, WireDtype
-from flexshard import probe, workloads
+from flexshard import logs, probe, workloads
 from flexshard.cli_common import Parser, first_line, positive_float, positive_int
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
-from flexshard.report import comparison_table, plan_report, touch_rates_line, tradeoffs
+from flexshard.report import comparison_table, plan_report, plan_shape, touch_rates_line, tradeoffs
+from flexshard.simulate_headline import LEGEND, baseline_keys, headline
 from flexshard.workloads.measured import HISTORY_FORMATS, histories, with_touch_rates
 from flexshard.workloads.readers import FORMATS
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
 from topology import cluster_view, load_topology, summary, write_json
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TOPOLOGY = "h100:8"
 DEFAULT_BUDGETS = "1,1.5,2,3,4,6,8"
@@ -52,7 +56,9 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         f"synthetic workload; presets: {', '.join(workloads.preset_names())})",
     )
     p.add_argument(
-        "--topology", default=DEFAULT_TOPOLOGY, help="topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8"
+        "--topology",
+        default=DEFAULT_TOPOLOGY,
+        help=f"topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8 (default {DEFAULT_TOPOLOGY})",
     )
     p.add_argument(
         "--sync",
@@ -70,12 +76,14 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=positive_int,
         default=None,
-        help="samples per GPU per iteration, replacing the workload's own (row statistics unchanged)",
+        help="samples per GPU per iteration, replacing the workload's own (row statistics unchanged; "
+        "default: the workload's)",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="flexshard", description=__doc__.splitlines()[0])
+    logs.add_log_level(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     st = sub.add_parser("stats", help="row statistics from interaction data -> stats file")
@@ -90,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         choices=STATS_FORMATS,
         help="auto (by extension, then content; Parquet with columns table, row, lookups is row "
-        "statistics), seq, csv, recbole, parquet, rows",
+        "statistics), seq, csv, recbole, parquet, rows (default auto)",
     )
     st.add_argument("--dim", type=int, default=64, help="embedding dimension of every table (default 64)")
     st.add_argument(
@@ -99,13 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=workloads.DEFAULT_BATCH_SIZE_PER_GPU,
         help=f"samples per GPU per iteration (default {workloads.DEFAULT_BATCH_SIZE_PER_GPU})",
     )
-    st.add_argument("--max-len", type=int, default=None, help="truncate each history to its last N ids")
+    st.add_argument(
+        "--max-len", type=int, default=None, help="truncate each history to its last N ids (default: all)"
+    )
     st.add_argument(
         "--num-rows",
         action="append",
         default=[],
         metavar="TABLE=ROWS",
-        help="declare a table's size; ids at or past it are errors (repeatable)",
+        help="declare a table's size; ids at or past it are errors (repeatable; default: sizes from the "
+        "data)",
     )
     for role, default in (("user", "user"), ("item", "item"), ("time", None), ("count", None)):
         st.add_argument(
@@ -121,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure per-row touch rates for samples formed as training forms them (next-item, the "
         "default for one history file), as whole-history windows (history), or not (off: independent "
         "draws from the counts); for row statistics with samples_touched, required: how their job formed a "
-        "sample",
+        "sample (default: next-item for one history file, else off)",
     )
     st.add_argument(
         "--window",
@@ -136,25 +147,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="random negatives per next-item sample "
         f"(train --negatives; default {workloads.DEFAULT_NEGATIVES})",
     )
-    st.add_argument("--out", required=True, help="stats file to write (.npz)")
+    st.add_argument("--out", required=True, help="stats file to write (.npz; required)")
 
     pl = sub.add_parser("plan", help="workload + topology + budget -> plan file and report")
     _add_inputs(pl)
     pl.add_argument(
-        "--budget", type=positive_float, default=2.0, help="per-GPU budget as a multiple of row-wise"
+        "--budget",
+        type=positive_float,
+        default=2.0,
+        help="memory per GPU for embeddings and optimizer state, as a multiple of what row-wise sharding "
+        "needs (1 = no room to replicate; default %(default)s)",
     )
-    pl.add_argument("--strategy", choices=STRATEGIES, default="flexshard")
-    pl.add_argument("--no-dedup", action="store_true", help="model no per-rank id dedup")
-    pl.add_argument("--out", help="plan file to write (JSON)")
+    pl.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="flexshard",
+        help="how rows are placed: flexshard (the tier optimizer) or a baseline to compare with "
+        "(default %(default)s)",
+    )
+    pl.add_argument("--no-dedup", action="store_true", help="model no per-rank id dedup (default: dedup on)")
+    pl.add_argument("--out", help="plan file to write (JSON; default: none, the report only)")
     pl.add_argument("--json", action="store_true", help="print the plan document instead of the report")
 
     sm = sub.add_parser("simulate", help="compare FlexShard with every baseline over budgets")
     _add_inputs(sm)
     sm.add_argument(
-        "--budgets", type=_budgets, default=_budgets(DEFAULT_BUDGETS), help=f"default {DEFAULT_BUDGETS}"
+        "--budgets",
+        type=_budgets,
+        default=_budgets(DEFAULT_BUDGETS),
+        help=f"comma-separated per-GPU budgets, multiples of row-wise memory (default {DEFAULT_BUDGETS})",
     )
-    sm.add_argument("--dedup", choices=("on", "off", "both"), default="on")
-    sm.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated subset")
+    sm.add_argument(
+        "--dedup",
+        choices=("on", "off", "both"),
+        default="on",
+        help="price with per-rank id dedup (on), without (off), or both (default %(default)s)",
+    )
+    sm.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help="comma-separated subset of the strategies to compare (default: all, %(default)s)",
+    )
     sm.add_argument("--json", action="store_true", help="print a JSON list of records instead of the table")
 
     tr = sub.add_parser(
@@ -162,14 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a sequence model on a plan (also torchrun -m flexshard.train; see train --help)",
         add_help=False,
     )
-    tr.add_argument("args", nargs=argparse.REMAINDER)
+    tr.add_argument("args", nargs=argparse.REMAINDER, help="the options of flexshard train --help")
 
     tp = sub.add_parser("topology", help="summarise a topology; write it as JSON")
-    tp.add_argument("--topology", default=DEFAULT_TOPOLOGY)
-    tp.add_argument("--out", help="write the node-link JSON here")
+    tp.add_argument(
+        "--topology",
+        default=DEFAULT_TOPOLOGY,
+        help=f"topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8 (default {DEFAULT_TOPOLOGY})",
+    )
+    tp.add_argument("--out", help="write the node-link JSON here (default: none, the summary only)")
 
     pr = sub.add_parser("probe", help="measure this cluster (under torchrun, or --nproc local ranks)")
     probe.add_arguments(pr)
+    for command in (st, pl, sm, tp, pr):  # `flexshard plan --log-level debug` as well as before the command
+        logs.add_log_level(command, default=None)
     return parser
 
 
@@ -207,7 +246,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     workloads.save_stats(args.out, workload, orders)
     print(workloads.describe(workload))
     print(touch_rates_line(workload))
-    print(f"\nwrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
+    log.info(f"wrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
     return 0
 
 
@@ -236,7 +275,7 @@ def _row_stats(
             "--touch-rates history --window 20: plans record it, train checks it), or --touch-rates off"
         )
     elif args.touch_rates is None:
-        print("note: no samples_touched column; plans price this workload as independent draws")
+        log.info("note: no samples_touched column; plans price this workload as independent draws")
     return workloads.read_row_stats(
         files, sampling, num_rows or None, args.dim, args.batch_size, name=Path(args.inputs[0]).stem
     )
@@ -253,7 +292,7 @@ def _with_touch_rates(
     usable = len(args.inputs) == 1 and path.is_file() and fmt in HISTORY_FORMATS
     if not usable:
         if args.touch_rates is None:  # the default: measure where possible, say so where not
-            print(
+            log.info(
                 "note: touch rates not measured (they need one file of user histories: "
                 f"{', '.join(HISTORY_FORMATS)}); plans price this workload as independent draws"
             )
@@ -306,8 +345,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=1))
     else:
         print(plan_report(workload, view, planned.plan, planned.report, args.budget))
-        if args.out:
-            print(f"\nwrote {args.out}")
+    if args.out:
+        log.info(f"wrote {args.out}")
     return 0
 
 
@@ -352,10 +391,15 @@ def simulate_records(
                             modeled_time_s=rep.modeled_time_s,
                             memory_per_gpu_bytes=rep.memory_per_gpu_bytes,
                         )
-                        for key in ("objective_s", "lower_bound_s", "gap"):
+                        record.update(plan_shape(planned.plan))
+                        for key in ("objective_s", "lower_bound_s", "gap", "chosen"):
                             if key in planned.plan.solver:
                                 record[key] = planned.plan.solver[key]
                     records.append(record)
+                    log.debug(
+                        f"simulate: {strategy} at {x:g}x, dedup {'on' if dedup else 'off'}: "
+                        + (f"{record['modeled_time_s'] * 1e3:.3f} ms" if record["feasible"] else "infeasible")
+                    )
                     bar.advance(f"{strategy} {x:g}x")
     return records
 
@@ -382,6 +426,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "iteration at the bottleneck rank."
         )
         print(comparison_table(records))
+        print(LEGEND)
+        extra = []
+        for (dedup, strategy), budgets in baseline_keys(records).items():  # one pass each (one bar)
+            extra += simulate_records(
+                workload, view, budgets, [dedup], [strategy], args.sync, wire=args.wire_dtype
+            )
+        print("\n" + "\n".join(headline(records, extra)))
         notes = tradeoffs(records)
         if notes:
             print("\nWhere FlexShard moves more bytes across groups than a baseline:")
@@ -397,7 +448,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
     print(summary(graph))
     if args.out:
         write_json(graph, args.out)
-        print(f"\nwrote {args.out}")
+        log.info(f"wrote {args.out}")
     return 0
 
 
@@ -412,11 +463,14 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["train"]:  # the training entry point has its own options
+    level = argv[:2] if argv[:1] == ["--log-level"] else argv[:1] if argv[0:1] != ["train"] else []
+    level = level if level and level[0].startswith("--log-level") else []  # `flexshard --log-level L train`
+    if argv[len(level) : len(level) + 1] == ["train"]:  # the training entry point has its own options
         from flexshard import train
 
-        return train.main(argv[1:])
+        return train.main([*level, *argv[len(level) + 1 :]])
     args = build_parser().parse_args(argv)
+    logs.configure(args.log_level)
     try:
         return COMMANDS[args.command](args)
     except InputError as e:  # bad input: one line; anything else is a bug and keeps its traceback

@@ -18,6 +18,7 @@ prints the groups, a bandwidth table per link class and the slow parts. Every wa
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue as queue_module
 import sys
@@ -29,6 +30,7 @@ from typing import Any
 from core.errors import ConfigError, InputError, ProbeError
 from core.osutil import check_writable, free_port
 from core.ranks import RankLayout
+from flexshard import logs
 from flexshard.cli_common import Parser, first_line, positive_float, positive_int
 from flexshard.progress import Progress
 from topology import cluster_view, summary, write_json
@@ -41,10 +43,14 @@ from topology.probe.timing import measure
 
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
 
+log = logging.getLogger(__name__)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", help="topology JSON to write (rank 0; atomically, only on success)")
-    p.add_argument("--quick", action="store_true", help="fewer message sizes and repeats")
+    p.add_argument(
+        "--out", help="topology JSON to write (rank 0; atomically, only on success; default: report only)"
+    )
+    p.add_argument("--quick", action="store_true", help="fewer message sizes and repeats (default: all)")
     p.add_argument(
         "--timeout", type=positive_float, default=60.0, help="seconds any rank may wait (default 60)"
     )
@@ -67,11 +73,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="python -m flexshard.probe", description=__doc__.splitlines()[0])
     add_arguments(parser)
+    logs.add_log_level(parser)
     return parser
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in ("out", "quick", "timeout", "groups", "name")}
+    options = {k: getattr(args, k) for k in ("out", "quick", "timeout", "groups", "name")}
+    options["log_level"] = getattr(args, "log_level", logs.DEFAULT_LOG_LEVEL)  # for spawned ranks
+    return options
 
 
 def _nvml_notes(hosts: dict[str, Any]) -> list[str]:
@@ -191,10 +200,7 @@ def run_rank(
     G = measured_graph(m, base, name=options["name"])
     if options.get("out"):
         write_json(G, options["out"])
-    lines = [probe_text(m, G, notes)]
-    if options.get("out"):
-        lines.append(f"\nwrote {options['out']}")
-    return "\n".join(lines)
+    return probe_text(m, G, notes)
 
 
 def probe_text(m: Any, G: Any, notes: list[str]) -> str:
@@ -213,6 +219,8 @@ def _child(rank: int, world_size: int, port: int, nproc: int, options: dict[str,
     bad input or a failed probe, or ("bug", traceback) for anything else."""
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # a peer's failure is reported once, by us
     import torch
+
+    logs.configure(options.get("log_level", logs.DEFAULT_LOG_LEVEL))  # a fresh interpreter (spawn)
 
     os.environ.update(
         RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc), WORLD_SIZE=str(world_size)
@@ -321,14 +329,17 @@ def run(args: argparse.Namespace) -> int:
         text = run_rank(rank, world, addr, int(os.environ["MASTER_PORT"]), options, client_only=client_only)
     else:
         text = spawn_local(options, args.nproc, args.world_size)
-    if text:
+    if text:  # rank 0's report, and its file
         print(text)
+        if args.out:
+            log.info(f"wrote {args.out}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m flexshard.probe``: bad input prints one line and exits 2; a bug keeps its traceback."""
     args = build_parser().parse_args(argv)
+    logs.configure(args.log_level)
     try:
         return run(args)
     except InputError as e:  # ProbeError, ConfigError, OutputError, TopologyError

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from core.vocabulary import Component
+from core.vocabulary import Component, FetchMode
 from solvers.cost_model import row_wise_memory_bytes, table_mass
 from solvers.placement import is_homogeneous
 from solvers.types import MEMORY_PARTS, CostReport, Plan, Workload
@@ -204,8 +204,22 @@ def solver_lines(view: ClusterView, plan: Plan, report: CostReport) -> list[str]
     return lines
 
 
+def plan_shape(plan: Plan) -> dict[str, Any]:
+    """What a simulate record keeps of a plan: rows per tier over the tables, and how many tables have cold
+    rows and how many of them fetch those once per group (the headline's reasons read them)."""
+    cold = [tp for tp in plan.tables if tp.cold_rows]
+    return {
+        "hot_rows": sum(tp.hot_rows for tp in plan.tables),
+        "warm_rows": sum(tp.warm_rows for tp in plan.tables),
+        "cold_rows": sum(tp.cold_rows for tp in plan.tables),
+        "cold_tables": len(cold),
+        "group_fetch_tables": sum(tp.fetch is FetchMode.GROUP for tp in cold),
+    }
+
+
 def comparison_table(records: list[dict[str, Any]]) -> str:
-    """Strategies x budgets, with inter-group bytes relative to row-wise at the same budget and dedup."""
+    """Strategies x budgets, with inter-group bytes relative to row-wise at the same budget and dedup;
+    FlexShard's rows marked ``*`` (:data:`flexshard.simulate_headline.LEGEND`)."""
     rowwise = {
         (r["budget_x"], r["dedup"]): r for r in records if r["strategy"] == "row_wise" and r["feasible"]
     }
@@ -219,7 +233,7 @@ def comparison_table(records: list[dict[str, Any]]) -> str:
         rows.append(
             [
                 f"{r['budget_x']:g}x",
-                r["strategy"],
+                f"*{r['strategy']}" if r["strategy"] == "flexshard" else r["strategy"],
                 "on" if r["dedup"] else "off",
                 human_bytes(r["inter_group_bytes"]),
                 human_bytes(r["intra_group_bytes"]),

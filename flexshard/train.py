@@ -36,6 +36,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from core.errors import CollectiveError, InputError, agreed, is_agreed
+from flexshard import logs
 from flexshard.cli_common import first_line
 from flexshard.training.config import TrainConfig, parse_args
 from flexshard.training.distributed import Phase, init_distributed
@@ -54,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 config = parse_args(argv)
             except InputError as e:  # the same flags on every rank: the same error
                 raise agreed(e) from None
+            logs.configure(logs.effective_level(config.log_level, config.quiet))
             created, _device = init_distributed(config.timeout)
             phase = Phase(dist.get_rank(), config.timeout)
             return run(config, phase)

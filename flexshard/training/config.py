@@ -16,6 +16,7 @@ from typing import Any
 from core.errors import ConfigError
 from core.vocabulary import SamplePlacement, SyncMode, WireDtype
 from flexshard.cli_common import Parser
+from flexshard.logs import DEFAULT_LOG_LEVEL, LOG_LEVEL_HELP, LOG_LEVELS
 from flexshard.model import OBJECTIVES
 from flexshard.runtime import LAYOUTS, OPTIMIZERS
 from flexshard.training.distributed import DEFAULT_TIMEOUT_S
@@ -105,7 +106,9 @@ class TrainConfig:
             "compare every step with an unsharded reference (exit 1 on mismatch)", action="store_true"
         ),
     )
-    checkpoint_dir: str | None = field(default=None, metadata=_flag("folder of sharded checkpoints"))
+    checkpoint_dir: str | None = field(
+        default=None, metadata=_flag("folder of sharded checkpoints (default: none, no checkpoints)")
+    )
     checkpoint_every: int = field(default=0, metadata=_flag("save every N steps (0: at the end only)"))
     resume: bool = field(
         default=False,
@@ -127,9 +130,17 @@ class TrainConfig:
         default=DEFAULT_TIMEOUT_S,
         metadata=_flag("seconds a collective waits for the other ranks before the run stops with an error"),
     )
-    quiet: bool = field(default=False, metadata=_flag("no per-step lines", action="store_true"))
+    quiet: bool = field(
+        default=False,
+        metadata=_flag(
+            "no per-step lines: --log-level warning (the end-of-run summary still prints)",
+            action="store_true",
+        ),
+    )
+    log_level: str = field(default=DEFAULT_LOG_LEVEL, metadata=_flag(LOG_LEVEL_HELP, choices=LOG_LEVELS))
     metrics_out: str | None = field(
-        default=None, metadata=_flag("rank 0 writes per-step loss and bytes here (JSON Lines)")
+        default=None,
+        metadata=_flag("rank 0 writes per-step loss and bytes here (JSON Lines; default: none)"),
     )
 
     def __post_init__(self) -> None:

@@ -13,11 +13,17 @@ world size or with other groups the rows are re-dealt (:mod:`flexshard.checkpoin
 remade for the new world or given) and the steps continue with the new ranks: ranks below both world sizes
 draw the batches they would have drawn, the batch per rank stays (it is part of the run's identity), so
 the global batch becomes the new world size times it, and the learning rate is not rescaled.
+
+What the run does goes to the ``flexshard.training.loop`` logger (rank 0 only: the run, the plan, one
+line per step, checkpoints; see :mod:`flexshard.logs`); its results go to stdout (rank 0): the
+verification's verdict and the end-of-run summary (:mod:`flexshard.training.summary`), also under
+``--quiet``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from pathlib import Path
 
@@ -28,12 +34,13 @@ import torch.distributed as dist
 from core.errors import CheckpointError, FlexShardError, InputError, agreed
 from core.osutil import check_writable
 from core.ranks import RankLayout
-from core.vocabulary import FetchMode
+from core.vocabulary import Component, FetchMode, LinkClass
 from flexshard import checkpoint, checkpoint_reshard
 from flexshard.batching import SamplePlacer
 from flexshard.cli_common import first_line
 from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
 from flexshard.plan_file import PlanFile, read_plan
+from flexshard.progress import duration
 from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
 from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
@@ -44,10 +51,19 @@ from flexshard.training.limits import check_step_memory
 from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import claim_directory, fallback_hint, identity_mismatch, prune, run_identity
+from flexshard.training.summary import RunSummary
 from flexshard.training.verify import Verifier, describe_tolerance
+
+log = logging.getLogger(__name__)
 
 
 def _say(rank: int):
+    """Rank 0's INFO lines (the other ranks say nothing)."""
+    return log.info if rank == 0 else (lambda *a, **k: None)
+
+
+def _result(rank: int):
+    """Rank 0's result lines on stdout, whatever the log level."""
     return print if rank == 0 else (lambda *a, **k: None)
 
 
@@ -154,6 +170,7 @@ class TrainingRun:
         self.start, resumed_from = self._resume()
         for line in [*_describe(config, self.world, dev, self.source, self.plan_file), *notes]:
             say(line)
+        self.summary = RunSummary(self.world, self.source.batch_size, self.start)
         self.log = metrics.MetricsLog(config.metrics_out, self.rank, append=resumed_from is not None)
         if config.metrics_out:
             self.log.write(
@@ -222,8 +239,8 @@ class TrainingRun:
                 self.step(step)
                 done = step + 1
             if self.verifier is not None:
-                self.say(f"verify: {self.verifier.finish()}")
-                self.say(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
+                _result(self.rank)(f"verify: {self.verifier.finish()}")
+                _result(self.rank)(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")
         except FlexShardError as e:  # the steps done stay in the log, with what ended the run
             self.log.write({"kind": "end", "steps": done - start, "error": first_line(e)})
             self.log.close()
@@ -238,6 +255,8 @@ class TrainingRun:
             )
             self.log.close()
             self.say(f"metrics: wrote {config.metrics_out} ({config.steps - start} steps)")
+        for line in self.summary.lines(self.plan_file, config.sample_placement):
+            _result(self.rank)(line)
         return 0
 
     def step(self, step: int) -> None:
@@ -283,18 +302,25 @@ class TrainingRun:
         """The step's figures over the ranks (collective): its metrics record and its log line."""
         config, world, dev = self.config, self.world, self.dev
         link = self.module.link_bytes()
-        stats = torch.tensor([loss, link["intra_group"], link["inter_group"], elapsed], device=dev)
+        stats = torch.tensor(  # float64: bytes past 2^24 stay exact
+            [loss, link["intra_group"], link["inter_group"], elapsed], dtype=torch.float64, device=dev
+        )
         loss_sum = stats[:1].clone()
         dist.all_reduce(loss_sum)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         if config.metrics_out:  # collective: every rank gathers, rank 0 writes
             self.log.write(metrics.step_record(step + 1, float(loss_sum), elapsed, self.module.traffic, dev))
-        if not config.quiet:
-            self.say(
-                f"step {step + 1}/{config.steps} loss {float(loss_sum):.6f} "
-                f"samples/s {world * self.source.batch_size / max(float(stats[3]), 1e-9):,.0f} "
-                f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks)"
-            )
+        self.summary.add(
+            float(loss_sum), float(stats[3]), {"intra_group": float(stats[1]), "inter_group": float(stats[2])}
+        )
+        self.say(
+            f"step {step + 1}/{config.steps} loss {float(loss_sum):.6f} "
+            f"samples/s {world * self.source.batch_size / max(float(stats[3]), 1e-9):,.0f} "
+            f"intra_group {float(stats[1]):,.0f} B inter_group {float(stats[2]):,.0f} B (max over ranks), "
+            f"{duration((config.steps - step - 1) * self.summary.step_s / self.summary.steps)} left"
+        )
+        if self.rank == 0 and log.isEnabledFor(logging.DEBUG):
+            log.debug(f"step {step + 1}: rank 0 bytes by component: {_by_component(self.module.traffic)}")
 
     def _checkpoint(self, step: int) -> None:
         """Save the checkpoint of ``step`` (collective), then prune to ``--keep``; refused on every rank
@@ -317,6 +343,15 @@ class TrainingRun:
             f"checkpoint: saved {path}"
             + (f" (removed {len(removed)} older, --keep {config.keep})" if removed else "")
         )
+
+
+def _by_component(traffic) -> str:
+    """One rank's bytes per link class and component, ``max(send, recv)``, for the debug log."""
+    return "; ".join(
+        f"{link.label} "
+        + ", ".join(f"{c.label} {float(traffic.component_bytes(link, c)):,.0f} B" for c in Component)
+        for link in LinkClass
+    )
 
 
 def _reference(config, source, module, dense, resumed_from, dev) -> Reference:

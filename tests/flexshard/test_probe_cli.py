@@ -20,20 +20,21 @@ SMALL_WORKLOAD = ["--workload", "synthetic:6:2e6:1.0"]
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
-    """One real probe: 4 spawned gloo processes, 2 groups of 2, --quick; (topology path, printed report)."""
+    """One real probe: 4 spawned gloo processes, 2 groups of 2, --quick; (topology path, printed report,
+    log lines)."""
     path = tmp_path_factory.mktemp("probe") / "topo.json"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(
             ["probe", "--nproc", "4", "--groups", "2", "--quick", "--timeout", "30", "--out", str(path)]
         )
     assert rc == 0
-    return path, out.getvalue()
+    return path, out.getvalue(), err.getvalue()
 
 
 @pytest.mark.slow
 def test_four_rank_probe_writes_a_topology_the_planner_accepts(probed, capsys):
-    path, _ = probed
+    path, _, _ = probed
     G = read_json(path)  # validates
     view = cluster_view(G)
     assert view.num_ranks == 4
@@ -54,12 +55,12 @@ def test_four_rank_probe_writes_a_topology_the_planner_accepts(probed, capsys):
 
 @pytest.mark.slow
 def test_probe_prints_groups_table_and_slow_parts(probed):
-    path, out = probed
+    path, out, log = probed
     assert "NVML" in out  # this machine has none: said in one line, then measured
     assert "groups: g0: 0, 1; g1: 2, 3" in out
     for cls in ("p2p/intra", "p2p/inter", "all_to_all/group", "all_to_all/world", "all_reduce/replicas"):
         assert cls in out
-    assert "slow:" in out and f"wrote {path}" in out
+    assert "slow:" in out and f"wrote {path}" in log.splitlines() and "wrote" not in out  # a log line
 
 
 @pytest.mark.slow
@@ -123,7 +124,7 @@ def test_a_bug_in_a_spawned_rank_keeps_its_traceback():
 def test_partial_probe_output_is_rejected_naming_the_file(probed, tmp_path, capsys):
     # topology.io covers malformed JSON and missing fields in general; here: a probe file cut short, and a
     # measured edge that lost its bandwidth
-    path, _ = probed
+    path, _, _ = probed
     cut = tmp_path / "cut.json"
     cut.write_text(path.read_text()[: len(path.read_text()) // 2])
     line = fails(capsys, "plan", *SMALL_WORKLOAD, "--topology", str(cut))

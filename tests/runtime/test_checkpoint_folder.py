@@ -58,7 +58,7 @@ def test_a_refused_newest_checkpoint_names_the_older_one_that_loads(tmp_path, ca
     assert not (ckpt / LOCK_NAME).exists()  # the failed run released the folder
     newest.rename(aside)  # as the line says
     assert _train(ckpt, "--steps", "4", "--resume") == 0
-    assert "resume: " + str(ckpt / "step-00000002") + " (step 2)" in capsys.readouterr().out
+    assert "summary: 2 steps (steps 3-4)" in capsys.readouterr().out  # resumed at step 2
     assert checkpoint.latest(ckpt).name == "step-00000004"
     assert aside.is_dir()  # not a checkpoint any more, never removed
 

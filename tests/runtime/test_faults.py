@@ -48,7 +48,7 @@ def _launch(
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     launcher += ["--max-restarts", str(restarts)]
     entry = [FAULT_ENTRY, fault[0], str(fault[1])] if fault else ["-m", "flexshard.train"]
-    train = [*entry, "--steps", str(STEPS), "--batch-size", "16", "--quiet"]
+    train = [*entry, "--steps", str(STEPS), "--batch-size", "16"]  # info: the resume lines (stderr)
     resume = [
         "--checkpoint-dir",
         str(ckpt),
@@ -85,11 +85,11 @@ def _assert_same_state(got, expected) -> None:
         assert torch.equal(got.dense[key], value)
 
 
-def _resumed_steps(out: str, ckpt: Path) -> list[int]:
-    """The steps the run resumed from, from its ``resume: <dir>/step-N (step N)`` lines."""
+def _resumed_steps(err: str, ckpt: Path) -> list[int]:
+    """The steps the run resumed from, from its ``resume: <dir>/step-N (step N)`` log lines (stderr)."""
     return [
         int(line.rsplit("(step ", 1)[1].split(")")[0])
-        for line in out.splitlines()
+        for line in err.splitlines()
         if line.startswith(f"resume: {ckpt}/")
     ]
 
@@ -115,7 +115,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
     os.kill(workers[-1], signal.SIGKILL)
     out, err = job.communicate(timeout=180)  # a hang fails here instead of blocking the suite
     assert job.returncode == 0, err
-    assert _resumed_steps(out, ckpt), out  # the restart resumed
+    assert _resumed_steps(err, ckpt), err  # the restart resumed
     _assert_same_state(_final_state(ckpt), uninterrupted)
 
 
@@ -135,7 +135,7 @@ def test_a_worker_killed_inside_a_collective_or_a_checkpoint_write_is_recovered(
     job = _launch(ckpt, fault=fault)
     out, err = job.communicate(timeout=180)
     assert job.returncode == 0, err
-    assert _resumed_steps(out, ckpt) == [resumed], out  # the restart's; the first attempt found none
+    assert _resumed_steps(err, ckpt) == [resumed], err  # the restart's; the first attempt found none
     assert "failed (exitcode: -9) local_rank: 1" in err, err  # the agent saw the kill and restarted both
     assert not list(ckpt.glob(".tmp-*")), list(ckpt.iterdir())  # the interrupted write was cleared
     _assert_same_state(_final_state(ckpt), uninterrupted)
@@ -158,7 +158,7 @@ def test_a_stopped_worker_times_out_and_the_restarted_run_ends_as_an_uninterrupt
         r"stopped, died, or did not arrive within --timeout 5 s",
         err,
     ), err
-    assert len(_resumed_steps(out, ckpt)) == 1, out
+    assert len(_resumed_steps(err, ckpt)) == 1, err
     _assert_same_state(_final_state(ckpt), uninterrupted)
 
 
@@ -180,5 +180,5 @@ def test_a_killed_agent_takes_its_workers_and_a_new_launch_resumes(tmp_path, uni
     again = _launch(ckpt, restarts=0)
     out, err = again.communicate(timeout=180)
     assert again.returncode == 0, err
-    assert _resumed_steps(out, ckpt)[0] >= 10, out
+    assert _resumed_steps(err, ckpt)[0] >= 10, err
     _assert_same_state(_final_state(ckpt), uninterrupted)

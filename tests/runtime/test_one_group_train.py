@@ -38,12 +38,12 @@ def test_train_verifies_on_a_one_group_plan_from_a_probed_host(tmp_path, world, 
     cold_share = doc["tables"][0]["cold_share"]
     if world == 4:
         assert doc["solver"]["placement"] == "balanced" and max(cold_share) > 1.05 * min(cold_share)
-    argv = ["--plan", str(plan), "--data", str(data), "--steps", "3", "--verify", "--quiet"]
+    argv = ["--plan", str(plan), "--data", str(data), "--steps", "3", "--verify"]
     results = run_main(world, [([*argv, "--metrics-out", str(metrics)], None)], tmp_path / "run", 120.0)
     calls = [rank_results[0] for rank_results in results]
     assert [c["rc"] for c in calls] == [0] * world, [c["err"] for c in calls]
     out = calls[0]["out"]
-    assert f"world {world} (1 groups of {world})" in out
+    assert f"world {world} (1 groups of {world})" in calls[0]["err"]  # the log
     assert "verify: OK (3 steps, all rows of all copies match)\n" in out
     steps = [json.loads(line) for line in metrics.read_text().splitlines()]
     steps = [r for r in steps if r["kind"] == "step"]

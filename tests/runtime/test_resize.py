@@ -23,7 +23,7 @@ from flexshard import checkpoint
 from flexshard.checkpoint_reshard import TIERS, HeldRows
 from flexshard.training.resume import identity_mismatch
 
-SMALL = ["--batch-size", "16", "--quiet"]
+SMALL = ["--batch-size", "16"]  # not --quiet: the resume lines are logged at info
 
 
 def _plan(path: Path, groups: int, per_group: int, budget: float) -> Path:
@@ -170,14 +170,14 @@ def test_the_resized_run_trains_verifies_and_saves_the_new_world(resized, case):
     calls = resized["results"][case]
     assert [c["rc"] for c in calls] == [0] * world, [c["err"] for c in calls]
     folder = resized["folders"][case]
-    out = calls[0]["out"].splitlines()
+    out = calls[0]["err"].splitlines()  # the log
     old = checkpoint.read_manifest(checkpoint.step_dir(folder, step))
     assert f"resume: {checkpoint.step_dir(folder, step)} (step {step})" in out
     assert (
         f"resume: rows re-dealt from {old.world_size} ranks in groups {old.groups} to {world} ranks in "
         f"groups {groups}; global batch {world} x 16 samples (was {old.world_size} x 16)"
     ) in out
-    assert out[-1] == "verify: OK (1 steps, all rows of all copies match)"
+    assert "verify: OK (1 steps, all rows of all copies match)" in calls[0]["out"].splitlines()
     new = checkpoint.load_full(checkpoint.latest(folder))  # every row once, at the new world
     assert new.step == step + 1 and new.manifest.world_size == world and new.manifest.groups == groups
     before = checkpoint.load_full(checkpoint.step_dir(folder, step))
@@ -256,8 +256,8 @@ def test_one_process_resumes_the_four_ranks_checkpoint(resized, monkeypatch, cap
         for entry in dump["rows"][table].values():
             assert torch.equal(entry["weights"], weights[entry["ids"]])
             assert torch.equal(entry["state"], old.state[table][entry["ids"]])
-    out = capsys.readouterr().out
-    assert rc == 0 and "global batch 1 x 16 samples (was 4 x 16)" in out and "verify: OK (1 steps" in out
+    out, err = capsys.readouterr()
+    assert rc == 0 and "global batch 1 x 16 samples (was 4 x 16)" in err and "verify: OK (1 steps" in out
 
 
 def test_held_rows_place_saved_ids_as_brute_force_does():

@@ -44,8 +44,12 @@ def test_the_manifest_records_the_run_and_resume_refuses_another(tmp_path, capsy
         capsys.readouterr().err
     )
     assert checkpoint.latest(ckpt).name == "step-00000002"  # nothing was written by the refused runs
-    assert _train(ckpt, "--steps", "3", "--seed", "0", "--resume") == 0  # the same run continues
-    assert "resume: " in capsys.readouterr().out and checkpoint.latest(ckpt).name == "step-00000003"
+    loud = ["--checkpoint-dir", str(ckpt), "--batch-size", "8", "--dim", "8", "--steps", "3", "--resume"]
+    assert main(loud) == 0  # the same run continues (not --quiet: its resume line is a log line)
+    out, err = capsys.readouterr()
+    assert f"resume: {ckpt / 'step-00000002'} (step 2)" in err.splitlines()
+    assert out.startswith("summary: 1 steps (steps 3-3), final loss ")
+    assert checkpoint.latest(ckpt).name == "step-00000003"
 
 
 def test_a_fresh_run_refuses_another_runs_folder_unless_overwrite(tmp_path, capsys):

@@ -87,21 +87,26 @@ def _call(results, i):
     return [rank_results[i] for rank_results in results]
 
 
+def _verified(out: str, steps: int) -> bool:
+    """Whether a run's results (stdout) say it verified ``steps`` steps (the summary follows that line)."""
+    return f"verify: OK ({steps} steps, all rows of all copies match)" in out.splitlines()
+
+
 @pytest.mark.slow
 def test_verify_passes_on_every_rank(four):
     for i in (0, 1):
         calls = _call(four["first"], i)
         assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
         steps = 5 if i == 0 else 3
-        assert calls[0]["out"].rstrip().splitlines()[-1] == (
-            f"verify: OK ({steps} steps, all rows of all copies match)"
-        )
+        out = calls[0]["out"].splitlines()  # results: the verdict, then the summary
+        ok = out.index(f"verify: OK ({steps} steps, all rows of all copies match)")
         closest = re.fullmatch(  # the closest call over every rank, step and check
             r"verify: largest difference ([0-9.]+) of the 16 unit roundoffs allowed \((.+), step (\d+)\)",
-            calls[0]["out"].rstrip().splitlines()[-2],
+            out[ok - 1],
         )
         assert closest and 0 < float(closest[1]) < 16 and 1 <= int(closest[3]) <= steps, calls[0]["out"]
-        lines = calls[0]["out"].splitlines()
+        assert out[ok + 1].startswith(f"summary: {steps} steps (steps 1-{steps}), final loss ")
+        lines = calls[0]["err"].splitlines()  # the log: the run, the plan, the steps
         assert "world 4 (2 groups of 2)" in lines[0]
         # the plan made on the fly fetches some table's cold rows once per group, and verifies
         assert lines[1].startswith("plan (flexshard):") and "(group fetch)" in lines[1], lines[1]
@@ -110,24 +115,24 @@ def test_verify_passes_on_every_rank(four):
         assert all("loss" in ln and "samples/s" in ln and "intra_group" in ln for ln in step_lines)
         # two groups and a plan with warm and cold rows: traffic on both link classes
         assert "inter_group 0 B" not in step_lines[0] and "intra_group 0 B" not in step_lines[0]
-        assert all(c["out"] == "" for c in calls[1:])  # only rank 0 logs
+        assert all(c["out"] == "" and "loss" not in c["err"] for c in calls[1:])  # only rank 0 logs, reports
 
 
 @pytest.mark.slow
 def test_bf16_on_the_wire_trains_and_verifies_within_its_stated_tolerance(four):
     calls = _call(four["first"], 5)
     assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
-    lines = calls[0]["out"].splitlines()
+    lines = calls[0]["err"].splitlines()
     assert (
         "verify: each step against an unsharded reference from the same state; normwise tolerance "
         "0.062 = 16 x the bf16 unit roundoff 2^-8"
     ) in lines
-    assert lines[-1] == "verify: OK (4 steps, all rows of all copies match)"
-    fp32 = _call(four["first"], 0)[0]["out"].splitlines()
+    assert _verified(calls[0]["out"], 4)
+    fp32 = _call(four["first"], 0)[0]["err"].splitlines()
 
     def link_bytes(out: list[str]) -> int:  # intra + inter bytes of step 1 (same batches in both runs)
         words = [ln for ln in out if ln.startswith("step 1/")][0].split()
-        return sum(int(words[i].replace(",", "")) for i in (-8, -5))
+        return sum(int(words[i].replace(",", "")) for i in (7, 10))
 
     # vectors at 2 bytes per element: the vectors' bytes halve, the ids do not
     assert link_bytes(lines) < 0.75 * link_bytes(fp32)
@@ -137,7 +142,8 @@ def test_bf16_on_the_wire_trains_and_verifies_within_its_stated_tolerance(four):
 def test_a_diverged_replica_fails_on_every_rank(four):
     calls = _call(four["first"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
-    message = calls[0]["err"].strip()  # every rank stops on the same mismatch; rank 0 reports it
+    message = calls[0]["err"].strip().splitlines()[-1]  # every rank stops on the same mismatch; rank 0
+    # reports it, after its log lines
     assert [c["err"] for c in calls[1:]] == ["", "", ""]
     assert re.fullmatch(
         r"verify: FAILED at step 2: rank 1's copy of table 'item' hot row \d+ differs from the row's other "
@@ -152,9 +158,10 @@ def test_checkpoint_resume_equals_straight_training(four):
     a, b = four["a"], four["b"]
     resumed = _call(four["second"], 0)
     assert [c["rc"] for c in resumed] == [0, 0, 0, 0], [c["err"] for c in resumed]
-    assert "resume:" in resumed[0]["out"] and "(step 3)" in resumed[0]["out"]
-    assert [ln for ln in resumed[0]["out"].splitlines() if ln.startswith("step ")][0].startswith("step 4/6")
-    assert resumed[0]["out"].rstrip().endswith("verify: OK (3 steps, all rows of all copies match)")
+    assert "resume:" in resumed[0]["err"] and "(step 3)" in resumed[0]["err"]
+    assert [ln for ln in resumed[0]["err"].splitlines() if ln.startswith("step ")][0].startswith("step 4/6")
+    assert _verified(resumed[0]["out"], 3)
+    assert "summary: 3 steps (steps 4-6), final loss " in resumed[0]["out"]
     assert checkpoint.latest(a).name == checkpoint.latest(b).name == "step-00000006"
     for step in (3, 6):
         x = checkpoint.load_full(checkpoint.step_dir(a, step))  # every row saved exactly once (checked)
@@ -247,25 +254,82 @@ def test_two_ranks_real_data_and_a_resize_of_another_run(four, tmp_path):
         pytest.skip(f"real data absent: {BEAUTY} (set FLEXSHARD_DATA); the resize check ran")
     real = _call(results, 1)
     assert [c["rc"] for c in real] == [0, 0], [c["err"] for c in real]
-    assert "Beauty.txt (item_id 12,102 x 16, user_id 22,364 x 16)" in real[0]["out"]
-    assert "world 2 (2 groups of 1)" in real[0]["out"]
-    assert "item_id hot/warm/cold 0/" not in real[0]["out"]  # the plan replicates the hottest items
-    assert real[0]["out"].rstrip().endswith("verify: OK (3 steps, all rows of all copies match)")
+    assert "Beauty.txt (item_id 12,102 x 16, user_id 22,364 x 16)" in real[0]["err"]
+    assert "world 2 (2 groups of 1)" in real[0]["err"]
+    assert "item_id hot/warm/cold 0/" not in real[0]["err"]  # the plan replicates the hottest items
+    assert _verified(real[0]["out"], 3)
     guide = _call(results, 2)
     assert [c["rc"] for c in guide] == [0, 0], [c["err"] for c in guide]
-    assert "plan (flexshard): item_id hot/warm/cold" in guide[0]["out"]
-    assert "item_attribute" not in guide[0]["out"]
-    assert guide[0]["out"].rstrip().endswith("verify: OK (2 steps, all rows of all copies match)")
+    assert "plan (flexshard): item_id hot/warm/cold" in guide[0]["err"]
+    assert "item_attribute" not in guide[0]["err"] + guide[0]["out"]
+    assert _verified(guide[0]["out"], 2)
 
 
-def test_single_process_without_launcher(monkeypatch, capsys):
+def _summary_of(records: list[dict], world: int, batch: int) -> list[str]:
+    """The end-of-run summary a run with these --metrics-out records prints, worked from the records:
+    the last step's loss, samples over the steps' summed time (the slowest rank's), and per link class the
+    mean over the steps of the busiest rank's bytes beside the header's predicted bytes."""
+    steps = [r for r in records if r["kind"] == "step"]
+    predicted = records[0]["plan"]["predicted"]
+    seconds = 0.0
+    for r in steps:
+        seconds += r["elapsed_s"]
+    samples = len(steps) * world * batch
+    first, last = steps[0]["step"], steps[-1]["step"]
+    lines = [
+        f"summary: {len(steps)} steps (steps {first}-{last}), final loss {steps[-1]['loss']:.6f}, "
+        f"{samples / seconds:,.0f} samples/s ({samples:,} samples in {seconds:.3f} s of steps, the slowest "
+        "rank's)"
+    ]
+    rows = [["bytes per step", "measured (busiest rank, mean)", "plan's prediction", "measured vs plan"]]
+    for link in ("intra_group", "inter_group"):
+        total = 0.0
+        for r in steps:
+            total += r["bytes"][link]["max"]
+        measured, want = total / len(steps), predicted[f"{link}_bytes"]
+        rel = f"{measured / want - 1:+.1%}" if want > 0 else "-" if measured <= 0 else "none predicted"
+        rows.append([link, f"{measured:,.0f} B", f"{want:,.0f} B", rel])
+    from flexshard.report import format_table
+
+    return lines + format_table(rows[0], rows[1:]).splitlines()
+
+
+def test_single_process_without_launcher_quiet_still_summarises(monkeypatch, capsys, tmp_path):
+    """--quiet: nothing on stderr, and the results on stdout: the verdict and the summary, whose figures
+    are the run's own (its --metrics-out records)."""
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
-    assert main(["--steps", "2", "--verify", "--quiet", *SMALL]) == 0
-    out = capsys.readouterr().out
-    assert "world 1 (1 groups of 1)" in out
-    assert out.rstrip().endswith("verify: OK (2 steps, all rows of all copies match)")
+    metrics = tmp_path / "m.jsonl"
+    assert main(["--steps", "2", "--verify", "--quiet", "--metrics-out", str(metrics), *SMALL]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""  # --quiet = --log-level warning: no log lines
+    lines = out.splitlines()
+    assert lines[0].startswith("verify: largest difference ")
+    assert lines[1] == "verify: OK (2 steps, all rows of all copies match)"
+    assert lines[2:] == _summary_of(_records(metrics), world=1, batch=16)
+    assert lines[-2].startswith("intra_group  ") and lines[-1].startswith("inter_group  ")
     assert not torch.distributed.is_initialized()
+
+
+def test_train_log_level(monkeypatch, capsys):
+    """info (the default) logs the run and one line per step on stderr; debug adds each step's bytes by
+    component; warning hides them; the summary prints at every level."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    seen = {}
+    for level in ("debug", "info", "warning"):
+        assert main(["--steps", "1", "--log-level", level, *SMALL]) == 0
+        seen[level] = capsys.readouterr()
+    assert seen["info"].err.splitlines()[0].startswith("train: world 1 (1 groups of 1)")
+    (step,) = [ln for ln in seen["info"].err.splitlines() if ln.startswith("step ")]
+    assert step.startswith("step 1/1 loss ") and step.endswith(" B (max over ranks), 0 s left")
+    assert "debug" not in seen["info"].err
+    debug = [ln for ln in seen["debug"].err.splitlines() if ln.startswith("debug: ")]
+    assert debug == [ln for ln in debug if ln.startswith("debug: step 1: rank 0 bytes by component: ")]
+    assert len(debug) == 1 and ": intra_group ids " in debug[0] and ", sync 0 B; inter_group ids " in debug[0]
+    assert seen["warning"].err == ""
+    for level in seen:
+        assert seen[level].out.startswith("summary: 1 steps (steps 1-1), final loss ")
 
 
 def test_plan_file_option(monkeypatch, capsys, tmp_path):
@@ -298,7 +362,9 @@ def test_plan_file_option(monkeypatch, capsys, tmp_path):
     assert "wire: the plan was made with wire fp32, this run asks for bf16;" in capsys.readouterr().err
     argv = ["--plan", str(tmp_path / "w1.json"), "--steps", "1", "--wire-dtype", "bf16", "--override-plan"]
     assert main([*argv, *SMALL]) == 0
-    assert "override: wire bf16 (the plan was made with fp32;" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "override: wire bf16 (the plan was made with fp32;" in err
+    assert "the plan's prediction does not apply: this run overrides its wire" in out  # the summary
 
 
 @pytest.mark.parametrize(
@@ -371,8 +437,8 @@ def test_row_wise_strategy_is_all_cold_and_verifies(strategies):
     calls = _call(strategies["results"], 0)
     assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
     out = calls[0]["out"]
-    assert "plan (row_wise): item hot/warm/cold 0/0/50000, creator hot/warm/cold 0/0/5000" in out
-    assert out.rstrip().splitlines()[-2] == "verify: OK (3 steps, all rows of all copies match)"
+    assert "plan (row_wise): item hot/warm/cold 0/0/50000, creator hot/warm/cold 0/0/5000" in calls[0]["err"]
+    assert _verified(out, 3)
     header = _records(strategies["root"] / "rw.jsonl")[0]
     assert header["plan"]["strategy"] == "row_wise" and header["config"]["strategy"] == "row_wise"
     for t in header["plan"]["tables"]:
@@ -383,8 +449,10 @@ def test_row_wise_strategy_is_all_cold_and_verifies(strategies):
 @pytest.mark.slow
 def test_metrics_out_matches_printed_steps(strategies):
     for i, name in ((0, "rw.jsonl"), (1, "fs.jsonl")):
-        out = _call(strategies["results"], i)[0]["out"]
+        out = _call(strategies["results"], i)[0]["err"]  # the step lines are log lines
         records = _records(strategies["root"] / name)
+        summary = _call(strategies["results"], i)[0]["out"].splitlines()
+        assert summary[-5:] == _summary_of(records, world=4, batch=16)  # the summary, from the same figures
         assert [r["kind"] for r in records] == ["header", "step", "step", "step", "end"]
         assert records[0]["world"] == 4 and records[0]["groups"] == [[0, 1], [2, 3]]
         assert set(records[0]["plan"]["predicted"]) >= {"inter_group_bytes", "intra_group_bytes"}
@@ -416,7 +484,7 @@ def test_metrics_out_matches_printed_steps(strategies):
 def test_a_failed_run_keeps_its_steps_and_its_error_in_the_metrics(strategies):
     calls = _call(strategies["results"], 2)
     assert [c["rc"] for c in calls] == [1, 1, 1, 1]
-    message = calls[0]["err"].strip()
+    message = calls[0]["err"].strip().splitlines()[-1]  # after rank 0's log lines
     assert message.startswith("verify: FAILED at step 3: table item's update of the touched rows differs"), (
         message
     )
@@ -431,9 +499,8 @@ def test_every_runtime_strategy_verifies(strategies):
     for i, name in enumerate(strategies["others"], start=4):
         calls = _call(strategies["results"], i)
         assert [c["rc"] for c in calls] == [0, 0, 0, 0], (name, [c["err"] for c in calls])
-        out = calls[0]["out"]
-        assert f"plan ({name}):" in out
-        assert out.rstrip().endswith("verify: OK (3 steps, all rows of all copies match)")
+        assert f"plan ({name}):" in calls[0]["err"]
+        assert _verified(calls[0]["out"], 3)
 
 
 @pytest.mark.slow
@@ -442,9 +509,8 @@ def test_compact_layout_trains_like_the_reference_and_checkpoints(strategies):
     as the unsharded reference, and its sharded checkpoint holds every row once."""
     calls = _call(strategies["results"], 3)
     assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
-    out = calls[0]["out"]
-    assert "layout compact" in out
-    assert "verify: OK (3 steps, all rows of all copies match)" in out.splitlines()
+    assert "layout compact" in calls[0]["err"]
+    assert _verified(calls[0]["out"], 3)
     full = checkpoint.load_full(checkpoint.latest(strategies["root"] / "compact"))
     assert sorted(full.weights) == ["creator", "item"]
     assert full.weights["item"].shape == (50_000, 16)
@@ -491,19 +557,19 @@ def test_plan_contract_under_torchrun(tmp_path):
     assert cli(["stats", str(a), "--dim", "16", "--out", str(tmp_path / "a.npz")]) == 0
     make = ["plan", "--workload", str(tmp_path / "a.npz"), "--topology", "h100:1x2", "--batch-size", "16"]
     assert cli([*make, "--out", str(plan)]) == 0
-    base = ["--plan", str(plan), "--steps", "2", "--quiet"]
+    base = ["--plan", str(plan), "--steps", "2"]
     calls = [
         ([*base, "--data", str(a), "--verify"], None),
-        ([*base, "--data", str(b)], None),
-        ([*base, "--data", str(a), "--no-dedup"], None),
+        ([*base, "--quiet", "--data", str(b)], None),
+        ([*base, "--quiet", "--data", str(a), "--no-dedup"], None),
         ([*base, "--data", str(a), "--no-dedup", "--override-plan", "--verify"], None),
-        ([*base, "--data", str(a), "--batch-size", "8"], None),
+        ([*base, "--quiet", "--data", str(a), "--batch-size", "8"], None),
     ]
     same, other_data, other_dedup, overridden, other_batch = (
         _call(run_main(2, calls, tmp_path / "run"), i) for i in range(5)
     )
     assert [c["rc"] for c in same] == [0, 0], [c["err"] for c in same]
-    assert "batch 16 per rank" in same[0]["out"]  # the plan's batch, no --batch-size given
+    assert "batch 16 per rank" in same[0]["err"]  # the plan's batch, no --batch-size given (a log line)
     for result, message in (
         (other_data, "table 'item_id': the plan was made from other data (hotness order"),
         (other_dedup, "dedup: the plan was made with dedup on, this run asks for off;"),
@@ -516,9 +582,9 @@ def test_plan_contract_under_torchrun(tmp_path):
         assert result[0]["err"].startswith(f"flexshard train: error: {message}"), result[0]["err"]
         assert result[0]["err"].count("\n") == 1 and result[1]["err"] == ""
     assert [c["rc"] for c in overridden] == [0, 0], [c["err"] for c in overridden]
-    out = overridden[0]["out"]
-    assert "dedup off" in out and "override: dedup off (the plan was made with on;" in out
-    assert out.rstrip().endswith("verify: OK (2 steps, all rows of all copies match)")
+    err = overridden[0]["err"]
+    assert "dedup off" in err and "override: dedup off (the plan was made with on;" in err
+    assert _verified(overridden[0]["out"], 2)
 
 
 @pytest.mark.slow
