@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{role}-col",
             default=default,
             metavar="NAME",
-            help=f"Parquet inputs: the {role} column's name (default {default or 'none'})",
+            help=f"Parquet and CSV inputs: the {role} column's name (default {default or 'none'}; CSV: "
+            "by the header's names)",
         )
     st.add_argument(
         "--touch-rates",
@@ -181,6 +182,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         num_rows[name] = int(rows)
     columns = workloads.ParquetColumns(args.user_col, args.item_col, args.time_col, args.count_col)
     rows_files = workloads.row_stats_inputs(args.inputs, args.format)
+    vocab = workloads.Vocabulary()  # string ids of delimited inputs -> rows, saved with the stats
     if rows_files is not None:
         workload, orders = _row_stats(args, rows_files, num_rows, columns)
     else:
@@ -193,13 +195,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 args.max_len,
                 num_rows=num_rows or None,
                 columns=columns,
+                vocabulary=vocab,
             )
         else:
             workload, orders = workloads.build_stats(
-                args.inputs, args.format, args.dim, args.batch_size, args.max_len
+                args.inputs, args.format, args.dim, args.batch_size, args.max_len, vocabulary=vocab
             )
-        workload = _with_touch_rates(args, workload, orders, columns)
-    workloads.save_stats(args.out, workload, orders)
+        workload = _with_touch_rates(args, workload, orders, columns, vocab)
+    workloads.save_stats(args.out, workload, orders, vocab)
+    for note in filter(None, (workloads.order_note(p, columns) for p in args.inputs if Path(p).is_file())):
+        print(f"note: {note}")
     print(workloads.describe(workload))
     print(touch_rates_line(workload))
     print(f"\nwrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
@@ -238,7 +243,11 @@ def _row_stats(
 
 
 def _with_touch_rates(
-    args: argparse.Namespace, workload: workloads.Workload, orders: dict, columns: workloads.ParquetColumns
+    args: argparse.Namespace,
+    workload: workloads.Workload,
+    orders: dict,
+    columns: workloads.ParquetColumns,
+    vocab: workloads.Vocabulary | None = None,
 ) -> workloads.Workload:
     """``workload`` with measured touch rates (``--touch-rates``), when its input has user histories."""
     if args.touch_rates == "off":
@@ -259,27 +268,29 @@ def _with_touch_rates(
         )
     mode = args.touch_rates or "next-item"
     sampling = workloads.Sampling(mode, args.window, args.negatives if mode == "next-item" else 0)
-    options = {"columns": columns} if fmt == "parquet" else {}
+    options = {"columns": columns} if fmt in ("parquet", "csv") else {}
     with Progress(1, "touch rates") as bar:
         if fmt == "parquet":
             options["progress"] = lambda done, total: bar.note(f"{done:,}/{total:,} rows")
-        measured = with_touch_rates(workload, orders, histories(path, fmt, args.max_len, **options), sampling)
+        chunks = histories(path, fmt, args.max_len, vocab, **options)
+        measured = with_touch_rates(workload, orders, chunks, sampling)
         bar.advance()
     return measured
 
 
-def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict]:
-    """``--workload`` and its hotness orders, with ``--batch-size`` replacing its per-GPU batch when given."""
-    workload, orders = workloads.load_workload_with_orders(args.workload)
+def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict, workloads.Vocabulary | None]:
+    """``--workload``, its hotness orders and vocabulary of string ids, with ``--batch-size`` replacing its
+    per-GPU batch when given."""
+    workload, orders, vocab = workloads.load_workload_full(args.workload)
     if args.batch_size is not None:
         workload = dataclasses.replace(workload, batch_size_per_gpu=args.batch_size)
-    return workload, orders
+    return workload, orders, vocab
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out, "--out")
-    workload, orders = _workload(args)
+    workload, orders, vocab = _workload(args)
     view = cluster_view(load_topology(args.topology))
     budget = budget_bytes(workload, view, args.budget)
     with Progress(1, "plan") as bar:
@@ -295,6 +306,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         bar.advance()
     document = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload), orders)
+    if vocab:  # train refuses string ids mapped to rows by another vocabulary
+        document["fingerprints"]["vocabulary"] = vocab.fingerprint()
     if args.out:
         write_plan(args.out, document)
     if args.json:
@@ -360,7 +373,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for s in strategies:
         if s not in STRATEGIES:
             raise ConfigError(f"--strategies: unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
-    workload, _orders = _workload(args)
+    workload, _orders, _vocab = _workload(args)
     view = cluster_view(load_topology(args.topology))
     dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
     records = simulate_records(

@@ -30,9 +30,9 @@ from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
 from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
-from flexshard.training.data import make_source
+from flexshard.training.data import data_options, make_source
 from flexshard.training.distributed import Phase, allreduce_dense_grads, device
-from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
+from flexshard.training.planning import batch_size, check_plan, check_vocabulary, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import directory_problem, identity_mismatch, prune, run_identity
 from flexshard.training.verify import Verifier, describe_tolerance
@@ -51,10 +51,12 @@ def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> t
             check_writable(config.metrics_out, "--metrics-out")
         given = read_plan(config.plan) if config.plan else None
         source = make_source(
-            config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed
-        )
+            config.data, config.dim, config.max_len, config.negatives, batch_size(config, given), config.seed,
+            data_options(config),
+        )  # fmt: skip
         if given is not None:
             names = [name for name, _rows, _dim in source.tables]
+            check_vocabulary(given, source.vocabulary)
             plan_file, notes = check_plan(config, given, names, world, source.touch_sampling)
         else:
             RankLayout.consecutive(world, config.groups or 1, "--groups")  # planned below, checked here

@@ -32,7 +32,7 @@ import numpy as np
 from core.errors import ConfigError, DataError
 
 from ._text import Tokens, bad_value, read_chunks, tokenize
-from .parsed import ITEM_TABLE, USER_TABLE, check_ids, check_max_len, table_limits
+from .parsed import ITEM_TABLE, USER_TABLE, check_expansion, check_ids, check_max_len, table_limits
 
 # ------------------------------------------------------------------------------------ line parsers
 
@@ -291,4 +291,6 @@ def read_count_sequences(path: str | Path, num_rows: Mapping[str, int] | None = 
     chunks = list(csv_chunks(path, table_limits(num_rows)))
     if not chunks:
         raise DataError(f"{path}: empty file (no user,item,count lines)")
-    return sequences_from_counts(*_joined(chunks))
+    users, items, counts = _joined(chunks)
+    check_expansion(counts, f"{path}: column 3 (count)")
+    return sequences_from_counts(users, items, counts)
