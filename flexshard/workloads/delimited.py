@@ -83,6 +83,7 @@ class Layout:
     names: tuple[str, ...]  # the header's column names, or user,item[,count] by position
     roles: tuple[tuple[str, str], ...]  # (role, column name) of the columns read, in ROLES order
     legacy: bool  # headerless comma user,item,count: the numpy parser (sequences.csv_chunks)
+    header_lines: int = 0  # lines up to and including the header (blank lines before it too)
 
     def column(self, role: str) -> str | None:
         return dict(self.roles).get(role)
@@ -174,7 +175,7 @@ def sniff(path: str | Path, columns: ParquetColumns | None = None) -> Layout:
                 f"{', '.join(RECOGNISED[role][:6])} ...; or --{role}-col NAME; a file of string ids needs "
                 "a header line)"
             )
-    return Layout(path, delimiter, True, tuple(fields), tuple(roles), False)
+    return Layout(path, delimiter, True, tuple(fields), tuple(roles), False, number)
 
 
 # --------------------------------------------------------------------------------------- reading
@@ -284,8 +285,9 @@ def chunks(
     """Stream a (non-legacy) delimited file block by block: user and item row ids, counts (1 without a
     count column), times (None without a time column) and each row's index (0-based, after the header)."""
     path, limits = layout.path, limits or {}
+    # the header's names as sniff stripped them (spaces, quotes, a BOM): its line is skipped
     read = pacsv.ReadOptions(
-        block_size=block_bytes, column_names=None if layout.header else list(layout.names)
+        block_size=block_bytes, column_names=list(layout.names), skip_rows=layout.header_lines
     )
     parse = pacsv.ParseOptions(delimiter=layout.delimiter)
     convert = pacsv.ConvertOptions(

@@ -417,7 +417,7 @@ def _expand(path: Path, fmt: str) -> list[tuple[Path, str]]:
     parquets = sorted(p for p in path.iterdir() if p.suffix.lower() in PARQUET_SUFFIXES)
     if fmt in ("auto", "parquet") and parquets:
         return [(p, "parquet") for p in parquets]
-    listing = ", ".join(sorted(p.name for p in path.iterdir())[:10])
+    listing = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "it is empty"
     raise DataError(f"{path}: cannot tell which files of this folder to read ({listing}); pass the files")
 
 
