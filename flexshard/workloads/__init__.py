@@ -22,13 +22,13 @@ Public API (all histograms are ``solvers.types.RowHistogram``, never per-row obj
   ``SampleBatch`` (the batches training draws), ``item_rates`` / ``user_rates`` (exact per-row touch
   probability and lookups per sample), ``touch_profile`` (their compact, bucketed form);
 * delimited files (CSV, TSV; read by their header, string ids through a vocabulary): ``csv_histories``,
-  ``order_note``, ``Vocabulary``;
+  ``history_chunks``, ``order_note``, ``Vocabulary``;
 * stats files: ``save_stats``, ``load_stats``, ``load_stats_with_vocabulary``, ``fingerprint``;
 * presets: ``load_workload``, ``load_workload_with_orders``, ``build_stats``, ``describe``,
   ``preset``, ``preset_names``, ``data_root``.
 """
 
-from .delimited import csv_histories, order_note
+from .delimited_reads import csv_histories, history_chunks, order_note
 from .harmonic import generalized_harmonic, harmonic_range
 from .locality import (
     BatchLocality,
@@ -97,6 +97,7 @@ from .vocabulary import Vocabulary
 __all__ = [
     "Vocabulary",
     "csv_histories",
+    "history_chunks",
     "load_stats_with_vocabulary",
     "order_note",
     "DEFAULT_NEGATIVES",

@@ -16,9 +16,10 @@ One row is one interaction (or ``count`` of them). The first line decides the la
 
 Ids: a column of integers is taken as row ids (non-negative, below ``MAX_ID`` or the declared table
 size); a column of strings (product codes, hashes) is mapped to dense rows through a
-:class:`~flexshard.workloads.vocabulary.Vocabulary` (first-seen order). Histories: with a time column,
-each user's rows in time order (ties in file order); without one, in file order, and :func:`order_note`
-says so. Files are streamed in blocks of ``BLOCK_BYTES``; no Python code runs per row or per id.
+:class:`~flexshard.workloads.vocabulary.Vocabulary` (first-seen order). Histories
+(:mod:`~flexshard.workloads.delimited_reads`): with a time column, each user's rows in time order (ties
+in file order); without one, in file order, and :meth:`Layout.note` says so. Files are streamed in
+blocks of ``BLOCK_BYTES``; no Python code runs per row or per id.
 """
 
 from __future__ import annotations
@@ -35,20 +36,13 @@ import pyarrow.csv as pacsv
 
 from core.errors import ConfigError, DataError
 
-from ._text import grow
 from .parquet import LogChunk, ParquetColumns
 from .parsed import (
     ITEM_TABLE,
     MAX_ID,
     USER_TABLE,
-    Parsed,
-    check_expansion,
-    check_max_len,
-    table_limits,
-    table_size,
 )
 from .paths import check_file
-from .sequences import Sequences, read_count_sequences, sequences_from_counts, sequences_from_lines
 from .vocabulary import Vocabulary
 
 BLOCK_BYTES = 1 << 24  # 16 MiB of text per block (~1M rows; the first block fixes the column types)
@@ -273,6 +267,9 @@ def _times(col: pa.Array, layout: Layout, row0: int) -> np.ndarray:
     elif not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
         raise _bad(path, row0 + 1, name, repr(col[0].as_py()), "not a number, a date or a timestamp")
     values = col.to_numpy(zero_copy_only=False)
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        k = _first_bad(~np.isfinite(values))
+        raise _bad(path, row0 + k + 1, name, values[k], "not a number, a date or a timestamp")
     return values.astype(np.float64 if values.dtype.kind == "f" else np.int64, copy=False)
 
 
@@ -318,116 +315,3 @@ def chunks(
         raise DataError(f"{path}: cannot parse the rows after row {row0} ({message})") from None
     if total == 0:
         raise DataError(f"{path}: no rows after the header")
-
-
-# ---------------------------------------------------------------------------------- counts, histories
-
-
-def _all(layout: Layout, vocab: Vocabulary, limits: Mapping[str, int]) -> LogChunk:
-    parts = list(chunks(layout, vocab, limits))
-    times = None if parts[0].times is None else np.concatenate([p.times for p in parts])
-    return LogChunk(
-        users=np.concatenate([p.users for p in parts]),
-        items=np.concatenate([p.items for p in parts]),
-        counts=np.concatenate([p.counts for p in parts]),
-        times=times,
-        rows=np.concatenate([p.rows for p in parts]),
-    )
-
-
-def _histories(
-    layout: Layout, vocab: Vocabulary, limits: Mapping[str, int], max_len: int | None
-) -> Sequences:
-    log = _all(layout, vocab, limits)
-    check_expansion(log.counts, f"{layout.path}: column {layout.column('count')!r}")
-    if log.times is None:  # file order
-        seq = sequences_from_counts(log.users, log.items, log.counts)
-    else:  # time order, ties in file order (lexsort is stable)
-        order = np.lexsort((log.times, log.users))
-        counts = log.counts[order]
-        seq = sequences_from_lines(log.users[order], counts, np.repeat(log.items[order], counts))
-    return seq if max_len is None else seq.truncated(max_len)
-
-
-def _check_max_len(layout: Layout, max_len: int | None) -> int | None:
-    if max_len is None:
-        return None
-    if layout.column("count") is not None and layout.column("time") is None:
-        raise ConfigError(
-            f"max_len: {layout.path} is a count matrix without a time column; it cannot be truncated to "
-            "recent ids"
-        )
-    return check_max_len(max_len)
-
-
-def csv_histories(
-    path: str | Path,
-    columns: ParquetColumns | None = None,
-    vocabulary: Vocabulary | None = None,
-    max_len: int | None = None,
-    num_rows: Mapping[str, int] | None = None,
-) -> Sequences:
-    """Every user's history in a delimited file (see the module): users ascending, each item ``count``
-    times, in time order with a time column, else file order; the last ``max_len`` items when given."""
-    layout = sniff(path, columns)
-    max_len = _check_max_len(layout, max_len)
-    if layout.legacy:
-        return read_count_sequences(path, num_rows)
-    return _histories(
-        layout, vocabulary if vocabulary is not None else Vocabulary(), table_limits(num_rows), max_len
-    )
-
-
-def read_delimited(
-    layout: Layout,
-    num_rows: Mapping[str, int] | None = None,
-    max_len: int | None = None,
-    vocabulary: Vocabulary | None = None,
-) -> Parsed:
-    """Per-table counts of a (non-legacy) delimited file, as ``readers.read_csv``: ``item_id`` one lookup
-    per interaction, one sample per user whose length is its interactions (its last ``max_len`` with
-    ``max_len``). Memory: one block plus int64 counts per item and per user row (without ``max_len``)."""
-    limits = table_limits(num_rows)
-    vocab = vocabulary if vocabulary is not None else Vocabulary()
-    max_len = _check_max_len(layout, max_len)
-    item_counts = np.zeros(0, dtype=np.int64)
-    if max_len is not None:
-        seq = _histories(layout, vocab, limits, max_len)
-        if seq.items.size:
-            item_counts = np.bincount(seq.items).astype(np.int64)
-        sample_user, totals = seq.users, seq.lengths
-    else:
-        seen = np.zeros(0, dtype=bool)
-        user_totals = np.zeros(0, dtype=np.int64)
-        for chunk in chunks(layout, vocab, limits):
-            top_item, top_user = int(chunk.items.max()) + 1, int(chunk.users.max()) + 1
-            item_counts, user_totals = grow(item_counts, top_item), grow(user_totals, top_user)
-            seen = grow(seen, top_user)
-            seen[chunk.users] = True
-            np.add.at(item_counts, chunk.items, chunk.counts)  # exact int64 sums
-            np.add.at(user_totals, chunk.users, chunk.counts)
-        sample_user = np.flatnonzero(seen).astype(np.int64)
-        totals = user_totals[sample_user]
-    parsed = Parsed(
-        source=str(layout.path),
-        counts={ITEM_TABLE: item_counts},
-        num_rows={ITEM_TABLE: table_size(ITEM_TABLE, item_counts, limits)},
-        sample_user=sample_user,
-        lengths={ITEM_TABLE: totals},
-        per_sample_table=USER_TABLE,
-    )
-    if USER_TABLE in limits:
-        parsed.num_rows[USER_TABLE] = limits[USER_TABLE]
-    return parsed
-
-
-def order_note(path: str | Path, columns: ParquetColumns | None = None) -> str | None:
-    """:meth:`Layout.note` of a delimited file; None for other files (or when its layout is bad: the
-    reader reports that)."""
-    path = Path(path)
-    if path.suffix.lower() in (".inter", ".user", ".item", ".parquet", ".pq", ".npz", ".json"):
-        return None
-    try:
-        return sniff(path, columns).note()
-    except (DataError, ConfigError, OSError):
-        return None

@@ -16,7 +16,7 @@ import numpy as np
 from core.errors import ConfigError
 from solvers.types import TableSpec, Workload
 
-from .delimited import csv_histories
+from .delimited_reads import history_chunks
 from .parquet import parquet_histories
 from .parsed import ITEM_TABLE, USER_TABLE
 from .recbole import recbole_histories
@@ -45,7 +45,7 @@ def histories(
     if fmt == "csv":
         vocab = vocabulary if vocabulary is not None else Vocabulary()
         columns = parquet_options.get("columns")
-        return lambda: [csv_histories(path, columns, vocab, max_len)]
+        return lambda: history_chunks(path, columns, vocab, max_len)
     if fmt == "recbole":
         return lambda: [recbole_histories(path, max_len=max_len)]
     if fmt == "parquet":

@@ -84,19 +84,17 @@ def check_max_len(max_len: object) -> int:
     return int(max_len)
 
 
-def check_expansion(counts: np.ndarray, where: str) -> None:
-    """DataError when per-row ``counts`` expanded into history items (each item ``count`` times) would not
-    fit in this machine's memory (``HISTORY_BYTES_PER_ITEM`` each): the limit, the total and the largest
-    count are named (a timestamp or rating column taken for a count is the usual cause)."""
-    if counts.size == 0:
-        return
-    total = float(counts.sum(dtype=np.float64))
+def check_expansion(total: float, largest: int, where: str) -> None:
+    """DataError when counts adding up to ``total`` (the largest ``largest``), expanded into history items
+    (each item ``count`` times), would not fit in this machine's memory (``HISTORY_BYTES_PER_ITEM``
+    each): the limit, the total and the largest count are named (a timestamp or rating column taken for
+    a count is the usual cause)."""
     have = physical_memory_bytes()
     limit = (have if have is not None else 1 << 40) // HISTORY_BYTES_PER_ITEM
     if total > limit:
         raise DataError(
             f"{where}: the counts add up to {total:.4g} interactions, past the {limit:,} that fit in this "
             f"machine's memory as histories ({HISTORY_BYTES_PER_ITEM} bytes each; largest count "
-            f"{int(counts.max()):,}); a count is interactions of one user with one item: if that column is a "
+            f"{largest:,}); a count is interactions of one user with one item: if that column is a "
             "timestamp or a rating, name the columns in a header line (e.g. user,item,timestamp)"
         )

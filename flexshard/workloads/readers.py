@@ -41,7 +41,8 @@ from core.errors import ConfigError, DataError
 from solvers.types import RowHistogram, TableSpec, Workload
 
 from ._text import bad_value, grow
-from .delimited import read_delimited, sniff
+from .delimited import sniff
+from .delimited_reads import read_delimited
 from .parquet import ParquetColumns, read_parquet
 from .parsed import (
     ATTRIBUTE_TABLE,

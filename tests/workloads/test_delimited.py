@@ -16,12 +16,14 @@ from flexshard.workloads import (
     Vocabulary,
     csv_histories,
     delimited,
+    delimited_reads,
     detect_format,
     load_stats_with_vocabulary,
     order_note,
     parsed,
     read_workload,
     save_stats,
+    sequences_from_lines,
 )
 from flexshard.workloads.paths import check_file
 
@@ -191,6 +193,7 @@ def test_max_len_keeps_the_latest_by_time(tmp_path):
         ("user,item,count\n1,2,nan\n", r"x\.csv: row 1: column 'count' value nan: NaN count"),
         ("user,item,count\n1,2,1e19\n", r"x\.csv: row 1: column 'count' .*count past the largest, 4,611"),
         ("user,item,time\n1,2,soon\n", r"x\.csv: row 1: column 'time' value 'soon': not a number, a date"),
+        ("user,item,time\n1,2,1.5\n1,3,nan\n", r"x\.csv: row 2: column 'time' value nan: not a number"),
         ("1\t2\t3\t4\n", r"x\.csv:1: 4 tab-separated fields and no header"),
         (
             "1\tB2\n",
@@ -277,3 +280,49 @@ def test_vocabulary_fingerprint_depends_on_order():
     a.encode("item_id", pa.array(["x", "y"]), "a")
     b.encode("item_id", pa.array(["y", "x"]), "b")
     assert a.fingerprint() != b.fingerprint() and Vocabulary().fingerprint() == ""
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_large_files_group_on_disk_as_in_memory(tmp_path, timed):
+    """Past ``spill_bytes`` the histories come from a temporary Parquet log grouped by parquet_histories
+    (partitions of ``memory_bytes``): the same histories, string ids and decimal times included."""
+    rng = np.random.default_rng(7)
+    n = 4000
+    users, items = rng.integers(0, 300, n), rng.integers(0, 900, n)
+    times = np.round(rng.normal(0, 1e6, n), 3)  # decimals, negative ones too
+    counts = rng.integers(0, 3, n)
+    head = "user,item," + ("timestamp," if timed else "") + "count\n"
+    body = "".join(
+        f"u{u},p{i}," + (f"{t}," if timed else "") + f"{c}\n"
+        for u, i, t, c in zip(users, items, times, counts, strict=True)
+    )
+    f = write(tmp_path / "log.csv", head + body)
+    vocab = Vocabulary()
+    whole = csv_histories(f, vocabulary=vocab)
+    parts = list(delimited_reads.history_chunks(f, vocabulary=vocab, spill_bytes=0, memory_bytes=1 << 16))
+    assert len(parts) > 1
+    spilled = csv_histories(f, vocabulary=vocab, spill_bytes=0)
+    for got in (spilled, sequences_from_lines(
+        np.concatenate([p.users for p in parts]), np.concatenate([p.lengths for p in parts]),
+        np.concatenate([p.items for p in parts]),
+    )):  # fmt: skip
+        assert got.users.tolist() == whole.users.tolist()
+        assert got.offsets.tolist() == whole.offsets.tolist() and got.items.tolist() == whole.items.tolist()
+    # brute force: user u's items sorted by (time, row), each count times
+    user_rows = vocab.strings("user_id")
+    item_rows = {s: k for k, s in enumerate(vocab.strings("item_id"))}
+    k = int(rng.integers(0, len(whole)))
+    name = user_rows[int(whole.users[k])]
+    mine = [r for r in range(n) if f"u{users[r]}" == name]
+    if timed:
+        mine.sort(key=lambda r: (times[r], r))
+    expected = [item_rows[f"p{items[r]}"] for r in mine for _ in range(counts[r])]
+    assert whole.history(k).tolist() == expected
+
+
+def test_ordered_int64_keeps_the_order_of_decimal_times():
+    t = np.array([3.5, -2.25, 0.0, -0.0, 1e300, -1e300, 2.0, -2.5])
+    keys = delimited_reads.ordered_int64(t)
+    assert np.argsort(keys, kind="stable").tolist() == np.argsort(t, kind="stable").tolist()
+    ints = np.array([5, -3, 0])
+    assert delimited_reads.ordered_int64(ints).tolist() == [5, -3, 0]
