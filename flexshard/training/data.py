@@ -159,7 +159,8 @@ class SequenceFileSource:
         self.sampling = Sampling("next-item", max_len, negatives)
         self.touch_sampling = dict.fromkeys((ITEM_TABLE, USER_TABLE), self.sampling.describe())
         # one read: the sampler and the rates share it; string ids through the counts' vocabulary
-        parts = list(measured.histories(self.path, fmt, None, self.vocabulary, columns=columns)())
+        named = {} if columns is None else {"columns": columns}
+        parts = list(measured.histories(self.path, fmt, None, self.vocabulary, **named)())
         self._histories = lambda: parts
         whole = parts[0] if len(parts) == 1 else sequences_from_lines(*_joined_histories(parts))
         try:

@@ -179,3 +179,23 @@ def test_reproductions_are_one_line(tmp_path, capsys):
     assert "the counts add up to 1e+14 interactions" in capsys.readouterr().err
     assert train(["--vocab", "s.npz", "--steps", "1"]) == 2
     assert "--vocab needs --data" in capsys.readouterr().err
+
+
+def test_train_column_flags_apply_to_parquet_and_csv(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = _rows(4)
+    who, what, when = (pa.array([r[k] for r in rows]) for k in range(3))
+    pq.write_table(pa.table({"who": who, "what": what, "when": when}), tmp_path / "log.parquet")
+    csv = _log(tmp_path / "log.csv", rows, "who,what,when")
+    flags = ParquetColumns("who", "what", "when")
+    a = SequenceFileSource(str(tmp_path / "log.parquet"), 8, 5, 1, 8, 0, DataOptions(flags))
+    b = SequenceFileSource(str(csv), 8, 5, 1, 8, 0, DataOptions(flags))
+    assert a.tables == b.tables and a.sampler.items.tolist() == b.sampler.items.tolist()
+    assert b.note is None  # a time column
+    with pytest.raises(Exception, match=r"log\.parquet: no column 'user' \(the user column\)"):
+        SequenceFileSource(str(tmp_path / "log.parquet"), 8, 5, 1, 8, 0)
+    assert (
+        train(["--data", str(csv), "--user-col", "who", "--item-col", "what", "--steps", "1", "--quiet"]) == 0
+    )
