@@ -6,8 +6,10 @@ hottest first), ``t{i}.len_values`` / ``t{i}.len_probs`` (its sequence-length pm
 touch rates were measured (version 2), ``t{i}.touch_lookups`` / ``touch_bucket`` / ``touch_prob`` /
 ``touch_rows`` (a :class:`~solvers.types.TouchProfile`; its quantization, bucket error and sampling
 in the table's metadata) and, from version 3, ``t{i}.touch_rank_entry`` (int32: the profile entry of
-each touched row along the hotness order). Versions 1 (no touch rates) and 2 are read too. Files are
-written to a temporary file beside the target and moved into place with ``os.replace``, so a
+each touched row along the hotness order). Versions 1 (no touch rates) and 2 are read too. Data with
+string ids adds ``vocab.<table>.offsets`` / ``.data`` (the strings of each row, UTF-8) and meta
+``vocabulary`` (its tables and fingerprint, checked on load; :mod:`~flexshard.workloads.vocabulary`).
+Files are written to a temporary file beside the target and moved into place with ``os.replace``, so a
 reader never sees a partial file. Loading validates everything and raises ``core.errors.DataError``
 (a path that cannot be written raises ``OutputError``; bad orders passed to ``save_stats``, ``ConfigError``).
 """
