@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             peaks.append(peak)
             log.unlink()
     print(
-        f"`flexshard stats` on a user,item,timestamp CSV of {interactions:,} rows, {os.cpu_count()} CPU cores\n"
+        f"`flexshard stats` on a user,item,timestamp CSV of {interactions:,} rows, "
+        f"{os.cpu_count()} CPU cores\n"
     )
     print(study.md_table(["ids", "file", "wall s", "peak RSS GiB", "fingerprint"], rows, align="llrrl"))
     ok = max(peaks) <= TARGET_PEAK_BYTES
