@@ -166,6 +166,8 @@ def read_delimited(
             np.add.at(user_totals, chunk.users, chunk.counts)
         sample_user = np.flatnonzero(seen).astype(np.int64)
         totals = user_totals[sample_user]
+    if ITEM_TABLE in vocab:  # every string is a row, also one whose rows were cut by max_len
+        item_counts = grow(item_counts, vocab.size(ITEM_TABLE))
     parsed = Parsed(
         source=str(layout.path),
         counts={ITEM_TABLE: item_counts},

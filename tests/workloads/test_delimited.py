@@ -171,6 +171,11 @@ def test_max_len_keeps_the_latest_by_time(tmp_path):
     assert histories(f, max_len=2) == {1: [5, 7], 2: [7, 5]}
     w, orders = read_workload(f, max_len=1)
     assert orders["item_id"].tolist() == [5, 7]  # user 1's 7 and user 2's 5
+    codes = write(tmp_path / "codes.csv", "user,item,timestamp\nu1,OLD,1\nu1,B,2\nu1,C,3\n")
+    vocab = Vocabulary()
+    w, orders = read_workload(codes, max_len=2, vocabulary=vocab)
+    assert vocab.strings("item_id") == ["OLD", "B", "C"] and orders["item_id"].tolist() == [1, 2]
+    assert {t.name: t.num_rows for t in w.tables}["item_id"] == 3  # OLD keeps its row, untouched
     g = write(tmp_path / "c.csv", "user,item,count\n1,5,2\n")
     with pytest.raises(ConfigError, match="count matrix without a time column"):
         read_workload(g, max_len=1)
