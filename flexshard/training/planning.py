@@ -110,6 +110,8 @@ def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanF
             doc[0] = to_dict(
                 planned.plan, workload, view, planned.report, fingerprint(workload), source.orders
             )
+            if source.vocabulary:  # the rows of string ids, as a plan file from `flexshard plan` records
+                doc[0]["fingerprints"]["vocabulary"] = source.vocabulary.fingerprint()
         except InputError as e:
             doc[0] = {"error": str(e)}
     dist.broadcast_object_list(doc, src=0)

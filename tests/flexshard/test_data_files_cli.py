@@ -199,3 +199,37 @@ def test_train_column_flags_apply_to_parquet_and_csv(tmp_path):
     assert (
         train(["--data", str(csv), "--user-col", "who", "--item-col", "what", "--steps", "1", "--quiet"]) == 0
     )
+
+
+def test_resume_and_plans_on_the_fly_keep_the_vocabulary(tmp_path, capsys):
+    """A run planned on the fly records its vocabulary in its run identity: resuming it with string ids
+    mapped by another vocabulary is refused; with the same one it goes on."""
+    rows = _rows(5, codes=True)
+    codes = _log(tmp_path / "codes.csv", rows, "customer_id,product_id,timestamp")
+    other = _log(tmp_path / "other.csv", rows[::-1], "customer_id,product_id,timestamp")
+    other_npz, _ = _stats_and_plan(capsys, other, tmp_path, "other")
+    ckpt = str(tmp_path / "ckpt")
+    base = ["--data", str(codes), "--batch-size", "16", "--quiet", "--checkpoint-dir", ckpt]
+    assert train([*base, "--steps", "2"]) == 0
+    assert train([*base, "--steps", "3", "--resume"]) == 0
+    capsys.readouterr()
+    assert train([*base, "--steps", "4", "--resume", "--vocab", str(other_npz)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flexshard train: error: --resume: {ckpt}") and "was saved by another run" in err
+
+
+def test_resume_refuses_another_vocabulary_with_the_same_plan(tmp_path, capsys):
+    """Counts alike, so the plan made on the fly is the same; only the users' rows swap (u2 is seen first
+    in the other file): the run identity's data names the vocabulary."""
+    rows = [("u1", "A", 1), ("u1", "B", 2), ("u2", "B", 3), ("u2", "A", 4)] * 3
+    codes = _log(tmp_path / "codes.csv", rows, "user,item,timestamp")
+    other = _log(tmp_path / "other.csv", rows[::-1], "user,item,timestamp")
+    other_npz, _ = _stats_and_plan(capsys, other, tmp_path, "other")
+    ckpt = str(tmp_path / "ckpt")
+    base = ["--data", str(codes), "--batch-size", "4", "--quiet", "--checkpoint-dir", ckpt]
+    assert train([*base, "--steps", "2"]) == 0
+    capsys.readouterr()
+    assert train([*base, "--steps", "3", "--resume", "--vocab", str(other_npz)]) == 2
+    err = capsys.readouterr().err
+    assert "was saved by another run (data: 'codes.csv (statistics " in err
+    assert ", vocabulary " in err and err.count("\n") == 1
