@@ -273,8 +273,18 @@ def _with_touch_rates(
         if fmt == "parquet":
             options["progress"] = lambda done, total: bar.note(f"{done:,}/{total:,} rows")
         chunks = histories(path, fmt, args.max_len, vocab, **options)
-        measured = with_touch_rates(workload, orders, chunks, sampling)
+        pairs = [0, 0]  # consecutive history items, and those rising in id
+
+        def inspected():
+            for seq in chunks():
+                pairs[:] = [a + b for a, b in zip(pairs, seq.ascending_pairs(), strict=True)]
+                yield seq
+
+        measured = with_touch_rates(workload, orders, inspected, sampling)
         bar.advance()
+    note = workloads.id_sorted_note(*pairs, path)
+    if note:
+        print(f"note: {note}")
     return measured
 
 

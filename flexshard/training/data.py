@@ -35,6 +35,7 @@ from flexshard.workloads import (
     Sequences,
     Vocabulary,
     detect_format,
+    id_sorted_note,
     load_stats_with_vocabulary,
     load_workload_with_orders,
     measured,
@@ -163,6 +164,8 @@ class SequenceFileSource:
         parts = list(measured.histories(self.path, fmt, None, self.vocabulary, **named)())
         self._histories = lambda: parts
         whole = parts[0] if len(parts) == 1 else sequences_from_lines(*_joined_histories(parts))
+        sorted_note = id_sorted_note(*whole.ascending_pairs(), self.path)
+        self.note = "; ".join(filter(None, (self.note, sorted_note))) or None
         try:
             self.sampler = HistorySampler(
                 whole,

@@ -56,6 +56,7 @@ from .row_stats import read_row_stats, row_stats_has_touched, row_stats_inputs
 from .samples import HistorySampler, SampleBatch
 from .sequences import (
     Sequences,
+    id_sorted_note,
     read_count_sequences,
     read_sequences,
     sequences_from_counts,
@@ -98,6 +99,7 @@ __all__ = [
     "Vocabulary",
     "csv_histories",
     "history_chunks",
+    "id_sorted_note",
     "load_stats_with_vocabulary",
     "order_note",
     "DEFAULT_NEGATIVES",

@@ -203,6 +203,13 @@ class Sequences:
         """The items of the ``u``-th user (index into ``users``, not a raw user id), oldest first."""
         return self.items[int(self.offsets[u]) : int(self.offsets[u + 1])]
 
+    def ascending_pairs(self) -> tuple[int, int]:
+        """``(pairs, ascending)``: consecutive items within a history that differ (repeats left out), and
+        how many of them rise in id."""
+        owner = np.repeat(np.arange(self.users.size), self.lengths)
+        step = np.diff(self.items)[owner[1:] == owner[:-1]]
+        return int((step != 0).sum()), int((step > 0).sum())
+
     def truncated(self, max_len: int) -> Sequences:
         """Each user's most recent ``max_len`` items (the last ones of its history)."""
         max_len = check_max_len(max_len)
@@ -222,6 +229,23 @@ class Sequences:
         items = self.items[np.repeat(keep, lengths)]
         offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
         return Sequences(self.users[keep], offsets, items)
+
+
+SORTED_SHARE = 0.99  # histories whose consecutive items rise this often are taken for id-sorted sets
+SORTED_MIN_PAIRS = 10
+
+
+def id_sorted_note(pairs: int, ascending: int, source: str | Path) -> str | None:
+    """The line readers show when ``ascending`` of ``pairs`` consecutive, differing history items (summed
+    over users and chunks, :meth:`Sequences.ascending_pairs`) rise in id so often that the histories are
+    id-sorted sets, not sequences (random order rises about half the time); None otherwise."""
+    if pairs < SORTED_MIN_PAIRS or ascending < SORTED_SHARE * pairs:
+        return None
+    return (
+        f"{source}: {ascending / pairs:.1%} of consecutive history items that differ rise in id: the "
+        "histories look "
+        "sorted by item id, not by time (item sets, not sequences); next-item samples will learn id order"
+    )
 
 
 def sequences_from_lines(users: np.ndarray, lengths: np.ndarray, items: np.ndarray) -> Sequences:

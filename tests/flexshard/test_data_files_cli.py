@@ -233,3 +233,16 @@ def test_resume_refuses_another_vocabulary_with_the_same_plan(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "was saved by another run (data: 'codes.csv (statistics " in err
     assert ", vocabulary " in err and err.count("\n") == 1
+
+
+def test_id_sorted_files_are_named_by_stats_and_train(tmp_path, capsys):
+    rows = sorted((u, i) for u, i, _t in _rows(6))  # an export sorted by user, then item id
+    data = _log(tmp_path / "sorted.csv", rows, "user,item")
+    rc, out, _err = run(capsys, "stats", str(data), "--out", str(tmp_path / "s.npz"))
+    assert rc == 0 and f"note: {data}: " in out and "the histories look sorted by item id" in out
+    timed = _log(tmp_path / "timed.csv", _rows(6), "user,item,timestamp")
+    rc, out, _err = run(capsys, "stats", str(timed), "--out", str(tmp_path / "t.npz"))
+    assert rc == 0 and "note:" not in out
+    source = SequenceFileSource(str(data), 8, 5, 1, 8, 0)
+    assert "has no time column" in source.describe() and "look sorted by item id" in source.describe()
+    assert "note" not in SequenceFileSource(str(timed), 8, 5, 1, 8, 0).describe()
