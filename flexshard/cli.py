@@ -12,7 +12,6 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError, InputError, PlannerError
@@ -20,11 +19,11 @@ from core.osutil import check_writable
 from core.vocabulary import SyncMode, WireDtype
 from flexshard import logs, probe, workloads
 from flexshard.cli_common import Parser, first_line, positive_float, positive_int
+from flexshard.cli_stats import cmd_stats
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
-from flexshard.report import comparison_table, plan_report, plan_shape, touch_rates_line, tradeoffs
+from flexshard.report import comparison_table, plan_report, plan_shape, tradeoffs
 from flexshard.simulate_headline import LEGEND, baseline_keys, headline
-from flexshard.workloads.measured import HISTORY_FORMATS, histories, with_touch_rates
 from flexshard.workloads.readers import FORMATS
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
@@ -123,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{role}-col",
             default=default,
             metavar="NAME",
-            help=f"Parquet inputs: the {role} column's name (default {default or 'none'})",
+            help=f"Parquet and CSV inputs: the {role} column's name (default {default or 'none'}; CSV: "
+            "by the header's names)",
         )
     st.add_argument(
         "--touch-rates",
@@ -212,118 +212,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
-    for name in ("dim", "batch_size"):
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(args, name)}")
-    check_writable(args.out, "--out", [("the input", path) for path in args.inputs])
-    num_rows = {}
-    for item in args.num_rows:
-        name, _, rows = item.partition("=")
-        if not rows.strip().isdigit() or int(rows) <= 0:
-            raise ConfigError(f"--num-rows: expected TABLE=ROWS with ROWS a positive integer, got {item!r}")
-        num_rows[name] = int(rows)
-    columns = workloads.ParquetColumns(args.user_col, args.item_col, args.time_col, args.count_col)
-    rows_files = workloads.row_stats_inputs(args.inputs, args.format)
-    if rows_files is not None:
-        workload, orders = _row_stats(args, rows_files, num_rows, columns)
-    else:
-        if num_rows or columns != workloads.ParquetColumns():
-            workload, orders = workloads.read_workload(
-                args.inputs,
-                args.format,
-                args.dim,
-                args.batch_size,
-                args.max_len,
-                num_rows=num_rows or None,
-                columns=columns,
-            )
-        else:
-            workload, orders = workloads.build_stats(
-                args.inputs, args.format, args.dim, args.batch_size, args.max_len
-            )
-        workload = _with_touch_rates(args, workload, orders, columns)
-    workloads.save_stats(args.out, workload, orders)
-    print(workloads.describe(workload))
-    print(touch_rates_line(workload))
-    log.info(f"wrote {args.out} (fingerprint {workloads.fingerprint(workload)[:16]})")
-    return 0
-
-
-def _row_stats(
-    args: argparse.Namespace, files: list[Path], num_rows: dict, columns: workloads.ParquetColumns
-) -> tuple[workloads.Workload, dict]:
-    """The workload of row statistics computed elsewhere. Their touch rates are used when the files have
-    ``samples_touched`` and ``--touch-rates`` says how the job formed a sample (plans record it)."""
-    if args.max_len is not None:
-        raise ConfigError("--max-len: row statistics are counted already; keep the last N ids in their job")
-    if columns != workloads.ParquetColumns():
-        raise ConfigError("--user-col/--item-col/--time-col/--count-col: row statistics have fixed columns")
-    touched = workloads.row_stats_has_touched(files)
-    sampling = None
-    if args.touch_rates in workloads.SAMPLING_MODES:
-        if not touched:
-            raise ConfigError(
-                f"--touch-rates {args.touch_rates}: {files[0]} has no samples_touched column, which measured "
-                "rates need; use --touch-rates off"
-            )
-        mode = args.touch_rates
-        sampling = workloads.Sampling(mode, args.window, args.negatives if mode == "next-item" else 0)
-    elif args.touch_rates is None and touched:
-        raise ConfigError(
-            f"--touch-rates: {files[0]} has samples_touched; say how its job formed a sample (e.g. "
-            "--touch-rates history --window 20: plans record it, train checks it), or --touch-rates off"
-        )
-    elif args.touch_rates is None:
-        log.info("note: no samples_touched column; plans price this workload as independent draws")
-    return workloads.read_row_stats(
-        files, sampling, num_rows or None, args.dim, args.batch_size, name=Path(args.inputs[0]).stem
-    )
-
-
-def _with_touch_rates(
-    args: argparse.Namespace, workload: workloads.Workload, orders: dict, columns: workloads.ParquetColumns
-) -> workloads.Workload:
-    """``workload`` with measured touch rates (``--touch-rates``), when its input has user histories."""
-    if args.touch_rates == "off":
-        return workload
-    path = Path(args.inputs[0])
-    fmt = workloads.detect_format(path) if args.format == "auto" and path.is_file() else args.format
-    usable = len(args.inputs) == 1 and path.is_file() and fmt in HISTORY_FORMATS
-    if not usable:
-        if args.touch_rates is None:  # the default: measure where possible, say so where not
-            log.info(
-                "note: touch rates not measured (they need one file of user histories: "
-                f"{', '.join(HISTORY_FORMATS)}); plans price this workload as independent draws"
-            )
-            return workload
-        raise ConfigError(
-            f"--touch-rates {args.touch_rates}: needs one file of user histories "
-            f"({', '.join(HISTORY_FORMATS)}), got {' '.join(args.inputs)} ({fmt}); use --touch-rates off"
-        )
-    mode = args.touch_rates or "next-item"
-    sampling = workloads.Sampling(mode, args.window, args.negatives if mode == "next-item" else 0)
-    options = {"columns": columns} if fmt == "parquet" else {}
-    with Progress(1, "touch rates") as bar:
-        if fmt == "parquet":
-            options["progress"] = lambda done, total: bar.note(f"{done:,}/{total:,} rows")
-        measured = with_touch_rates(workload, orders, histories(path, fmt, args.max_len, **options), sampling)
-        bar.advance()
-    return measured
-
-
-def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict]:
-    """``--workload`` and its hotness orders, with ``--batch-size`` replacing its per-GPU batch when given."""
-    workload, orders = workloads.load_workload_with_orders(args.workload)
+def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict, workloads.Vocabulary | None]:
+    """``--workload``, its hotness orders and vocabulary of string ids, with ``--batch-size`` replacing its
+    per-GPU batch when given."""
+    workload, orders, vocab = workloads.load_workload_full(args.workload)
     if args.batch_size is not None:
         workload = dataclasses.replace(workload, batch_size_per_gpu=args.batch_size)
-    return workload, orders
+    return workload, orders, vocab
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out, "--out", [("--workload", args.workload), ("--topology", args.topology)])
-    workload, orders = _workload(args)
+    workload, orders, vocab = _workload(args)
     view = cluster_view(load_topology(args.topology))
     budget = budget_bytes(workload, view, args.budget)
     with Progress(1, "plan") as bar:
@@ -339,6 +240,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         bar.advance()
     document = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload), orders)
+    if vocab:  # train refuses string ids mapped to rows by another vocabulary
+        document["fingerprints"]["vocabulary"] = vocab.fingerprint()
     if args.out:
         write_plan(args.out, document)
     if args.json:
@@ -409,7 +312,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     for s in strategies:
         if s not in STRATEGIES:
             raise ConfigError(f"--strategies: unknown strategy {s!r}; choose from {', '.join(STRATEGIES)}")
-    workload, _orders = _workload(args)
+    workload, _orders, _vocab = _workload(args)
     view = cluster_view(load_topology(args.topology))
     dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
     records = simulate_records(

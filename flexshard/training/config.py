@@ -35,7 +35,30 @@ class TrainConfig:
     """``flexshard train`` / ``torchrun -m flexshard.train`` options (see ``--help``)."""
 
     data: str | None = field(
-        default=None, metadata=_flag("a 'user item ...' sequence file (default: embedded synthetic data)")
+        default=None,
+        metadata=_flag(
+            "a file of user histories: 'user item ...' lines, CSV/TSV with a header, RecBole .inter or "
+            "Parquet (default: embedded synthetic data)"
+        ),
+    )
+    vocab: str | None = field(
+        default=None,
+        metadata=_flag(
+            "the stats file whose vocabulary maps --data's string ids to rows (default: built from --data "
+            "in first-seen order, as flexshard stats builds it)"
+        ),
+    )
+    user_col: str | None = field(
+        default=None, metadata=_flag("--data's user column (default: by its header)")
+    )
+    item_col: str | None = field(
+        default=None, metadata=_flag("--data's item column (default: by its header)")
+    )
+    time_col: str | None = field(
+        default=None, metadata=_flag("--data's time column (default: by its header)")
+    )
+    count_col: str | None = field(
+        default=None, metadata=_flag("--data's count column (default: by its header)")
     )
     plan: str | None = field(default=None, metadata=_flag("a plan file (default: plan on the fly)"))
     strategy: str | None = field(
@@ -169,6 +192,10 @@ class TrainConfig:
             raise ConfigError("--resume and --overwrite are exclusive (continue the run, or replace it)")
         if self.plan and self.strategy is not None:
             raise ConfigError("--strategy and --plan are exclusive (--strategy plans on the fly)")
+        if self.vocab and not self.data:
+            raise ConfigError("--vocab needs --data (it maps the string ids of a data file)")
+        if (self.user_col or self.item_col or self.time_col or self.count_col) and not self.data:
+            raise ConfigError("--user-col/--item-col/--time-col/--count-col need --data")
         if self.override_plan and not self.plan:
             raise ConfigError("--override-plan needs --plan (without a plan there is nothing to override)")
 

@@ -18,24 +18,32 @@ the :class:`~solvers.types.Workload` a plan for them is made from.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from core.errors import DataError
 from flexshard.model import Batch
+from flexshard.training.config import TrainConfig
 from flexshard.workloads import (
     ITEM_TABLE,
     USER_TABLE,
     HistorySampler,
+    ParquetColumns,
     Sampling,
     Sequences,
+    Vocabulary,
     detect_format,
+    id_sorted_note,
+    load_stats_with_vocabulary,
     load_workload_with_orders,
     measured,
+    order_note,
     sequences_from_lines,
 )
 from flexshard.workloads.measured import HISTORY_FORMATS
+from flexshard.workloads.paths import check_file
 from flexshard.workloads.row_stats import is_row_stats
 from solvers.types import RowHistogram, TableSpec, Workload
 
@@ -63,6 +71,7 @@ class SyntheticSource:
         self.cdf = np.cumsum(self.pmf)
         self.seq_tables = list(SYN_TABLES)
         self.user_table: str | None = None
+        self.vocabulary: Vocabulary | None = None  # integer ids
         self.orders: dict[str, np.ndarray] = {}  # rows are numbered hottest first
         self.touch_sampling: dict[str, str] = {}  # the workload's rates are exact draws, not measured
         self.tables = [("item", SYN_ITEMS, dim), ("creator", SYN_ITEMS // SYN_ITEMS_PER_CREATOR, dim)]
@@ -110,11 +119,20 @@ def _joined_histories(parts: list[Sequences]) -> tuple[np.ndarray, np.ndarray, n
 class SequenceFileSource:
     """A file of user histories: tables ``item_id`` (history, candidates) and ``user_id`` (see the module)."""
 
-    def __init__(self, path: str, dim: int, max_len: int, negatives: int, batch_size: int, seed: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        dim: int,
+        max_len: int,
+        negatives: int,
+        batch_size: int,
+        seed: int,
+        options: DataOptions | None = None,
+    ) -> None:
         self.path, self.max_len, self.negatives = Path(path), max_len, negatives
         self.batch_size, self.seed, self.name = batch_size, seed, Path(path).name
-        if not self.path.is_file():
-            raise DataError(f"--data: {path}: no such file")
+        options = options or DataOptions()
+        check_file(self.path, "--data", "a folder; train reads one file of user histories")
         fmt = detect_format(self.path)
         if fmt not in HISTORY_FORMATS:
             raise DataError(
@@ -125,7 +143,13 @@ class SequenceFileSource:
                 f"--data: {path}: per-row statistics (table, row, lookups columns), not an interaction log; "
                 "train samples user histories: pass the log they were computed from"
             )
-        workload, orders = load_workload_with_orders(self.path, dim=dim, batch_size_per_gpu=batch_size)
+        self.vocabulary, num_rows = options.vocabulary()
+        columns = options.columns
+        self.note = order_note(self.path, columns) if fmt == "csv" else None
+        workload, orders = load_workload_with_orders(
+            self.path, dim=dim, batch_size_per_gpu=batch_size, num_rows=num_rows, vocabulary=self.vocabulary,
+            columns=columns,
+        )  # fmt: skip
         specs = {t.name: t for t in workload.tables}
         self.seq_tables, self.user_table = [ITEM_TABLE], USER_TABLE
         keep = [specs[ITEM_TABLE], specs[USER_TABLE]]
@@ -136,9 +160,13 @@ class SequenceFileSource:
         touched = self.orders.get(ITEM_TABLE)
         self.sampling = Sampling("next-item", max_len, negatives)
         self.touch_sampling = dict.fromkeys((ITEM_TABLE, USER_TABLE), self.sampling.describe())
-        parts = list(measured.histories(self.path, fmt)())  # one read: the sampler and the rates share it
+        # one read: the sampler and the rates share it; string ids through the counts' vocabulary
+        named = {} if columns is None else {"columns": columns}
+        parts = list(measured.histories(self.path, fmt, None, self.vocabulary, **named)())
         self._histories = lambda: parts
         whole = parts[0] if len(parts) == 1 else sequences_from_lines(*_joined_histories(parts))
+        sorted_note = id_sorted_note(*whole.ascending_pairs(), self.path)
+        self.note = "; ".join(filter(None, (self.note, sorted_note))) or None
         try:
             self.sampler = HistorySampler(
                 whole,
@@ -165,7 +193,38 @@ class SequenceFileSource:
         return self._measured
 
     def describe(self) -> str:
-        return f"{self.path} (" + ", ".join(f"{n} {r:,} x {d}" for n, r, d in self.tables) + ")"
+        tables = f"{self.path} (" + ", ".join(f"{n} {r:,} x {d}" for n, r, d in self.tables) + ")"
+        return tables + (f"; note: {self.note}" if self.note else "")
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """How ``--data`` is read: its columns (``--user-col`` ...; Parquet and delimited files) and the
+    stats file whose vocabulary maps its string ids (``--vocab``)."""
+
+    columns: ParquetColumns | None = None
+    vocab: str | None = None
+
+    def vocabulary(self) -> tuple[Vocabulary, dict[str, int] | None]:
+        """The vocabulary to map string ids with (``--vocab``'s, frozen; else an empty one that reading
+        fills) and the table sizes it fixes (its tables' strings; None without ``--vocab``)."""
+        if self.vocab is None:
+            return Vocabulary(), None
+        check_file(self.vocab, "--vocab", "a folder; expected the stats file (.npz) of flexshard stats")
+        _workload, _orders, vocab = load_stats_with_vocabulary(self.vocab)
+        if vocab is None:
+            raise DataError(f"--vocab: {self.vocab}: holds no vocabulary (the ids of its data were integers)")
+        return vocab, {t: vocab.size(t) for t in vocab.tables}
+
+
+def data_options(config: TrainConfig) -> DataOptions:
+    """The :class:`DataOptions` of the flags."""
+    named = (config.user_col, config.item_col, config.time_col, config.count_col)
+    columns = None
+    if any(named):
+        default = ParquetColumns()
+        columns = ParquetColumns(config.user_col or default.user, config.item_col or default.item, *named[2:])
+    return DataOptions(columns, config.vocab)
 
 
 def table_shape(data: str | None) -> tuple[int, bool]:
@@ -175,8 +234,14 @@ def table_shape(data: str | None) -> tuple[int, bool]:
 
 
 def make_source(
-    data: str | None, dim: int, max_len: int, negatives: int, batch_size: int, seed: int
+    data: str | None,
+    dim: int,
+    max_len: int,
+    negatives: int,
+    batch_size: int,
+    seed: int,
+    options: DataOptions | None = None,
 ) -> SyntheticSource | SequenceFileSource:
-    """The source of ``--data`` (a sequence file), or the synthetic one without it."""
+    """The source of ``--data`` (a file of histories), or the synthetic one without it."""
     args = (dim, max_len, negatives, batch_size, seed)
-    return SequenceFileSource(data, *args) if data else SyntheticSource(*args)
+    return SequenceFileSource(data, *args, options) if data else SyntheticSource(*args)

@@ -45,10 +45,10 @@ from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
 from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
-from flexshard.training.data import make_source, table_shape
+from flexshard.training.data import data_options, make_source, table_shape
 from flexshard.training.distributed import Phase, allreduce_dense_grads, device
 from flexshard.training.limits import check_step_memory
-from flexshard.training.planning import batch_size, check_plan, plan_on_the_fly
+from flexshard.training.planning import batch_size, check_plan, check_vocabulary, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import claim_directory, fallback_hint, identity_mismatch, prune, run_identity
 from flexshard.training.summary import RunSummary
@@ -80,9 +80,13 @@ def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> t
             batch, config.max_len, config.dim, config.negatives, *table_shape(config.data), dev,
             replicas=1 + world if config.verify else 1,
         )  # fmt: skip
-        source = make_source(config.data, config.dim, config.max_len, config.negatives, batch, config.seed)
+        options = data_options(config)
+        source = make_source(
+            config.data, config.dim, config.max_len, config.negatives, batch, config.seed, options
+        )
         if given is not None:
             names = [name for name, _rows, _dim in source.tables]
+            check_vocabulary(given, source.vocabulary)
             plan_file, notes = check_plan(config, given, names, world, source.touch_sampling)
         else:
             RankLayout.consecutive(world, config.groups or 1, "--groups")  # planned below, checked here

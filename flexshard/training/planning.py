@@ -24,7 +24,7 @@ from core.ranks import RankLayout
 from flexshard.contract import sampling_mismatch, settings_mismatch, show_setting, world_mismatch
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.training.config import TrainConfig
-from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, fingerprint
+from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, Vocabulary, fingerprint
 from solvers.planner import budget_bytes, make_plan
 from topology.presets import h100_cluster
 from topology.views import cluster_view
@@ -84,6 +84,19 @@ def check_plan(
     return overridden, notes
 
 
+def check_vocabulary(plan_file: PlanFile, vocabulary: Vocabulary | None) -> None:
+    """PlanMismatchError when the plan was made from statistics whose string ids map to rows by another
+    vocabulary than this run's (``--vocab``, or the one built from ``--data``); not overridable: the
+    rows would be other ids. A plan made from integer ids records none and is checked by its orders."""
+    made = plan_file.fingerprints.get("vocabulary", "")
+    run = vocabulary.fingerprint() if vocabulary else ""
+    if made and made != run:
+        raise PlanMismatchError(
+            f"--plan was made from data whose string ids map to rows by vocabulary {made[:12]}, this run's "
+            f"by {run[:12] or 'none (integer ids)'}; pass --vocab with the stats file the plan was made from"
+        )
+
+
 def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanFile:
     """Plan on rank 0 and broadcast the plan document; every rank reads it back (collective)."""
     layout = RankLayout.consecutive(world, config.groups or 1, "--groups")
@@ -104,6 +117,8 @@ def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanF
             doc[0] = to_dict(
                 planned.plan, workload, view, planned.report, fingerprint(workload), source.orders
             )
+            if source.vocabulary:  # the rows of string ids, as a plan file from `flexshard plan` records
+                doc[0]["fingerprints"]["vocabulary"] = source.vocabulary.fingerprint()
         except InputError as e:
             doc[0] = {"error": str(e)}
     dist.broadcast_object_list(doc, src=0)

@@ -40,7 +40,8 @@ def run_identity(
     return {
         "world": f"{module.world_size} ranks in groups {module.pg.groups}",
         "plan": checkpoint.layout_fingerprint(module),
-        "data": f"{source.name} (statistics {plan_file.fingerprints.get('workload', 'unknown')})",
+        "data": f"{source.name} (statistics {plan_file.fingerprints.get('workload', 'unknown')})"
+        + (f", vocabulary {source.vocabulary.fingerprint()[:16]}" if source.vocabulary else ""),
         "seed": str(config.seed),
         "optimizer": f"{config.optimizer}, lr {config.lr:g}, eps {module.eps:g}",
         "model": f"dim {config.dim}, max-len {config.max_len}, negatives {config.negatives}, "

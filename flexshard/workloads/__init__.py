@@ -21,11 +21,14 @@ Public API (all histograms are ``solvers.types.RowHistogram``, never per-row obj
 * batches and measured rates: ``Sampling`` (how a sample is formed), ``HistorySampler`` /
   ``SampleBatch`` (the batches training draws), ``item_rates`` / ``user_rates`` (exact per-row touch
   probability and lookups per sample), ``touch_profile`` (their compact, bucketed form);
-* stats files: ``save_stats``, ``load_stats``, ``fingerprint``;
+* delimited files (CSV, TSV; read by their header, string ids through a vocabulary): ``csv_histories``,
+  ``history_chunks``, ``order_note``, ``Vocabulary``;
+* stats files: ``save_stats``, ``load_stats``, ``load_stats_with_vocabulary``, ``fingerprint``;
 * presets: ``load_workload``, ``load_workload_with_orders``, ``build_stats``, ``describe``,
   ``preset``, ``preset_names``, ``data_root``.
 """
 
+from .delimited_reads import csv_histories, history_chunks, order_note
 from .harmonic import generalized_harmonic, harmonic_range
 from .locality import (
     BatchLocality,
@@ -43,6 +46,7 @@ from .presets import (
     data_root,
     describe,
     load_workload,
+    load_workload_full,
     load_workload_with_orders,
     preset,
     preset_names,
@@ -52,12 +56,13 @@ from .row_stats import read_row_stats, row_stats_has_touched, row_stats_inputs
 from .samples import HistorySampler, SampleBatch
 from .sequences import (
     Sequences,
+    id_sorted_note,
     read_count_sequences,
     read_sequences,
     sequences_from_counts,
     sequences_from_lines,
 )
-from .stats_file import fingerprint, load_stats, save_stats
+from .stats_file import fingerprint, load_stats, load_stats_with_vocabulary, save_stats
 from .synthetic import (
     DEFAULT_ALPHA,
     DEFAULT_BATCH_SIZE_PER_GPU,
@@ -88,8 +93,15 @@ from .touch import (
     touch_profile,
     user_rates,
 )
+from .vocabulary import Vocabulary
 
 __all__ = [
+    "Vocabulary",
+    "csv_histories",
+    "history_chunks",
+    "id_sorted_note",
+    "load_stats_with_vocabulary",
+    "order_note",
     "DEFAULT_NEGATIVES",
     "DEFAULT_WINDOW",
     "SAMPLING_MODES",
@@ -132,6 +144,7 @@ __all__ = [
     "iteration_lookups",
     "load_stats",
     "load_workload",
+    "load_workload_full",
     "load_workload_with_orders",
     "parquet_histories",
     "parse_locality_stats",

@@ -16,28 +16,36 @@ import numpy as np
 from core.errors import ConfigError
 from solvers.types import TableSpec, Workload
 
+from .delimited_reads import history_chunks
 from .parquet import parquet_histories
 from .parsed import ITEM_TABLE, USER_TABLE
 from .recbole import recbole_histories
-from .sequences import Sequences, read_count_sequences, read_sequences
+from .sequences import Sequences, read_sequences
 from .touch import Sampling, item_rates, touch_profile, user_rates
+from .vocabulary import Vocabulary
 
 HISTORY_FORMATS = ("seq", "csv", "recbole", "parquet")
 
 
 def histories(
-    path: str | Path, fmt: str, max_len: int | None = None, **parquet_options
+    path: str | Path,
+    fmt: str,
+    max_len: int | None = None,
+    vocabulary: Vocabulary | None = None,
+    **parquet_options,
 ) -> Callable[[], Iterable[Sequences]]:
     """A function giving the per-user histories of one data file as chunks of users (one chunk for the
     text formats and RecBole; partitions of bounded size for Parquet), each truncated to its last
-    ``max_len`` items when given (as ``flexshard stats --max-len`` counts them)."""
+    ``max_len`` items when given (as ``flexshard stats --max-len`` counts them). Delimited files map
+    string ids through ``vocabulary`` (the one their counts were read with, so rows agree) and take the
+    ``columns`` option as Parquet does."""
     path = Path(path)
     if fmt == "seq":
         return lambda: [read_sequences(path, max_len=max_len)]
     if fmt == "csv":
-        if max_len is not None:
-            raise ConfigError(f"max_len: {path} is a csv count matrix without order; it cannot be truncated")
-        return lambda: [read_count_sequences(path)]
+        vocab = vocabulary if vocabulary is not None else Vocabulary()
+        columns = parquet_options.get("columns")
+        return lambda: history_chunks(path, columns, vocab, max_len)
     if fmt == "recbole":
         return lambda: [recbole_histories(path, max_len=max_len)]
     if fmt == "parquet":

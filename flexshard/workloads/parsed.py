@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import ConfigError
+from core.errors import ConfigError, DataError
+from core.osutil import physical_memory_bytes
 
 from ._text import Tokens, bad_value
 
@@ -20,6 +21,7 @@ MAX_ID = 1 << 32  # larger raw ids need remapping (a dense table that size would
 USER_TABLE = "user_id"
 ITEM_TABLE = "item_id"
 ATTRIBUTE_TABLE = "item_attribute"
+HISTORY_BYTES_PER_ITEM = 16  # an expanded history item (int64) and its copy while histories are built
 
 
 @dataclass
@@ -88,3 +90,19 @@ def check_max_len(max_len: object) -> int:
     if not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool) or max_len <= 0:
         raise ConfigError(f"max_len: must be a positive integer, got {max_len!r}")
     return int(max_len)
+
+
+def check_expansion(total: float, largest: int, where: str) -> None:
+    """DataError when counts adding up to ``total`` (the largest ``largest``), expanded into history items
+    (each item ``count`` times), would not fit in this machine's memory (``HISTORY_BYTES_PER_ITEM``
+    each): the limit, the total and the largest count are named (a timestamp or rating column taken for
+    a count is the usual cause)."""
+    have = physical_memory_bytes()
+    limit = (have if have is not None else 1 << 40) // HISTORY_BYTES_PER_ITEM
+    if total > limit:
+        raise DataError(
+            f"{where}: the counts add up to {total:.4g} interactions, past the {limit:,} that fit in this "
+            f"machine's memory as histories ({HISTORY_BYTES_PER_ITEM} bytes each; largest count "
+            f"{largest:,}); a count is interactions of one user with one item: if that column is a "
+            "timestamp or a rating, name the columns in a header line (e.g. user,item,timestamp)"
+        )

@@ -25,8 +25,9 @@ from core.errors import ConfigError, DataError, InputError
 from solvers.types import Workload
 
 from .locality import top_share, zipf_slope
+from .parquet import ParquetColumns
 from .readers import DEFAULT_DIM, read_workload
-from .stats_file import fingerprint, load_stats
+from .stats_file import fingerprint, load_stats_with_vocabulary
 from .synthetic import (
     DEFAULT_BATCH_SIZE_PER_GPU,
     DEFAULT_TAIL_MASS,
@@ -34,6 +35,7 @@ from .synthetic import (
     default_workload,
     synthetic_workload,
 )
+from .vocabulary import Vocabulary
 
 PRESET_HELP = (
     "default",
@@ -101,27 +103,54 @@ def load_workload_with_orders(
     dim: int | Mapping[str, int] = DEFAULT_DIM,
     batch_size_per_gpu: int | None = None,
     max_len: int | None = None,
+    num_rows: Mapping[str, int] | None = None,
+    vocabulary: Vocabulary | None = None,
+    columns: ParquetColumns | None = None,
 ) -> tuple[Workload, dict[str, np.ndarray]]:
     """Load a stats ``.npz``, a data file/folder or a preset, with hotness orders (``{}`` if none; also
     set on the workload's tables, for the row-wise baseline's id ranges).
 
     ``batch_size_per_gpu`` overrides the workload's (default: the file's or preset's; 512 for raw
-    data). ``fmt``, ``dim`` and ``max_len`` apply to raw data files only.
+    data). ``fmt``, ``dim``, ``max_len``, ``num_rows``, ``vocabulary`` (string ids of delimited files)
+    and ``columns`` apply to raw data files only.
     """
+    workload, orders, _vocab = load_workload_full(
+        spec, fmt, dim, batch_size_per_gpu, max_len, num_rows, vocabulary, columns
+    )
+    return workload, orders
+
+
+def load_workload_full(
+    spec: str | Path,
+    fmt: str = "auto",
+    dim: int | Mapping[str, int] = DEFAULT_DIM,
+    batch_size_per_gpu: int | None = None,
+    max_len: int | None = None,
+    num_rows: Mapping[str, int] | None = None,
+    vocabulary: Vocabulary | None = None,
+    columns: ParquetColumns | None = None,
+) -> tuple[Workload, dict[str, np.ndarray], Vocabulary | None]:
+    """:func:`load_workload_with_orders` and the vocabulary of string ids: a stats file's (frozen; None
+    when its ids were integers), the one a data file's ids were mapped with, or None for a preset."""
     path = Path(spec)
+    vocab = None
     if path.exists():
         if path.is_file() and path.suffix.lower() == ".npz":
-            workload, orders = load_stats(path)
+            workload, orders, vocab = load_stats_with_vocabulary(path)
         else:
             kwargs = {} if batch_size_per_gpu is None else {"batch_size_per_gpu": batch_size_per_gpu}
-            workload, orders = read_workload(path, fmt=fmt, dim=dim, max_len=max_len, **kwargs)
+            vocab = vocabulary if vocabulary is not None else Vocabulary()
+            workload, orders = read_workload(
+                path, fmt=fmt, dim=dim, max_len=max_len, num_rows=num_rows, vocabulary=vocab,
+                columns=columns, **kwargs
+            )  # fmt: skip
     else:
         if str(spec).lower().endswith(".npz") or os.sep in str(spec):
             raise DataError(f"workload: {spec}: no such file")
         workload, orders = preset(str(spec)), {}
     if batch_size_per_gpu is not None and batch_size_per_gpu != workload.batch_size_per_gpu:
         workload = dataclasses.replace(workload, batch_size_per_gpu=batch_size_per_gpu)
-    return workload.with_orders(orders), orders
+    return workload.with_orders(orders), orders, vocab
 
 
 def load_workload(
@@ -141,10 +170,12 @@ def build_stats(
     dim: int | Mapping[str, int] = DEFAULT_DIM,
     batch_size_per_gpu: int = DEFAULT_BATCH_SIZE_PER_GPU,
     max_len: int | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> tuple[Workload, dict[str, np.ndarray]]:
     """What ``flexshard stats`` computes: read (and merge) data inputs into a workload + orders.
 
-    A single input that is a preset name gives that preset (with no orders).
+    A single input that is a preset name gives that preset (with no orders). ``vocabulary`` is filled
+    with the string ids of delimited inputs (``read_workload``).
     """
     inputs = list(inputs)
     if not inputs:
@@ -157,7 +188,14 @@ def build_stats(
         if batch_size_per_gpu != workload.batch_size_per_gpu:
             workload = dataclasses.replace(workload, batch_size_per_gpu=batch_size_per_gpu)
         return workload, {}
-    return read_workload(inputs, fmt=fmt, dim=dim, batch_size_per_gpu=batch_size_per_gpu, max_len=max_len)
+    return read_workload(
+        inputs,
+        fmt=fmt,
+        dim=dim,
+        batch_size_per_gpu=batch_size_per_gpu,
+        max_len=max_len,
+        vocabulary=vocabulary,
+    )
 
 
 def _si(n: float) -> str:

@@ -8,9 +8,11 @@ Formats (``fmt``):
   sample. Tables ``item_id`` (one lookup per item) and ``user_id`` (one lookup per sample). A
   ``<stem>_item2attributes.json`` beside the file (``{"item": [attr, ...]}``) adds a table
   ``item_attribute``: every item lookup also looks up each *distinct* attribute of its item.
-* ``"csv"``: ``user,item,count`` lines (``repeat-consumption-uci``). Table ``item_id`` gets ``count``
-  lookups per line; one sample per user with that user's total count as its sequence length;
-  ``user_id`` one lookup per sample.
+* ``"csv"``: delimited tables (comma, tab or semicolon), read by their header (``delimited.py``: user,
+  item and optional time and count columns; string ids through a vocabulary); a headerless
+  ``user,item,count`` file (``repeat-consumption-uci``) by the numpy parser. Table ``item_id`` gets
+  ``count`` lookups per row (1 without a count column); one sample per user with that user's total
+  count as its sequence length; ``user_id`` one lookup per sample.
 * ``"recbole"``: RecBole atomic files (``.inter`` plus optional ``.user`` / ``.item``), see
   ``recbole.py``.
 * ``"parquet"``: an interaction log in Parquet (user, item, optional time and count columns named by
@@ -39,6 +41,8 @@ from core.errors import ConfigError, DataError
 from solvers.types import RowHistogram, TableSpec, Workload
 
 from ._text import bad_value, grow
+from .delimited import sniff
+from .delimited_reads import read_delimited
 from .parquet import ParquetColumns, read_parquet
 from .parsed import (
     ATTRIBUTE_TABLE,
@@ -50,9 +54,11 @@ from .parsed import (
     table_limits,
     table_size,
 )
+from .paths import check_file
 from .recbole import read_recbole
 from .sequences import csv_chunks, items_after, keep_last, seq_chunks
 from .synthetic import DEFAULT_BATCH_SIZE_PER_GPU
+from .vocabulary import Vocabulary
 
 DEFAULT_DIM = 64
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -202,10 +208,18 @@ def read_seq(
 
 
 def read_csv(
-    path: str | Path, num_rows: Mapping[str, int] | None = None, max_len: int | None = None
+    path: str | Path,
+    num_rows: Mapping[str, int] | None = None,
+    max_len: int | None = None,
+    columns: ParquetColumns | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> Parsed:
-    """Parse a ``user,item,count`` file (a first line naming the columns is skipped; see the module)."""
+    """Parse a delimited file by its header (``delimited.py``); a headerless ``user,item,count`` file
+    with the numpy parser of ``sequences.csv_chunks`` (see the module)."""
     path = Path(path)
+    layout = sniff(path, columns)
+    if not layout.legacy:
+        return read_delimited(layout, num_rows, max_len, vocabulary)
     if max_len is not None:
         raise ConfigError(
             f"max_len: {path} is a csv count matrix without order; it cannot be truncated to recent ids"
@@ -364,7 +378,7 @@ def detect_format(path: str | Path) -> str:
     if suffix == ".npz":
         raise ConfigError(f"{path}: a stats file; load it with load_stats / --workload, not as raw data")
     try:
-        with open(path, "rb") as fh:
+        with open(check_file(path), "rb") as fh:
             head = fh.read(1 << 16)
     except OSError as exc:
         raise DataError(f"{path}: cannot read ({exc.strerror})") from exc
@@ -375,8 +389,8 @@ def detect_format(path: str | Path) -> str:
         raise DataError(f"{path}: empty file")
     if b"\t" in first and b":" in first:
         return "recbole"
-    if b"," in first:
-        return "csv"
+    if b"," in first or b"\t" in first or b";" in first:
+        return "csv"  # a delimited table, read by its header (delimited.py)
     if all(t.isdigit() for t in first.split()):
         return "seq"
     raise DataError(
@@ -389,6 +403,8 @@ def _expand(path: Path, fmt: str) -> list[tuple[Path, str]]:
     """A file -> itself; a folder -> its one ``.inter``, or all its ``.csv`` or its Parquet files."""
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
+    if not path.is_dir():
+        check_file(path)  # a fifo, a socket, a device: named in one line
     if path.is_file():
         return [(path, detect_format(path) if fmt == "auto" else fmt)]
     inters = sorted(path.glob("*.inter"))
@@ -402,7 +418,7 @@ def _expand(path: Path, fmt: str) -> list[tuple[Path, str]]:
     parquets = sorted(p for p in path.iterdir() if p.suffix.lower() in PARQUET_SUFFIXES)
     if fmt in ("auto", "parquet") and parquets:
         return [(p, "parquet") for p in parquets]
-    listing = ", ".join(sorted(p.name for p in path.iterdir())[:10])
+    listing = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "it is empty"
     raise DataError(f"{path}: cannot tell which files of this folder to read ({listing}); pass the files")
 
 
@@ -415,6 +431,7 @@ def read_workload(
     num_rows: Mapping[str, int] | None = None,
     name: str | None = None,
     columns: ParquetColumns | None = None,
+    vocabulary: Vocabulary | None = None,
 ) -> tuple[Workload, dict[str, np.ndarray]]:
     """Read one data file or folder (or several, merged) into a Workload and hotness orders.
 
@@ -426,7 +443,10 @@ def read_workload(
         max_len: keep only each sample's most recent ``max_len`` items (seq, recbole, parquet).
         num_rows: explicit table sizes ``{table: rows}``; ids at or past them are errors.
         name: workload name (default: the input file stems).
-        columns: the column names of Parquet inputs (default ``ParquetColumns()``); others ignore it.
+        columns: the column names of Parquet and delimited inputs (default ``ParquetColumns()``; delimited
+            files otherwise by their header's names); others ignore it.
+        vocabulary: maps string ids of delimited inputs to rows (filled in first-seen order, or frozen:
+            read from a stats file); default a fresh one per call.
 
     Returns:
         ``(workload, orders)``; ``orders[table]`` lists touched row ids hottest first.
@@ -442,9 +462,14 @@ def read_workload(
     for p in paths:
         files.extend(_expand(Path(p), fmt))
     cols = columns or ParquetColumns()
-    readers = {"seq": read_seq, "csv": read_csv, "recbole": read_recbole}
+    vocab = vocabulary if vocabulary is not None else Vocabulary()
+    readers = {"seq": read_seq, "recbole": read_recbole}
     parts = [
-        read_parquet(p, num_rows, max_len, cols) if f == "parquet" else readers[f](p, num_rows, max_len)
+        read_parquet(p, num_rows, max_len, cols)
+        if f == "parquet"
+        else read_csv(p, num_rows, max_len, cols, vocab)
+        if f == "csv"
+        else readers[f](p, num_rows, max_len)
         for p, f in files
     ]
     if name is None and len(paths) == 1 and Path(paths[0]).is_dir():

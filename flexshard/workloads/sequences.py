@@ -32,7 +32,7 @@ import numpy as np
 from core.errors import ConfigError, DataError
 
 from ._text import Tokens, bad_value, read_chunks, tokenize
-from .parsed import ITEM_TABLE, USER_TABLE, check_ids, check_max_len, table_limits
+from .parsed import ITEM_TABLE, USER_TABLE, check_expansion, check_ids, check_max_len, table_limits
 
 # ------------------------------------------------------------------------------------ line parsers
 
@@ -203,6 +203,13 @@ class Sequences:
         """The items of the ``u``-th user (index into ``users``, not a raw user id), oldest first."""
         return self.items[int(self.offsets[u]) : int(self.offsets[u + 1])]
 
+    def ascending_pairs(self) -> tuple[int, int]:
+        """``(pairs, ascending)``: consecutive items within a history that differ (repeats left out), and
+        how many of them rise in id."""
+        owner = np.repeat(np.arange(self.users.size), self.lengths)
+        step = np.diff(self.items)[owner[1:] == owner[:-1]]
+        return int((step != 0).sum()), int((step > 0).sum())
+
     def truncated(self, max_len: int) -> Sequences:
         """Each user's most recent ``max_len`` items (the last ones of its history)."""
         max_len = check_max_len(max_len)
@@ -222,6 +229,23 @@ class Sequences:
         items = self.items[np.repeat(keep, lengths)]
         offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
         return Sequences(self.users[keep], offsets, items)
+
+
+SORTED_SHARE = 0.99  # histories whose consecutive items rise this often are taken for id-sorted sets
+SORTED_MIN_PAIRS = 10
+
+
+def id_sorted_note(pairs: int, ascending: int, source: str | Path) -> str | None:
+    """The line readers show when ``ascending`` of ``pairs`` consecutive, differing history items (summed
+    over users and chunks, :meth:`Sequences.ascending_pairs`) rise in id so often that the histories are
+    id-sorted sets, not sequences (random order rises about half the time); None otherwise."""
+    if pairs < SORTED_MIN_PAIRS or ascending < SORTED_SHARE * pairs:
+        return None
+    return (
+        f"{source}: {ascending / pairs:.1%} of consecutive history items that differ rise in id: the "
+        "histories look "
+        "sorted by item id, not by time (item sets, not sequences); next-item samples will learn id order"
+    )
 
 
 def sequences_from_lines(users: np.ndarray, lengths: np.ndarray, items: np.ndarray) -> Sequences:
@@ -291,4 +315,7 @@ def read_count_sequences(path: str | Path, num_rows: Mapping[str, int] | None = 
     chunks = list(csv_chunks(path, table_limits(num_rows)))
     if not chunks:
         raise DataError(f"{path}: empty file (no user,item,count lines)")
-    return sequences_from_counts(*_joined(chunks))
+    users, items, counts = _joined(chunks)
+    if counts.size:
+        check_expansion(float(counts.sum(dtype=np.float64)), int(counts.max()), f"{path}: column 3 (count)")
+    return sequences_from_counts(users, items, counts)

@@ -6,8 +6,10 @@ hottest first), ``t{i}.len_values`` / ``t{i}.len_probs`` (its sequence-length pm
 touch rates were measured (version 2), ``t{i}.touch_lookups`` / ``touch_bucket`` / ``touch_prob`` /
 ``touch_rows`` (a :class:`~solvers.types.TouchProfile`; its quantization, bucket error and sampling
 in the table's metadata) and, from version 3, ``t{i}.touch_rank_entry`` (int32: the profile entry of
-each touched row along the hotness order). Versions 1 (no touch rates) and 2 are read too. Files are
-written to a temporary file beside the target and moved into place with ``os.replace``, so a
+each touched row along the hotness order). Versions 1 (no touch rates) and 2 are read too. Data with
+string ids adds ``vocab.<table>.offsets`` / ``.data`` (the strings of each row, UTF-8) and meta
+``vocabulary`` (its tables and fingerprint, checked on load; :mod:`~flexshard.workloads.vocabulary`).
+Files are written to a temporary file beside the target and moved into place with ``os.replace``, so a
 reader never sees a partial file. Loading validates everything and raises ``core.errors.DataError``
 (a path that cannot be written raises ``OutputError``; bad orders passed to ``save_stats``, ``ConfigError``).
 """
@@ -29,6 +31,9 @@ import numpy as np
 from core.errors import ConfigError, DataError
 from core.osutil import atomic_open
 from solvers.types import PlannerError, RowHistogram, TableSpec, TouchProfile, Workload
+
+from .paths import not_a_file
+from .vocabulary import Vocabulary
 
 FORMAT = "flexshard-stats"
 VERSION = 3
@@ -109,8 +114,14 @@ def _check_order(table: TableSpec, order: np.ndarray, where: str | None = None) 
     raise DataError(f"{where}: orders[{table.name!r}]: {problem}")
 
 
-def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarray] | None = None) -> Path:
-    """Write ``workload`` and ``orders`` (``{table: row ids hottest first}``, any subset) to ``path``."""
+def save_stats(
+    path: str | Path,
+    workload: Workload,
+    orders: dict[str, np.ndarray] | None = None,
+    vocabulary: Vocabulary | None = None,
+) -> Path:
+    """Write ``workload`` and ``orders`` (``{table: row ids hottest first}``, any subset) to ``path``, with
+    the ``vocabulary`` of string ids when given (meta ``vocabulary``: its tables and fingerprint)."""
     path = Path(path)
     orders = orders or {}
     names = [t.name for t in workload.tables]
@@ -162,6 +173,15 @@ def save_stats(path: str | Path, workload: Workload, orders: dict[str, np.ndarra
         "fingerprint": fingerprint(workload),
         "tables": tables_meta,
     }
+    if vocabulary:
+        for table in vocabulary.tables:
+            spec = next((t for t in workload.tables if t.name == table), None)
+            if spec is not None and vocabulary.size(table) > spec.num_rows:
+                raise ConfigError(
+                    f"vocabulary: {vocabulary.size(table)} {table} ids for a table of {spec.num_rows} rows"
+                )
+        arrays.update(vocabulary.arrays())
+        meta["vocabulary"] = {"tables": vocabulary.tables, "fingerprint": vocabulary.fingerprint()}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     with atomic_open(path, "wb", what="stats file") as fh:  # OutputError when it cannot be written
         np.savez(fh, **arrays)
@@ -186,11 +206,12 @@ def _from_file(where: str) -> Iterator[None]:
         raise DataError(f"{where}: {exc}") from None
 
 
-def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
-    """Read a file written by ``save_stats``; raises DataError on anything malformed."""
+def _read(path: str | Path) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays and the checked metadata (format, version) of a stats file; DataError when malformed."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such stats file")
+    why = not_a_file(path, "a folder, not a stats file")
+    if why is not None:
+        raise DataError(f"{path}: {'no such stats file' if why == 'no such file' else 'is ' + why}")
     try:
         with open(path, "rb") as fh:  # our handle, closed even when numpy gives up half-way
             loaded = np.load(fh, allow_pickle=False)
@@ -217,6 +238,22 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
             f"{where}: stats file version {meta.get('version')!r}; this FlexShard reads versions "
             f"{', '.join(map(str, READS))}"
         )
+    return arrays, meta
+
+
+def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
+    """Read a file written by ``save_stats``; raises DataError on anything malformed."""
+    workload, orders, _vocab = load_stats_with_vocabulary(path)
+    return workload, orders
+
+
+def load_stats_with_vocabulary(
+    path: str | Path,
+) -> tuple[Workload, dict[str, np.ndarray], Vocabulary | None]:
+    """:func:`load_stats` and the file's frozen vocabulary of string ids (None if its ids were integers),
+    checked against its fingerprint and its tables' sizes."""
+    arrays, meta = _read(path)
+    where = f"{path}"
     name = _field(meta, "workload", str, where)
     batch = _field(meta, "batch_size_per_gpu", int, where)
     stored_fp = _field(meta, "fingerprint", str, where)
@@ -288,4 +325,25 @@ def load_stats(path: str | Path) -> tuple[Workload, dict[str, np.ndarray]]:
         workload = Workload(name=name, tables=tuple(tables), batch_size_per_gpu=batch)
     if fingerprint(workload) != stored_fp:
         raise DataError(f"{where}: content does not match its fingerprint (file altered or corrupt)")
-    return workload, orders
+    vocab = _vocabulary(arrays, meta, where)
+    for table in vocab.tables if vocab else []:
+        spec = next((t for t in workload.tables if t.name == table), None)
+        if spec is None or vocab.size(table) > spec.num_rows:
+            raise DataError(f"{where}: the vocabulary of {table!r} does not fit the file's tables")
+    return workload, orders, vocab
+
+
+def _vocabulary(arrays: dict[str, np.ndarray], meta: dict, where: str) -> Vocabulary | None:
+    """The stats file's vocabulary of string ids, checked against its fingerprint; None without one."""
+    info = meta.get("vocabulary")
+    if info is None:
+        return None
+    if not isinstance(info, dict):
+        raise DataError(f"{where}: field 'vocabulary' is not an object")
+    tables = _field(info, "tables", list, where)
+    if not all(isinstance(t, str) for t in tables):
+        raise DataError(f"{where}: field 'vocabulary' lists a table name that is not a string")
+    vocab = Vocabulary.from_arrays(arrays, tables, where)
+    if vocab.fingerprint() != _field(info, "fingerprint", str, where):
+        raise DataError(f"{where}: the vocabulary does not match its fingerprint (file altered or corrupt)")
+    return vocab

@@ -29,8 +29,10 @@ from flexshard.workloads._text import grow
         ),
         (
             "cols.csv",
-            "user,item,x\n1,2,3\n",
-            "cols.csv:1: field 'user' value 'user': not a non-negative integer id",
+            "uzer,item,x\n1,2,3\n",
+            "cols.csv:1: no user column in the header 'uzer, item, x' (recognised names: user, userid, uid, "
+            "useridx, customer, customerid ...; or --user-col NAME; a file of string ids needs a header "
+            "line)",
         ),
     ],
 )

@@ -249,7 +249,7 @@ def test_training_source_samples_every_partition_of_a_log(tmp_path, monkeypatch)
     ]
     reads = []
 
-    def partitioned(p, fmt):
+    def partitioned(p, fmt, *_args, **_options):
         def read():
             reads.append(p)  # one read of the file
             return parts

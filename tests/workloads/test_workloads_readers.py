@@ -210,7 +210,7 @@ def test_dims_mapping(tmp_path: Path) -> None:
         ("b.csv", "0,1,nan\n", r"b\.csv:1: field 'count' value 'nan': NaN count"),
         ("b.csv", "0,1,2.5\n", r"b\.csv:1: field 'count' value '2.5': counts must be whole"),
         ("b.csv", "0,1,abc\n", r"b\.csv:1: field 'count' value 'abc': not a number"),
-        ("b.csv", "name,item,count\n0,1,1\n", r"b\.csv:1: field 'user' value 'name'"),  # not a header
+        ("b.csv", "name,item,count\n0,1,1\n", r"b\.csv:1: no user column in the header 'name, item, count'"),
         ("b.csv", "", r"b\.csv: empty file"),
         ("c.inter", "user_id:token\titem_id:token\n1\t2\n3\n", r"c\.inter:3: field 'line' .*expected 2"),
         ("c.inter", "user_id:token\titem_id:blob\n1\t2\n", r"c\.inter:1: field 'item_id' value 'blob'"),
