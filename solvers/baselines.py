@@ -2,10 +2,10 @@
 
 * ``table_wise``: each table whole on one GPU (greedy, heaviest table to the least loaded GPU);
 * ``row_wise``: every table's ids split over all GPUs in contiguous ranges, as TorchRec's row-wise
-  sequence sharding lays them out (with dedup off, TorchRec's default), priced on the table's real ids
-  (its hotness order): where ids follow popularity, the first GPU owns the head. Synthetic tables have
-  no real ids (their rows are numbered hottest first only for convenience) and are dealt evenly, as
-  hashed ids would be;
+  sequence sharding lays them out (with dedup off, TorchRec's default; :mod:`solvers.torchrec_default`),
+  priced on the table's real ids (its hotness order): where ids follow popularity, the first GPU owns
+  the head. Synthetic tables have no real ids (their rows are numbered hottest first only for
+  convenience): they are priced at the expected slowest rank over uniformly random id orders;
 * ``row_wise_group_dedup``: row-wise, each row fetched once per group that looks it up;
 * ``2d``: TorchRec-style 2D: a table's rows split inside each group and the table replicated
   across groups, for the tables the budget allows (greedy by time saved per byte), the rest row-wise;
@@ -35,10 +35,9 @@ from topology.views import ClusterView
 
 def row_wise_table(table: TableSpec, view: ClusterView) -> TablePlan:
     """TorchRec's row-wise layout of one table: its ids in contiguous ranges of ``ceil(rows / N)``
-    (:attr:`core.vocabulary.Deal.RANGES`), priced from its hotness order (the real ids). A table without
-    one (synthetic: its ids carry no meaning) is dealt evenly, as hashed ids would spread it."""
-    deal = Deal.INTERLEAVE if table.order is None else Deal.RANGES
-    return replace(table_plan(table, view, 0, 0), deal=deal)
+    (:attr:`core.vocabulary.Deal.RANGES`), priced from its hotness order (the real ids), or for a table
+    without one (synthetic: its ids carry no meaning) over uniformly random id orders."""
+    return replace(table_plan(table, view, 0, 0), deal=Deal.RANGES)
 
 
 def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
@@ -183,7 +182,7 @@ def _greedy_whole_tables(coeffs: list[TableCoefficients], budget_bytes: float, t
 
 
 def _checked(plan: Plan, workload: Workload, view: ClusterView, budget_bytes: float) -> Plan:
-    report = evaluate(workload, view, plan)
+    report = evaluate(workload, view, plan, dealt=False)  # memory does not depend on the deal
     if report.memory_per_gpu_bytes > budget_bytes * (1 + 1e-9):
         raise PlannerError(
             f"{plan.strategy}: needs {report.memory_per_gpu_bytes / 2**30:.2f} GiB per GPU, over the "
