@@ -29,7 +29,7 @@ from core.errors import PlannerError
 from core.vocabulary import Deal, FetchMode, SyncMode, Tier
 from solvers.coefficients import TableCoefficients, table_coefficients
 from solvers.cost_model import evaluate, table_plan, uniform_shares
-from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, TablePlan, TableSpec, Workload
+from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, CostReport, Plan, TablePlan, TableSpec, Workload
 from topology.views import ClusterView
 
 
@@ -43,6 +43,14 @@ def row_wise_table(table: TableSpec, view: ClusterView) -> TablePlan:
 def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
     tables = tuple(row_wise_table(t, view) for t in workload.tables)
     return _checked(Plan("row_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
+
+
+def torchrec_default_report(workload: Workload, view: ClusterView, dedup: bool = False) -> CostReport:
+    """TorchRec's default (row-wise, dedup off, flat fetch) priced once, as every figure states it: the
+    slowest rank of contiguous ranges of the ids as given, or over random id orders for tables without
+    one (:mod:`solvers.torchrec_default`). ``evaluate(..., dealt=False)`` of the same plan is its even
+    share (each rank's expected load)."""
+    return evaluate(workload, view, row_wise(workload, view, float("inf"), dedup, SyncMode.SPARSE))
 
 
 def row_wise_group_dedup(

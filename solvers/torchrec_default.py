@@ -17,8 +17,9 @@ over draws, of the ranks taken slowest first (row ``k`` = the ``k``-th slowest r
 so its slowest rank is the expected slowest rank, not the slowest rank of the expected load (which
 would be the even share, ``evaluate(..., dealt=False)``).
 
-A draw of one table (:func:`random_range_draws`): its heaviest rows, each of a value (bytes per
-iteration served) of at least :data:`EXPLICIT_ROW_SIGMA` of a rank's standard deviation, are placed
+A draw of one table (:func:`random_range_draws`): its heaviest rows, each of a value (volume per
+iteration served) of at least :data:`EXPLICIT_ROW_SIGMA` of a rank's standard deviation (every row of a
+table of at most :data:`SMALL_TABLE_ROWS` rows; at most :data:`MAX_EXPLICIT_ROWS`), are placed
 exactly (distinct uniform positions among the ``R`` ids); the other rows fill each rank's remaining
 range, and their sum is drawn from the normal law with the exact mean and variance of a uniform
 subset of that size (sampling without replacement; a sum of many small values). Cost
@@ -48,6 +49,7 @@ MAX_CHUNKS = 16  # at most 16 chunks (16,000 draws on 64 ranks)
 TARGET_REL_STDERR = 1e-3  # stop when the slowest rank's time has a standard error below 0.1% of it
 EXPLICIT_ROW_SIGMA = 0.1  # rows worth >= 10% of a rank's standard deviation are placed one by one
 MAX_EXPLICIT_ROWS = 50_000
+SMALL_TABLE_ROWS = 4096  # tables of at most this many rows have every row placed one by one
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,10 @@ def _random_subsets(
     n = caps.size
     rows = rows.astype(np.int64)
     sigma = np.sqrt((rows * value**2).sum() / n)  # a rank's standard deviation, at most
-    heavy_buckets = np.flatnonzero(value >= EXPLICIT_ROW_SIGMA * sigma) if sigma > 0 else np.array([], int)
+    if num_rows <= SMALL_TABLE_ROWS:  # every row placed one by one: exact in distribution
+        heavy_buckets = np.arange(rows.size)
+    else:
+        heavy_buckets = np.flatnonzero(value >= EXPLICIT_ROW_SIGMA * sigma) if sigma > 0 else np.array([], int)
     per_bucket = np.zeros_like(rows)
     per_bucket[heavy_buckets] = rows[heavy_buckets]
     left = MAX_EXPLICIT_ROWS
