@@ -121,8 +121,10 @@ def _whole_tables(
     coeffs = table_coefficients(workload, view, dedup, sync, routing_metadata=False)
     chosen = _greedy_whole_tables(coeffs, budget_bytes, tier)
     rows = [(t.num_rows if c else 0) for t, c in zip(workload.tables, chosen, strict=True)]
-    tables = tuple(
+    tables = tuple(  # a table not moved stays row-wise, TorchRec's ranges
         table_plan(t, view, r if tier == Tier.HOT else 0, r if tier == Tier.WARM else 0)
+        if r
+        else row_wise_table(t, view)
         for t, r in zip(workload.tables, rows, strict=True)
     )
     return _checked(Plan(strategy, tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
