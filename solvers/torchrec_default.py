@@ -42,6 +42,8 @@ from core.errors import PlannerError
 from core.traffic import Traffic
 from core.vocabulary import FetchMode, LinkClass
 from solvers import dealing, wire
+from solvers.types import CostReport, Plan, TableSpec
+from topology.views import ClusterView
 
 SEED = 20260522  # the Monte Carlo's seed (figures reproduce exactly)
 CHUNK_VALUES = 64_000  # draws x ranks per chunk (1000 draws on 64 ranks; at least 100 draws)
@@ -116,13 +118,15 @@ def _random_subsets(
     if num_rows <= SMALL_TABLE_ROWS:  # every row placed one by one: exact in distribution
         heavy_buckets = np.arange(rows.size)
     else:
-        heavy_buckets = np.flatnonzero(value >= EXPLICIT_ROW_SIGMA * sigma) if sigma > 0 else np.array([], int)
+        heavy_buckets = (
+            np.flatnonzero(value >= EXPLICIT_ROW_SIGMA * sigma) if sigma > 0 else np.array([], int)
+        )
     per_bucket = np.zeros_like(rows)
     per_bucket[heavy_buckets] = rows[heavy_buckets]
-    left = MAX_EXPLICIT_ROWS
-    for k in np.argsort(-value, kind="stable"):  # the heaviest first, within the cap
-        per_bucket[k] = min(per_bucket[k], left)
-        left -= per_bucket[k]
+    by_value = np.argsort(-value, kind="stable")  # the heaviest first, within the cap
+    wanted = per_bucket[by_value]
+    before = np.cumsum(wanted) - wanted
+    per_bucket[by_value] = np.clip(MAX_EXPLICIT_ROWS - before, 0, wanted)
     explicit = np.repeat(value, per_bucket)  # the rows placed one by one
     rest_rows = rows - per_bucket
     out = np.zeros((draws, n))
@@ -160,7 +164,7 @@ def _positions(num_rows: int, count: int, draws: int, rng: np.random.Generator) 
     return np.stack([rng.choice(num_rows, count, replace=False) for _ in range(draws)])
 
 
-def served_traffic(view, masses: np.ndarray, vector_bytes: int) -> np.ndarray:
+def served_traffic(view: ClusterView, masses: np.ndarray, vector_bytes: int) -> np.ndarray:
     """float64[..., N, 2, 4, 2]: bytes of one table's flat lookups when rank ``r`` serves ``masses[..., r]``
     of its volume (each rank looks up the sum), as :func:`solvers.cost_model.lookup_traffic` prices it."""
     volume = masses.sum(axis=-1, keepdims=True)
@@ -179,7 +183,7 @@ def served_traffic(view, masses: np.ndarray, vector_bytes: int) -> np.ndarray:
 
 
 def expected_order_statistics(
-    view, base_traffic: np.ndarray, tables: list[RandomRangeTable]
+    view: ClusterView, base_traffic: np.ndarray, tables: list[RandomRangeTable]
 ) -> OrderStatistics:
     """The ranks' expected records, slowest first, over uniformly random id orders of ``tables``
     (dealt by ranges, fetched flat) on top of ``base_traffic`` (float64[N, 2, 4, 2]: every other byte
@@ -206,7 +210,7 @@ def expected_order_statistics(
     return OrderStatistics(sums / all_times.shape[0], all_times.mean(axis=0), all_times.shape[0], rel)
 
 
-def random_table(table, plan, mass, column: int) -> RandomRangeTable:
+def random_table(table: TableSpec, plan: Plan, mass, column: int) -> RandomRangeTable:
     """``table`` (a :class:`~solvers.types.TableSpec` of ``plan``) as dealt over random id orders, its volume
     the ``column`` of ``mass`` (:class:`solvers.cost_model.TableMass`)."""
     table_plan = next(tp for tp in plan.tables if tp.name == table.name)
@@ -216,7 +220,7 @@ def random_table(table, plan, mass, column: int) -> RandomRangeTable:
     return RandomRangeTable(table.name, mass.rows, cumulative, table.num_rows, table.wire_bytes(plan.wire))
 
 
-def expected_report(view, base, tables: list[RandomRangeTable]):
+def expected_report(view: ClusterView, base: CostReport, tables: list[RandomRangeTable]) -> CostReport:
     """``base`` (a :class:`~solvers.types.CostReport` without the lookups of ``tables``) with them added
     over random id orders: ranks slowest first (:func:`expected_order_statistics`), memory as in ``base``."""
     stats = expected_order_statistics(view, base.traffic.bytes, tables)
