@@ -14,8 +14,9 @@ Each row takes the cheaper of the two, memory unlimited; the bound is their tota
 the ``N`` ranks. Beside it, against row-wise's flat fetch spread evenly the same way (each rank pulls its
 own ids, per-rank deduplicated or not: with dedup off, TorchRec's default), FlexShard's planned bytes at
 2x (``make_plan`` + ``evaluate``: the bottleneck rank, with split sizes and sync masks) and its distance
-from the bound; and row-wise priced as ``evaluate`` deals it, at its busiest rank (the rank that owns a
-table's heaviest row serves it to every GPU), with FlexShard's cut against that.
+from the bound; and row-wise as TorchRec lays it out (contiguous id ranges; the synthetic default has no
+id order, so the expected slowest rank over uniformly random id orders, ``solvers.torchrec_default``),
+with FlexShard's cut against that.
 
 Also shown, and labelled as out of reach: the same choice with sync at ``(G - 1) u V``, one transfer
 per other group, which is below what any all-reduce can do (the figure this study reported before
@@ -105,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     header = [
         "batch/GPU",
         "per-rank dedup",
-        "row-wise (flat)",
+        "row-wise (flat), even share",
         "per-row bound",
         "FlexShard at 2x (planned)",
         "FlexShard vs bound",
-        "row-wise at its busiest rank (FlexShard's cut)",
+        "row-wise as TorchRec lays it out, slowest rank (FlexShard's cut)",
         "out of reach: sync (G-1)V",
     ]
     print(study.md_table(header, rows))

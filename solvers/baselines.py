@@ -2,10 +2,10 @@
 
 * ``table_wise``: each table whole on one GPU (greedy, heaviest table to the least loaded GPU);
 * ``row_wise``: every table's ids split over all GPUs in contiguous ranges, as TorchRec's row-wise
-  sequence sharding lays them out (with dedup off, TorchRec's default), priced on the table's real ids
-  (its hotness order): where ids follow popularity, the first GPU owns the head. Synthetic tables have
-  no real ids (their rows are numbered hottest first only for convenience) and are dealt evenly, as
-  hashed ids would be;
+  sequence sharding lays them out (with dedup off, TorchRec's default; :mod:`solvers.torchrec_default`),
+  priced on the table's real ids (its hotness order): where ids follow popularity, the first GPU owns
+  the head. Synthetic tables have no real ids (their rows are numbered hottest first only for
+  convenience): they are priced at the expected slowest rank over uniformly random id orders;
 * ``row_wise_group_dedup``: row-wise, each row fetched once per group that looks it up;
 * ``2d``: TorchRec-style 2D: a table's rows split inside each group and the table replicated
   across groups, for the tables the budget allows (greedy by time saved per byte), the rest row-wise;
@@ -29,21 +29,28 @@ from core.errors import PlannerError
 from core.vocabulary import Deal, FetchMode, SyncMode, Tier
 from solvers.coefficients import TableCoefficients, table_coefficients
 from solvers.cost_model import evaluate, table_plan, uniform_shares
-from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Plan, TablePlan, TableSpec, Workload
+from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, CostReport, Plan, TablePlan, TableSpec, Workload
 from topology.views import ClusterView
 
 
 def row_wise_table(table: TableSpec, view: ClusterView) -> TablePlan:
     """TorchRec's row-wise layout of one table: its ids in contiguous ranges of ``ceil(rows / N)``
-    (:attr:`core.vocabulary.Deal.RANGES`), priced from its hotness order (the real ids). A table without
-    one (synthetic: its ids carry no meaning) is dealt evenly, as hashed ids would spread it."""
-    deal = Deal.INTERLEAVE if table.order is None else Deal.RANGES
-    return replace(table_plan(table, view, 0, 0), deal=deal)
+    (:attr:`core.vocabulary.Deal.RANGES`), priced from its hotness order (the real ids), or for a table
+    without one (synthetic: its ids carry no meaning) over uniformly random id orders."""
+    return replace(table_plan(table, view, 0, 0), deal=Deal.RANGES)
 
 
 def row_wise(workload: Workload, view: ClusterView, budget_bytes: float, dedup: bool, sync: SyncMode) -> Plan:
     tables = tuple(row_wise_table(t, view) for t in workload.tables)
     return _checked(Plan("row_wise", tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
+
+
+def torchrec_default_report(workload: Workload, view: ClusterView, dedup: bool = False) -> CostReport:
+    """TorchRec's default (row-wise, dedup off, flat fetch) priced once, as every figure states it: the
+    slowest rank of contiguous ranges of the ids as given, or over random id orders for tables without
+    one (:mod:`solvers.torchrec_default`). ``evaluate(..., dealt=False)`` of the same plan is its even
+    share (each rank's expected load)."""
+    return evaluate(workload, view, row_wise(workload, view, float("inf"), dedup, SyncMode.SPARSE))
 
 
 def row_wise_group_dedup(
@@ -114,8 +121,10 @@ def _whole_tables(
     coeffs = table_coefficients(workload, view, dedup, sync, routing_metadata=False)
     chosen = _greedy_whole_tables(coeffs, budget_bytes, tier)
     rows = [(t.num_rows if c else 0) for t, c in zip(workload.tables, chosen, strict=True)]
-    tables = tuple(
+    tables = tuple(  # a table not moved stays row-wise, TorchRec's ranges
         table_plan(t, view, r if tier == Tier.HOT else 0, r if tier == Tier.WARM else 0)
+        if r
+        else row_wise_table(t, view)
         for t, r in zip(workload.tables, rows, strict=True)
     )
     return _checked(Plan(strategy, tables, dedup, sync, budget_bytes), workload, view, budget_bytes)
@@ -183,7 +192,7 @@ def _greedy_whole_tables(coeffs: list[TableCoefficients], budget_bytes: float, t
 
 
 def _checked(plan: Plan, workload: Workload, view: ClusterView, budget_bytes: float) -> Plan:
-    report = evaluate(workload, view, plan)
+    report = evaluate(workload, view, plan, dealt=False)  # memory does not depend on the deal
     if report.memory_per_gpu_bytes > budget_bytes * (1 + 1e-9):
         raise PlannerError(
             f"{plan.strategy}: needs {report.memory_per_gpu_bytes / 2**30:.2f} GiB per GPU, over the "

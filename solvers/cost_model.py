@@ -32,7 +32,7 @@ import numpy as np
 from core.errors import PlannerError
 from core.traffic import Traffic
 from core.vocabulary import Component, Deal, FetchMode, LinkClass, SyncMode
-from solvers import dealing, wire
+from solvers import dealing, torchrec_default, wire
 from solvers.types import (
     ROUTING_BYTES_PER_REPLICATED_ROW,
     CostReport,
@@ -186,7 +186,9 @@ def dealt_volumes(
         )
     cold = {}
     if plan.cold_rows > 0:
-        if plan.deal is Deal.RANGES:
+        if plan.deal is Deal.RANGES and table.order is None:  # no id order: priced by evaluate's draws
+            masses = torchrec_default.expected_range_masses(table.num_rows, n, cumulative[-1] - cumulative[0])
+        elif plan.deal is Deal.RANGES:
             entries = None if mass.per_entry is None else (mass.rank_entry, mass.per_entry)
             _, masses = dealing.range_masses(mass.rows, cumulative, table.order, table.num_rows, n, entries)
         else:
@@ -323,12 +325,22 @@ def evaluate(workload: Workload, view: ClusterView, plan: Plan, dealt: bool = Tr
     every owner's share of the accesses equal to its share of the rows (the symmetric model the tier
     optimizer minimises, :mod:`solvers.coefficients`)."""
     check_plan(workload, view, plan)
+    masses = [view_mass(workload, view, t) for t in workload.tables]
     volumes = [
         dealt_volumes(mass, t, tp, view, plan.dedup) if dealt else tier_volumes(mass, tp, plan.dedup)
-        for t, tp in zip(workload.tables, plan.tables, strict=True)
-        for mass in (view_mass(workload, view, t),)
+        for t, tp, mass in zip(workload.tables, plan.tables, masses, strict=True)
     ]
-    return evaluate_volumes(workload, view, plan, volumes)
+    random = [
+        i for i, tp in enumerate(plan.tables) if tp.deal is Deal.RANGES and workload.tables[i].order is None
+    ]
+    if not dealt or not random:
+        return evaluate_volumes(workload, view, plan, volumes)
+    # TorchRec's ranges of tables without an id order: the expected slowest rank over random orders
+    column = TableMass.FIELDS.index("unique" if plan.dedup else "lookups")
+    tables = [torchrec_default.random_table(workload.tables[i], plan, masses[i], column) for i in random]
+    for i in random:  # their lookups are added per draw
+        volumes[i] = replace(volumes[i], cold_volume=0.0, cold_by_rank=None)
+    return torchrec_default.expected_report(view, evaluate_volumes(workload, view, plan, volumes), tables)
 
 
 def evaluate_volumes(

@@ -11,7 +11,8 @@ Two deals (:class:`core.vocabulary.Deal`), shared by the cost model and the runt
 * ``ranges`` (TorchRec's row-wise sharding): a table's ids split into ``N`` contiguous ranges of
   ``ceil(R / N)`` ids, rank ``r`` owning ``[r B, (r + 1) B)``. Where ids follow hotness (synthetic
   workloads, whose ids *are* hotness ranks), the first range holds the whole head.
-  :func:`range_masses` prices it from the table's hotness order.
+  :func:`range_masses` prices it from the table's hotness order. The cost model prices a table without
+  one (synthetic) over uniformly random id orders instead (:mod:`solvers.torchrec_default`).
 
 Rows inside one histogram bucket are identical to the cost model (its masses are linear inside a
 bucket), so both functions are exact for the model's masses: per bucket, the rows each owner gets times

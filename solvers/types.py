@@ -426,6 +426,9 @@ class CostReport:
     time_s: np.ndarray  # float64[N], bytes / bandwidth per link class, summed, per iteration per rank
     memory_by_part_bytes: np.ndarray  # float64[N, 4]: rows (+ optimizer state) per tier, routing ids
     latency_s: float  # collective latency per iteration (hops x link latency), not in time_s
+    # TorchRec's ranges over random id orders (solvers.torchrec_default): ranks are then slowest first,
+    # and this holds the draws and the slowest rank's relative standard error; None otherwise
+    random_order: dict | None = None
 
     @property
     def memory_bytes(self) -> np.ndarray:

@@ -9,11 +9,17 @@ inter-group bytes (which the selection does not minimise first) are at or below 
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from flexshard import workloads
 from flexshard.cli import simulate_records
-from solvers.planner import STRATEGIES
+from flexshard.report import human_bytes
+from solvers.baselines import torchrec_default_report
+from solvers.cost_model import evaluate
+from solvers.planner import STRATEGIES, budget_bytes, make_plan
 from topology import cluster_view, from_preset
 
 BUDGETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -41,3 +47,31 @@ def test_flexshard_at_or_below_every_baseline(records, dedup, budget_x):
             # rows are priced as dealt: a plan of lower time may carry a few more bytes of one heavy
             # row's imbalance (28 B of 60 MB at 1x without dedup), never more
             assert ours["inter_group_bytes"] <= r["inter_group_bytes"] * (1 + 1e-6), r["strategy"]
+
+
+def _stated(path: Path, pattern: str) -> set[str]:
+    return set(re.findall(pattern, path.read_text()))
+
+
+def test_torchrec_default_is_one_figure_in_simulate_the_readme_and_the_results(records):
+    """TorchRec's default (row-wise, dedup off) on the embedded default: simulate's figure is
+    solvers.baselines.torchrec_default_report's, and the README and docs/results state that figure and
+    the even share beside it, nothing else."""
+    view = cluster_view(from_preset("h100:8"))
+    workload = workloads.default_workload()
+    report = torchrec_default_report(workload, view)
+    simulated = {r["inter_group_bytes"] for r in records if r["strategy"] == "row_wise" and not r["dedup"]}
+    assert simulated == {report.inter_group_bytes}  # every budget: the same plan, the same draws
+    plan = make_plan("row_wise", workload, view, budget_bytes(workload, view, 2.0), dedup=False).plan
+    figure, even = (
+        human_bytes(report.inter_group_bytes),
+        human_bytes(evaluate(workload, view, plan, False).inter_group_bytes),
+    )
+    root = Path(__file__).resolve().parents[2]
+    readme = root / "README.md"
+    assert _stated(readme, r"TorchRec's default row-wise \(([\d.]+ MB)") == {figure}
+    assert _stated(readme, r"\*\*([\d.]+ MB) across groups at its busiest rank") == {figure}
+    assert f"even shares of the accesses would give {even}" in readme.read_text()
+    results = root / "docs" / "results" / "README.md"
+    assert _stated(results, r"TorchRec's default[^.]*?at its busiest rank \(([\d.]+ MB)") == {figure}
+    assert f"even share {even}" in results.read_text()

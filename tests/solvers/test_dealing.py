@@ -215,8 +215,9 @@ def test_row_wise_ranges_price_the_real_ids():
     report = evaluate(ordered, VIEW, plan)
     assert _bytes(report, 3, 1, "forward")[0] == pytest.approx(2.4 * 8)
     assert _bytes(report, 0, 1, "forward")[0] == pytest.approx(3 * 0.1 * 2 * 8)
-    # synthetic tables (no order) are dealt like hashed ids: FlexShard's interleave
-    assert row_wise(WORKLOAD, VIEW, 1e9, False, "sparse").tables[0].deal is Deal.INTERLEAVE
+    # synthetic tables (no order) are TorchRec's ranges too, priced over random id orders
+    # (tests/solvers/test_torchrec_default.py)
+    assert row_wise(WORKLOAD, VIEW, 1e9, False, "sparse").tables[0].deal is Deal.RANGES
 
 
 def test_spread_heads_puts_each_tables_head_on_another_owner():
