@@ -57,7 +57,7 @@ SMALL_TABLE_ROWS = 4096  # tables of at most this many rows have every row place
 @dataclass(frozen=True)
 class RandomRangeTable:
     """One table dealt by TorchRec's ranges over a random id order: its flat lookups' volume per GPU
-    (``cumulative`` at row ``edges``, from :class:`solvers.cost_model.TableMass`) and vector bytes."""
+    (``cumulative`` at row ``edges``, from :class:`solvers.volumes.TableMass`) and vector bytes."""
 
     name: str
     edges: np.ndarray  # float64[B + 1]: rows before each bucket edge
@@ -212,7 +212,7 @@ def expected_order_statistics(
 
 def random_table(table: TableSpec, plan: Plan, mass, column: int) -> RandomRangeTable:
     """``table`` (a :class:`~solvers.types.TableSpec` of ``plan``) as dealt over random id orders, its volume
-    the ``column`` of ``mass`` (:class:`solvers.cost_model.TableMass`)."""
+    the ``column`` of ``mass`` (:class:`solvers.volumes.TableMass`)."""
     table_plan = next(tp for tp in plan.tables if tp.name == table.name)
     if table_plan.fetch is not FetchMode.FLAT:
         raise PlannerError(f"plan table {table.name!r}: ranges without an id order need the flat fetch")
