@@ -60,14 +60,10 @@ def lookup_traffic(
     out = Traffic.zeros(view.num_ranks)
     if volume <= 0:
         return out
-    if view.has_inter_group:
-        group_share = np.bincount(view.group_of_rank, weights=share, minlength=view.num_groups)[
-            view.group_of_rank
-        ]
-    else:  # the one group holds the whole tier: exactly nothing leaves it (a sum of shares is 1 +- 1e-16)
-        group_share = np.ones(view.num_ranks)
     gsize = view.group_size_of_rank().astype(np.float64)
-    asked, served = wire.lookups_by_link(share, group_share, gsize, view.num_ranks, volume, within_group)
+    asked, served = wire.lookups_by_link(
+        share, view.group_share(share), gsize, view.num_ranks, volume, within_group
+    )
     return _priced(out, asked, served, vector_bytes)
 
 

@@ -169,10 +169,8 @@ def served_traffic(view: ClusterView, masses: np.ndarray, vector_bytes: int) -> 
     of its volume (each rank looks up the sum), as :func:`solvers.cost_model.lookup_traffic` prices it."""
     volume = masses.sum(axis=-1, keepdims=True)
     share = np.divide(masses, volume, out=np.zeros_like(masses), where=volume > 0)
-    onehot = np.eye(view.num_groups)[view.group_of_rank]  # [N, G]
-    group_share = (share @ onehot)[..., view.group_of_rank]
     gsize = view.group_size_of_rank().astype(np.float64)
-    asked, served = wire.lookups_by_link(share, group_share, gsize, view.num_ranks, volume, False)
+    asked, served = wire.lookups_by_link(share, view.group_share(share), gsize, view.num_ranks, volume, False)
     out = np.zeros((*masses.shape, 2, 4, 2))
     for link in LinkClass:
         for (component, direction), b in wire.lookup_messages(
