@@ -27,8 +27,8 @@ Method, per data set, at ``h100:8`` (64 GPUs), budget 2x row-wise, dedup on and 
    listed in the earlier window's order (``RowHistogram`` requires non-increasing probabilities, so
    ``solvers.cost_model.evaluate`` cannot price that order). ``tier_volumes_from_probs`` computes each
    row's lookups, dedup volume ``1 - (1 - p)^n`` and touched probability ``1 - (1 - p)^(N n)`` with the
-   formulas of ``solvers.cost_model.table_mass`` (``n`` = the later window's lookups per GPU), deals the
-   rows to their owners as the runtime would (``solvers.cost_model.dealt_volumes``, every row its own
+   formulas of ``solvers.volumes.table_mass`` (``n`` = the later window's lookups per GPU), deals the
+   rows to their owners as the runtime would (``solvers.volumes.dealt_volumes``, every row its own
    bucket; row-wise is TorchRec's contiguous ranges of the real ids), and
    ``solvers.cost_model.evaluate_volumes`` prices them with
    the same traffic, sync, split-size and time functions as ``solvers.cost_model.evaluate``
@@ -60,9 +60,10 @@ import numpy as np
 import study
 
 from flexshard import workloads
-from solvers.cost_model import TableMass, TierVolumes, dealt_volumes, evaluate_volumes
+from solvers.cost_model import evaluate_volumes
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import CostReport, Plan, RowHistogram, TablePlan, TableSpec, Workload
+from solvers.volumes import TableMass, TierVolumes, dealt_volumes
 from topology import ClusterView, cluster_view, h100_cluster
 
 DIM = 64
@@ -184,8 +185,8 @@ def tier_volumes_from_probs(
 ) -> TierVolumes:
     """Tier volumes of ``table`` under plan ``tp`` when its rows, listed in the order the plan's tiers are
     taken along (``table.order``: hot, then warm, then cold), have per-lookup probabilities ``p`` (any
-    order): the per-row formulas of ``solvers.cost_model.table_mass`` (a GPU's batch, a group's, the
-    cluster's), dealt to owners row by row as ``solvers.cost_model.dealt_volumes`` deals them."""
+    order): the per-row formulas of ``solvers.volumes.table_mass`` (a GPU's batch, a group's, the
+    cluster's), dealt to owners row by row as ``solvers.volumes.dealt_volumes`` deals them."""
     n = BATCH * table.ids_per_sample  # lookups per GPU per iteration
     log_miss = np.log1p(-np.minimum(p, 1.0 - 1e-16))
 

@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from core.vocabulary import Component, FetchMode
-from solvers.cost_model import row_wise_memory_bytes, table_mass
+from solvers.cost_model import row_wise_memory_bytes
 from solvers.placement import is_homogeneous
 from solvers.types import MEMORY_PARTS, CostReport, Plan, Workload
+from solvers.volumes import table_mass
 from topology.views import ClusterView
 
 

@@ -22,10 +22,10 @@ from solvers.cost_model import (
     lookup_traffic,
     split_bytes,
     uniform_shares,
-    view_mass,
     warm_sync_bytes,
 )
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Workload
+from solvers.volumes import view_mass
 from topology.views import ClusterView
 
 

@@ -24,17 +24,9 @@ import pulp
 
 from core.vocabulary import Deal, Direction, FetchMode, LinkClass
 from solvers import dealing, wire
-from solvers.cost_model import (
-    TableMass,
-    evaluate,
-    exchanges,
-    hierarchical_allreduce_bytes,
-    routing_bytes,
-    split_bytes,
-    tier_volumes,
-    view_mass,
-)
+from solvers.cost_model import evaluate, exchanges, hierarchical_allreduce_bytes, routing_bytes, split_bytes
 from solvers.types import CostReport, Plan, Workload
+from solvers.volumes import TableMass, tier_volumes, view_mass
 from topology.views import ClusterView
 
 

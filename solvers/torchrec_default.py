@@ -57,7 +57,7 @@ SMALL_TABLE_ROWS = 4096  # tables of at most this many rows have every row place
 @dataclass(frozen=True)
 class RandomRangeTable:
     """One table dealt by TorchRec's ranges over a random id order: its flat lookups' volume per GPU
-    (``cumulative`` at row ``edges``, from :class:`solvers.cost_model.TableMass`) and vector bytes."""
+    (``cumulative`` at row ``edges``, from :class:`solvers.volumes.TableMass`) and vector bytes."""
 
     name: str
     edges: np.ndarray  # float64[B + 1]: rows before each bucket edge
@@ -169,10 +169,8 @@ def served_traffic(view: ClusterView, masses: np.ndarray, vector_bytes: int) -> 
     of its volume (each rank looks up the sum), as :func:`solvers.cost_model.lookup_traffic` prices it."""
     volume = masses.sum(axis=-1, keepdims=True)
     share = np.divide(masses, volume, out=np.zeros_like(masses), where=volume > 0)
-    onehot = np.eye(view.num_groups)[view.group_of_rank]  # [N, G]
-    group_share = (share @ onehot)[..., view.group_of_rank]
     gsize = view.group_size_of_rank().astype(np.float64)
-    asked, served = wire.lookups_by_link(share, group_share, gsize, view.num_ranks, volume, False)
+    asked, served = wire.lookups_by_link(share, view.group_share(share), gsize, view.num_ranks, volume, False)
     out = np.zeros((*masses.shape, 2, 4, 2))
     for link in LinkClass:
         for (component, direction), b in wire.lookup_messages(
@@ -212,7 +210,7 @@ def expected_order_statistics(
 
 def random_table(table: TableSpec, plan: Plan, mass, column: int) -> RandomRangeTable:
     """``table`` (a :class:`~solvers.types.TableSpec` of ``plan``) as dealt over random id orders, its volume
-    the ``column`` of ``mass`` (:class:`solvers.cost_model.TableMass`)."""
+    the ``column`` of ``mass`` (:class:`solvers.volumes.TableMass`)."""
     table_plan = next(tp for tp in plan.tables if tp.name == table.name)
     if table_plan.fetch is not FetchMode.FLAT:
         raise PlannerError(f"plan table {table.name!r}: ranges without an id order need the flat fetch")

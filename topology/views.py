@@ -92,6 +92,15 @@ class ClusterView:
         """int64[N]: size of each rank's group."""
         return self.layout.group_size_of_rank()
 
+    def group_share(self, share: np.ndarray) -> np.ndarray:
+        """float64[..., N]: for each rank, the sum of ``share[..., r]`` over the ranks of its group (its
+        group's share of a tier's accesses). Exactly 1 on a cluster of one group when ``share`` sums to
+        1: nothing leaves the group, whatever the rounding of the sum."""
+        if not self.has_inter_group:
+            return np.ones_like(np.asarray(share, dtype=np.float64))
+        onehot = np.eye(self.num_groups)[self.group_of_rank]  # [N, G]
+        return (np.asarray(share, dtype=np.float64) @ onehot)[..., self.group_of_rank]
+
 
 def uniform_view(
     num_groups: int,

@@ -23,6 +23,7 @@ from flexshard.training.distributed import DEFAULT_TIMEOUT_S
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
 from solvers.planner import STRATEGIES
 
+DEFAULT_DIM = 16  # embedding dim when neither --dim nor a --plan says (small: CPU runs)
 MAX_SEED = 2**32 - 1  # seeds are 32-bit: numpy's legacy range, and torch.manual_seed's without wrapping
 
 
@@ -119,7 +120,10 @@ class TrainConfig:
         default=0,
         metadata=_flag(f"seed of the initial rows, the dense model and the batches (0..{MAX_SEED})"),
     )
-    dim: int = field(default=16, metadata=_flag("embedding dim of every table"))
+    dim: int | None = field(
+        default=None,
+        metadata=_flag(f"embedding dim of every table (default: the --plan's, else {DEFAULT_DIM})"),
+    )
     max_len: int = field(default=DEFAULT_WINDOW, metadata=_flag("history positions kept"))
     negatives: int = field(default=DEFAULT_NEGATIVES, metadata=_flag("random negatives per sample"))
     objective: str = field(default="next-item", metadata=_flag("training objective", choices=OBJECTIVES))
@@ -167,10 +171,10 @@ class TrainConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("steps", "dim", "max_len"):
+        for name in ("steps", "max_len"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
-        for name in ("batch_size", "groups"):
+        for name in ("batch_size", "groups", "dim"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be positive, got {getattr(self, name)}")
         if self.negatives < 1:  # the target alone: sampled softmax over one candidate has loss 0

@@ -23,6 +23,7 @@ verification's verdict and the end-of-run summary (:mod:`flexshard.training.summ
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -48,7 +49,7 @@ from flexshard.training.config import TrainConfig
 from flexshard.training.data import data_options, make_source, table_shape
 from flexshard.training.distributed import Phase, allreduce_dense_grads, device
 from flexshard.training.limits import check_step_memory
-from flexshard.training.planning import batch_size, check_plan, check_vocabulary, plan_on_the_fly
+from flexshard.training.planning import batch_size, check_plan, check_vocabulary, model_dim, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import claim_directory, fallback_hint, identity_mismatch, prune, run_identity
 from flexshard.training.summary import RunSummary
@@ -68,13 +69,15 @@ def _result(rank: int):
 
 
 def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> tuple:
-    """The source, the plan (checked or made) and the log lines, before any training state exists.
-    Collective: an error on any rank (an output path, the data, the plan) ends every rank alike."""
+    """The config with its dim resolved (``--dim``, else the plan's: :func:`model_dim`), the source, the
+    plan (checked or made) and the log lines, before any training state exists. Collective: an error on
+    any rank (an output path, the data, the plan) ends every rank alike."""
     problem, source, given, plan_file, notes = "", None, None, None, []
     try:
         if config.metrics_out:
             check_writable(config.metrics_out, "--metrics-out", config.inputs())
         given = read_plan(config.plan) if config.plan else None
+        config = dataclasses.replace(config, dim=model_dim(config, given))
         batch = batch_size(config, given)
         check_step_memory(
             batch, config.max_len, config.dim, config.negatives, *table_shape(config.data), dev,
@@ -97,7 +100,7 @@ def _prepare(config: TrainConfig, world: int, rank: int, dev: torch.device) -> t
         raise agreed(InputError(problem))
     if given is None:
         plan_file = plan_on_the_fly(config, source, world, rank)
-    return source, plan_file, notes
+    return config, source, plan_file, notes
 
 
 def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_file: PlanFile) -> list[str]:
@@ -140,7 +143,8 @@ class TrainingRun:
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         self.dev = dev = device()
         self.say = say = _say(self.rank)
-        self.source, self.plan_file, notes = _prepare(config, self.world, self.rank, dev)
+        config, self.source, self.plan_file, notes = _prepare(config, self.world, self.rank, dev)
+        self.config = config
         problem, self.lock = "", None
         if self.rank == 0:  # the folder taken (locked, checked, --overwrite) before any work
             try:

@@ -23,7 +23,7 @@ from core.errors import InputError, PlanMismatchError, PlannerError, agreed
 from core.ranks import RankLayout
 from flexshard.contract import sampling_mismatch, settings_mismatch, show_setting, world_mismatch
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
-from flexshard.training.config import TrainConfig
+from flexshard.training.config import DEFAULT_DIM, TrainConfig
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, Vocabulary, fingerprint
 from solvers.planner import budget_bytes, make_plan
 from topology.presets import h100_cluster
@@ -35,6 +35,15 @@ def batch_size(config: TrainConfig, plan_file: PlanFile | None) -> int:
     if config.batch_size is not None:
         return config.batch_size
     return plan_file.batch_size_per_gpu if plan_file is not None else DEFAULT_BATCH_SIZE_PER_GPU
+
+
+def model_dim(config: TrainConfig, plan_file: PlanFile | None) -> int:
+    """The embedding dim of the run: ``--dim``, else the plan's when every table of the plan has the same
+    one (a plan made from ``flexshard stats --dim D``), else :data:`DEFAULT_DIM`."""
+    if config.dim is not None:
+        return config.dim
+    dims = {t.dim for t in plan_file.tables} if plan_file is not None else set()
+    return dims.pop() if len(dims) == 1 else DEFAULT_DIM
 
 
 def check_plan(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -249,3 +250,20 @@ def test_id_sorted_files_are_named_by_stats_and_train(tmp_path, capsys):
     source = SequenceFileSource(str(data), 8, 5, 1, 8, 0)
     assert "has no time column" in source.describe() and "look sorted by item id" in source.describe()
     assert "note" not in SequenceFileSource(str(timed), 8, 5, 1, 8, 0).describe()
+
+
+def test_the_first_steps_need_no_dim_flag(tmp_path, capsys):
+    """stats (default dim 64), plan and train with no --dim anywhere: train takes the plan's dim (it used
+    its own default, 16, and refused the plan); an explicit other --dim is still refused, naming the flag."""
+    data = _log(tmp_path / "x.csv", _rows(0), "user,item,timestamp")
+    npz, plan = tmp_path / "s.npz", tmp_path / "p.json"
+    assert run(capsys, "stats", str(data), "--out", str(npz))[0] == 0
+    rc, _out, err = run(capsys, "plan", "--workload", str(npz), "--topology", TOPOLOGY, "--out", str(plan))
+    assert rc == 0, err
+    assert {t["dim"] for t in json.loads(plan.read_text())["tables"]} == {64}
+    assert train(["--data", str(data), "--plan", str(plan), "--steps", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert re.search(r"data \S+x\.csv \(item_id \d+ x 64, user_id \d+ x 64\)", err), err
+    assert train(["--data", str(data), "--plan", str(plan), "--steps", "1", "--dim", "16"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the plan was made for dim 64, the model has dim 16: train with --dim 64" in line, line

@@ -41,7 +41,8 @@ from flexshard.plan_file import read_plan
 from flexshard.runtime import make_process_groups
 from flexshard.runtime.replicas import hierarchical_all_reduce
 from solvers import wire
-from solvers.cost_model import TierVolumes, evaluate_volumes, warm_sync_bytes
+from solvers.cost_model import evaluate_volumes, warm_sync_bytes
+from solvers.volumes import TierVolumes
 from topology.views import uniform_view
 
 pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks

@@ -32,8 +32,9 @@ import pytest
 from core.errors import ConfigError, PlannerError
 from core.vocabulary import COMPONENTS, INDEX_BYTES, LINK_CLASSES, FetchMode, WireDtype
 from solvers import cost_model
-from solvers.cost_model import Exchanges, split_bytes, table_mass, table_plan
+from solvers.cost_model import Exchanges, split_bytes, table_plan
 from solvers.types import Plan, RowHistogram, TablePlan, TableSpec, Workload
+from solvers.volumes import table_mass
 from topology.views import uniform_view
 
 REL = 1e-12

@@ -11,9 +11,10 @@ import pytest
 from core.vocabulary import COMPONENTS, Deal
 from solvers import dealing
 from solvers.baselines import row_wise
-from solvers.cost_model import dealt_volumes, evaluate, table_mass, table_plan
+from solvers.cost_model import evaluate, table_plan
 from solvers.placement import spread_heads
 from solvers.types import Plan, RowHistogram, TableSpec, TouchProfile, Workload
+from solvers.volumes import dealt_volumes, table_mass
 from topology.views import uniform_view
 
 

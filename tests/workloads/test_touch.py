@@ -20,8 +20,8 @@ from flexshard.workloads import (
     user_rates,
 )
 from flexshard.workloads.touch import profile_error, refined_edges
-from solvers.cost_model import table_mass
 from solvers.types import RowHistogram, TableSpec, TouchProfile
+from solvers.volumes import table_mass
 
 
 def small_histories(seed: int = 0, users: int = 7, rows: int = 6, longest: int = 9) -> Sequences:
