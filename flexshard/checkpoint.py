@@ -95,7 +95,12 @@ def _atomic_torch_save(obj: Any, path: Path) -> RankFileRecord:
     part = path.with_name(path.name + ".part")
     with open(part, "wb") as f:
         writer = HashingWriter(f)
-        torch.save(obj, writer)
+        try:
+            torch.save(obj, writer)
+        except Exception as e:  # a Ctrl-C inside the writer: torch's zip writer masks it with its own error
+            if isinstance(e.__context__, KeyboardInterrupt):
+                raise e.__context__ from None
+            raise
         f.flush()
         os.fsync(f.fileno())
     os.replace(part, path)

@@ -144,3 +144,27 @@ def test_ctrl_c_under_torchrun_leaves_one_line_from_the_workers(tmp_path):
     assert int(LINE.fullmatch(ours[0]).group(2)) == _saved_steps(ckpt)[-1]
     assert "KeyboardInterrupt" not in err and "[rank" not in err  # no worker traceback
     assert "SignalException" in err  # torchrun's own
+
+
+def test_a_ctrl_c_inside_a_checkpoint_write_stays_a_ctrl_c(tmp_path, monkeypatch):
+    """torch.save's zip writer turned a KeyboardInterrupt raised in our hashing writer into its own
+    RuntimeError ('unexpected pos'), so about one Ctrl-C in three during a save lost the run's end
+    record: the interrupt comes out as itself, and no rank file is left."""
+    import torch
+
+    from flexshard import checkpoint
+    from flexshard.checkpoint_manifest import HashingWriter
+
+    calls = {"n": 0}
+    write = HashingWriter.write
+
+    def interrupted(self, data):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return write(self, data)
+
+    monkeypatch.setattr(HashingWriter, "write", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint._atomic_torch_save({"rows": torch.zeros(1000, 8)}, tmp_path / "rank0.pt")
+    assert calls["n"] >= 3 and not (tmp_path / "rank0.pt").exists()
