@@ -391,8 +391,8 @@ def detect_format(path: str | Path) -> str:
         return "recbole"
     if b"," in first or b"\t" in first or b";" in first:
         return "csv"  # a delimited table, read by its header (delimited.py)
-    if all(t.isdigit() for t in first.split()):
-        return "seq"
+    if all(t.isdigit() for t in first.decode(errors="replace").split()):  # any script's digits: the
+        return "seq"  # sequence parser then names a non-ASCII one ('٣') as not an id
     raise DataError(
         f"{path}: unknown format (first line {first[:40].decode(errors='replace')!r}); "
         "expected 'user item item ...', 'user,item,count', a RecBole .inter or Parquet"

@@ -53,6 +53,7 @@ def files(tmp_path_factory) -> Path:
     (root / "id_2_32.txt").write_text(f"1 {2**32} 3\n2 5 6\n")
     (root / "arabic_digit.txt").write_text("1 2 3\n2 \u0663 6\n", encoding="utf-8")  # '٣': int() takes it
     (root / "arabic_digit.csv").write_text("1,\u0663,3\n", encoding="utf-8")
+    (root / "arabic_first.txt").write_text("1 \u0663 4\n", encoding="utf-8")  # on the line sniffed
     (root / "a_file").write_text("not a folder\n")
     ckpt = root / "ckpt"
     assert (
@@ -268,6 +269,12 @@ CASES = {  # id: (argv with {d} for the folder of inputs, the one line expected 
         "flexshard stats: error: {d}/arabic_digit.txt:2: field 'item id' value '\u0663': not a "
         "non-negative integer id (ids are written with the ASCII digits 0-9)",
         "{d}/s3.npz",
+    ),
+    "a non-ASCII digit on the first line of a sequence file": (
+        ["stats", "{d}/arabic_first.txt", "--out", "{d}/s6.npz"],
+        "flexshard stats: error: {d}/arabic_first.txt:1: field 'item id' value '\u0663': not a "
+        "non-negative integer id (ids are written with the ASCII digits 0-9)",
+        "{d}/s6.npz",
     ),
     "a non-ASCII digit in a CSV file": (
         ["stats", "{d}/arabic_digit.csv", "--out", "{d}/s4.npz"],
