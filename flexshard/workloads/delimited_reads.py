@@ -21,7 +21,17 @@ from core.errors import ConfigError, DataError
 from ._text import grow
 from .delimited import Layout, chunks, sniff
 from .parquet import MEMORY_BYTES, ParquetColumns, ParquetLogWriter, parquet_histories
-from .parsed import ITEM_TABLE, USER_TABLE, Parsed, check_expansion, check_max_len, table_limits, table_size
+from .parsed import (
+    ITEM_TABLE,
+    USER_TABLE,
+    Parsed,
+    check_expansion,
+    check_max_len,
+    history_counts,
+    interaction_counts,
+    table_limits,
+    table_size,
+)
 from .sequences import Sequences, read_count_sequences, sequences_from_counts, sequences_from_lines
 from .vocabulary import Vocabulary
 
@@ -142,30 +152,11 @@ def read_delimited(
     limits = table_limits(num_rows)
     vocab = vocabulary if vocabulary is not None else Vocabulary()
     max_len = _check_max_len(layout, max_len)
-    item_counts = np.zeros(0, dtype=np.int64)
     if max_len is not None:
-        users, lengths = [], []
-        for seq in history_chunks(layout.path, _columns(layout), vocab, max_len, num_rows):
-            if seq.items.size:
-                item_counts = grow(item_counts, int(seq.items.max()) + 1)
-                item_counts[: int(seq.items.max()) + 1] += np.bincount(seq.items)
-            users.append(seq.users)
-            lengths.append(seq.lengths)
-        all_users = np.concatenate(users)
-        order = np.argsort(all_users)
-        sample_user, totals = all_users[order], np.concatenate(lengths)[order]
+        histories = history_chunks(layout.path, _columns(layout), vocab, max_len, num_rows)
+        item_counts, sample_user, totals = history_counts(histories)
     else:
-        seen = np.zeros(0, dtype=bool)
-        user_totals = np.zeros(0, dtype=np.int64)
-        for chunk in chunks(layout, vocab, limits):
-            top_item, top_user = int(chunk.items.max()) + 1, int(chunk.users.max()) + 1
-            item_counts, user_totals = grow(item_counts, top_item), grow(user_totals, top_user)
-            seen = grow(seen, top_user)
-            seen[chunk.users] = True
-            np.add.at(item_counts, chunk.items, chunk.counts)  # exact int64 sums
-            np.add.at(user_totals, chunk.users, chunk.counts)
-        sample_user = np.flatnonzero(seen).astype(np.int64)
-        totals = user_totals[sample_user]
+        item_counts, sample_user, totals = interaction_counts(chunks(layout, vocab, limits))
     if ITEM_TABLE in vocab:  # every string is a row, also one whose rows were cut by max_len
         item_counts = grow(item_counts, vocab.size(ITEM_TABLE))
     parsed = Parsed(

@@ -31,8 +31,17 @@ import pyarrow.parquet as pq
 
 from core.errors import ConfigError, DataError
 
-from ._text import grow
-from .parsed import ITEM_TABLE, MAX_ID, USER_TABLE, Parsed, check_max_len, table_limits, table_size
+from .parsed import (
+    ITEM_TABLE,
+    MAX_ID,
+    USER_TABLE,
+    Parsed,
+    check_max_len,
+    history_counts,
+    interaction_counts,
+    table_limits,
+    table_size,
+)
 from .sequences import Sequences, sequences_from_lines
 
 BATCH_ROWS = 1 << 20  # rows per record batch read (at most one row group; ~40 MB of int64 columns)
@@ -213,36 +222,14 @@ def read_parquet(
     one record batch plus int64 counts per item id and per user id (8 bytes x the largest id)."""
     path = Path(path)
     limits = table_limits(num_rows)
-    item_counts = np.zeros(0, dtype=np.int64)
     if max_len is not None:
         max_len = check_max_len(max_len)
-        users, lengths = [], []
-        for seq in parquet_histories(path, columns, max_len=max_len, limits=limits):
-            if seq.items.size:
-                item_counts = grow(item_counts, int(seq.items.max()) + 1)
-                item_counts[: int(seq.items.max()) + 1] += np.bincount(seq.items)
-            users.append(seq.users)
-            lengths.append(seq.lengths)
-        all_users = np.concatenate(users)
-        order = np.argsort(all_users)
-        sample_user, totals = all_users[order], np.concatenate(lengths)[order]
+        histories = parquet_histories(path, columns, max_len=max_len, limits=limits)
+        item_counts, sample_user, totals = history_counts(histories)
     else:
         _check_schema(open_parquet(path), path, columns)  # the time column too, though it is not read
-        seen = np.zeros(0, dtype=bool)
-        user_totals = np.zeros(0, dtype=np.int64)
-        for chunk in parquet_chunks(path, dataclasses.replace(columns, time=None), limits):
-            top_item, top_user = int(chunk.items.max()) + 1, int(chunk.users.max()) + 1
-            item_counts, user_totals = grow(item_counts, top_item), grow(user_totals, top_user)
-            seen = grow(seen, top_user)
-            seen[chunk.users] = True
-            if columns.count is None:
-                item_counts[:top_item] += np.bincount(chunk.items)
-                user_totals[:top_user] += np.bincount(chunk.users)
-            else:
-                np.add.at(item_counts, chunk.items, chunk.counts)  # exact int64 sums
-                np.add.at(user_totals, chunk.users, chunk.counts)
-        sample_user = np.flatnonzero(seen).astype(np.int64)
-        totals = user_totals[sample_user]
+        rows = parquet_chunks(path, dataclasses.replace(columns, time=None), limits)
+        item_counts, sample_user, totals = interaction_counts(rows, unit_counts=columns.count is None)
     parsed = Parsed(
         source=str(path),
         counts={ITEM_TABLE: item_counts},

@@ -6,7 +6,7 @@ these at module top; none of them imports another's private helpers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import numpy as np
 from core.errors import ConfigError, DataError
 from core.osutil import physical_memory_bytes
 
-from ._text import Tokens, bad_value
+from ._text import Tokens, bad_value, grow
 
 MAX_ID = 1 << 32  # larger raw ids need remapping (a dense table that size would not fit in memory)
 USER_TABLE = "user_id"
@@ -106,3 +106,46 @@ def check_expansion(total: float, largest: int, where: str) -> None:
             f"{largest:,}); a count is interactions of one user with one item: if that column is a "
             "timestamp or a rating, name the columns in a header line (e.g. user,item,timestamp)"
         )
+
+
+def history_counts(histories: Iterable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Counts of per-user histories (chunks of :class:`~flexshard.workloads.sequences.Sequences`, every
+    user in one chunk): lookups per item (int64[largest item + 1]), the users ascending (a sample each)
+    and each one's history length. Memory: the counts plus two int64 per user."""
+    item_counts = np.zeros(0, dtype=np.int64)
+    users, lengths = [], []
+    for seq in histories:
+        if seq.items.size:
+            top = int(seq.items.max()) + 1
+            item_counts = grow(item_counts, top)
+            item_counts[:top] += np.bincount(seq.items)
+        users.append(seq.users)
+        lengths.append(seq.lengths)
+    all_users = np.concatenate(users)
+    order = np.argsort(all_users)
+    return item_counts, all_users[order], np.concatenate(lengths)[order]
+
+
+def interaction_counts(
+    chunks: Iterable, unit_counts: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Counts of interaction rows (chunks with ``users``, ``items`` and ``counts``, int64 each): lookups per
+    item (int64[largest item + 1]), the users seen ascending (a sample each) and each one's interactions.
+    ``unit_counts``: every count is 1 (no count column), summed by ``bincount``; else exact int64 sums.
+    Memory: int64 counts per item and per user id, and a flag per user id."""
+    item_counts = np.zeros(0, dtype=np.int64)
+    seen = np.zeros(0, dtype=bool)
+    user_totals = np.zeros(0, dtype=np.int64)
+    for chunk in chunks:
+        top_item, top_user = int(chunk.items.max()) + 1, int(chunk.users.max()) + 1
+        item_counts, user_totals = grow(item_counts, top_item), grow(user_totals, top_user)
+        seen = grow(seen, top_user)
+        seen[chunk.users] = True
+        if unit_counts:
+            item_counts[:top_item] += np.bincount(chunk.items)
+            user_totals[:top_user] += np.bincount(chunk.users)
+        else:
+            np.add.at(item_counts, chunk.items, chunk.counts)  # exact int64 sums
+            np.add.at(user_totals, chunk.users, chunk.counts)
+    sample_user = np.flatnonzero(seen).astype(np.int64)
+    return item_counts, sample_user, user_totals[sample_user]
