@@ -1,0 +1,163 @@
+"""The collectives of one training step, in the order a rank issues them: the one description of a step
+that the runtime executes, the time model prices and the reports count.
+
+A plan's step is a short list of :class:`Stage` s. Every stage is one collective on one process group
+(:class:`Scope`): the whole world, this rank's NVLink group, or its rail group (the ranks at the same
+position of every group). The lookup exchange carries every table and every tier in the same collectives,
+so the number of stages depends on which exchanges a plan uses, never on how many tables it has:
+
+forward
+    ``meta`` (world all-to-all): every rank's input check code and the split sizes of every later
+    lookup stage; ``ids`` (world all-to-all): warm and flat cold slots to their owners, group-fetch ids
+    to the rail peer and their slots to the owner; ``rows`` (world all-to-all): flat rows back to the
+    requesters and, for the group fetch, each distinct row once per group to that group's rail peer;
+    ``scatter`` (group all-to-all, group fetch only): the rail peer hands the rows to its group.
+backward
+    ``grads`` (world all-to-all): flat gradients to the owners, group-fetch gradients to the rail peer;
+    ``rail_grads`` (rail all-to-all, group fetch only): the rail peer's per-row sums to the owners.
+sync (replicated rows, :class:`core.vocabulary.SyncMode`)
+    ``sync_mask`` (world all-reduce, sparse sync only): which hot and warm rows some rank touched;
+    ``sync_group_reduce`` (group all-to-all): a reduce-scatter of the hot gradients inside the group;
+    ``sync_rail`` (rail all-reduce): the hot slices and the warm shards summed across groups, one
+    bucket; in half precision a reduce-scatter and an all-gather (``sync_rail_reduce``,
+    ``sync_rail_gather``, two all-to-alls); ``sync_group_gather`` (group all-to-all): the summed hot
+    slices back to every GPU of the group.
+
+A stage on a process group of one rank is a local copy and is left out. Groups of unequal size have no
+rail groups: the hot sync is then one world all-reduce (``sync_world``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from core.vocabulary import FetchMode, LinkClass, SyncMode, WireDtype
+from solvers.types import Plan
+from topology.views import ClusterView
+
+
+class CollectiveKind(str, Enum):
+    """Which collective a stage is."""
+
+    ALL_TO_ALL = "all_to_all"
+    ALL_REDUCE = "all_reduce"
+
+
+class Scope(str, Enum):
+    """The process group a stage runs on."""
+
+    WORLD = "world"  # every rank
+    GROUP = "group"  # this rank's NVLink group
+    RAIL = "rail"  # the ranks at this rank's position in every group
+
+
+class Phase(str, Enum):
+    """Where in the step a stage runs."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    SYNC = "sync"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One collective of a step. ``name`` is one of the names in the module docstring."""
+
+    name: str
+    phase: Phase
+    kind: CollectiveKind
+    scope: Scope
+
+    def participants(self, view: ClusterView) -> int:
+        """Ranks taking part (the largest such group in ``view``)."""
+        if self.scope is Scope.WORLD:
+            return view.num_ranks
+        if self.scope is Scope.GROUP:
+            return int(view.group_sizes.max())
+        return view.num_groups
+
+    def link_classes(self, view: ClusterView) -> tuple[LinkClass, ...]:
+        """The link classes its bytes can cross: a group stage stays on NVLink, a rail stage crosses the
+        fabric only, a world stage crosses both (one group: NVLink only)."""
+        if self.scope is Scope.GROUP:
+            return (LinkClass.INTRA_GROUP,)
+        if self.scope is Scope.RAIL:
+            return (LinkClass.INTER_GROUP,)
+        return view.link_classes
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What of a plan decides its stages."""
+
+    remote: bool  # some lookup leaves its rank (warm rows, or cold rows on a cluster of several ranks)
+    group_fetch: bool  # some table's cold rows are fetched once per group
+    hot_sync: bool  # hot rows exist and there are several ranks
+    warm_sync: bool  # warm rows exist and there are several groups
+    sync: SyncMode
+    wire: WireDtype
+
+
+def step_shape(plan: Plan, view: ClusterView) -> StepShape:
+    """The :class:`StepShape` of ``plan`` on ``view``."""
+    several = view.num_ranks > 1
+    warm = any(tp.warm_rows > 0 for tp in plan.tables)
+    cold = any(tp.cold_rows > 0 for tp in plan.tables)
+    return StepShape(
+        remote=several and (warm or cold),
+        group_fetch=several and plan.cold_fetch(FetchMode.GROUP),
+        hot_sync=several and any(tp.hot_rows > 0 for tp in plan.tables),
+        warm_sync=warm and view.num_groups > 1,
+        sync=plan.sync,
+        wire=plan.wire,
+    )
+
+
+def step_schedule(plan: Plan, view: ClusterView) -> tuple[Stage, ...]:
+    """The collectives of one step of ``plan`` on ``view``, in the order every rank issues them."""
+    return shape_schedule(step_shape(plan, view), view)
+
+
+def shape_schedule(shape: StepShape, view: ClusterView) -> tuple[Stage, ...]:
+    """:func:`step_schedule` from a :class:`StepShape` (what the optimizer enumerates)."""
+    if view.num_ranks == 1:
+        return ()
+    g, big_g = int(view.group_sizes.max()), view.num_groups
+    a2a, ar = CollectiveKind.ALL_TO_ALL, CollectiveKind.ALL_REDUCE
+    fwd, bwd, sync = Phase.FORWARD, Phase.BACKWARD, Phase.SYNC
+    stages = [Stage("meta", fwd, a2a, Scope.WORLD)]  # the input check travels even with nothing remote
+    if shape.remote:
+        stages += [Stage("ids", fwd, a2a, Scope.WORLD), Stage("rows", fwd, a2a, Scope.WORLD)]
+        if shape.group_fetch and g > 1:
+            stages.append(Stage("scatter", fwd, a2a, Scope.GROUP))
+        stages.append(Stage("grads", bwd, a2a, Scope.WORLD))
+        if shape.group_fetch and big_g > 1:
+            stages.append(Stage("rail_grads", bwd, a2a, Scope.RAIL))
+    if not (shape.hot_sync or shape.warm_sync):
+        return tuple(stages)
+    if shape.sync is SyncMode.SPARSE:
+        stages.append(Stage("sync_mask", sync, ar, Scope.WORLD))
+    equal_groups = view.uniform_group_size is not None
+    if shape.hot_sync and not equal_groups:
+        stages.append(Stage("sync_world", sync, ar, Scope.WORLD))
+        return tuple(stages)
+    hierarchical_hot = shape.hot_sync and g > 1
+    if hierarchical_hot:
+        stages.append(Stage("sync_group_reduce", sync, a2a, Scope.GROUP))
+    if big_g > 1:
+        if shape.wire is WireDtype.FP32:
+            stages.append(Stage("sync_rail", sync, ar, Scope.RAIL))
+        else:
+            stages += [
+                Stage("sync_rail_reduce", sync, a2a, Scope.RAIL),
+                Stage("sync_rail_gather", sync, a2a, Scope.RAIL),
+            ]
+    if hierarchical_hot:
+        stages.append(Stage("sync_group_gather", sync, a2a, Scope.GROUP))
+    return tuple(stages)
+
+
+def collectives_per_step(plan: Plan, view: ClusterView) -> int:
+    """How many collectives one rank issues per step of ``plan`` on ``view``."""
+    return len(step_schedule(plan, view))

@@ -1,0 +1,89 @@
+"""The step's collectives, counted by hand for each plan shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.vocabulary import FetchMode, SyncMode, WireDtype
+from solvers.cost_model import table_plan
+from solvers.schedule import CollectiveKind, Scope, collectives_per_step, step_schedule
+from solvers.types import Plan, RowHistogram, TableSpec
+from topology.views import uniform_view
+
+
+def _view(num_groups: int, group_size: int):
+    return uniform_view(num_groups, group_size, 450e9, 50e9)
+
+
+def _plan(
+    view, hot: int, warm: int, fetch=FetchMode.FLAT, sync=SyncMode.SPARSE, wire=WireDtype.FP32, tables=3
+):
+    specs = [
+        TableSpec(f"t{i}", 1000, 16, 20.0, RowHistogram(np.array([1000]), np.array([1e-3])))
+        for i in range(tables)
+    ]
+    tps = tuple(table_plan(s, view, hot, warm, fetch) for s in specs)
+    return Plan("test", tps, dedup=True, sync=sync, wire=wire)
+
+
+def _names(plan, view):
+    return [s.name for s in step_schedule(plan, view)]
+
+
+def test_row_wise_is_meta_ids_rows_grads():
+    view = _view(2, 4)
+    assert _names(_plan(view, 0, 0), view) == ["meta", "ids", "rows", "grads"]
+
+
+def test_every_tier_and_the_group_fetch_at_eight_ranks_in_two_groups_is_ten():
+    view = _view(2, 4)
+    plan = _plan(view, 10, 20, FetchMode.GROUP)
+    assert _names(plan, view) == [
+        "meta",
+        "ids",
+        "rows",
+        "scatter",
+        "grads",
+        "rail_grads",
+        "sync_mask",
+        "sync_group_reduce",
+        "sync_rail",
+        "sync_group_gather",
+    ]
+    assert collectives_per_step(plan, view) == 10
+    kinds = [s.kind for s in step_schedule(plan, view)]
+    assert kinds.count(CollectiveKind.ALL_REDUCE) == 2
+
+
+@pytest.mark.parametrize("tables", [1, 3, 26])
+def test_the_count_does_not_depend_on_the_number_of_tables(tables):
+    view = _view(2, 4)
+    assert collectives_per_step(_plan(view, 10, 20, FetchMode.GROUP, tables=tables), view) == 10
+
+
+def test_dense_sync_has_no_mask_and_half_precision_splits_the_rail_all_reduce():
+    view = _view(2, 4)
+    dense = _names(_plan(view, 10, 0, sync=SyncMode.DENSE), view)
+    assert "sync_mask" not in dense and dense[-3:] == ["sync_group_reduce", "sync_rail", "sync_group_gather"]
+    half = _names(_plan(view, 10, 0, wire=WireDtype.FP16), view)
+    assert half[-4:] == ["sync_group_reduce", "sync_rail_reduce", "sync_rail_gather", "sync_group_gather"]
+
+
+def test_one_group_has_no_rail_stage_and_one_rank_has_none():
+    view = _view(1, 4)
+    names = _names(_plan(view, 10, 20), view)
+    assert names == ["meta", "ids", "rows", "grads", "sync_mask", "sync_group_reduce", "sync_group_gather"]
+    assert all(s.scope is not Scope.RAIL for s in step_schedule(_plan(view, 10, 20), view))
+    one = _view(1, 1)
+    assert step_schedule(_plan(one, 10, 0), one) == ()
+
+
+def test_participants_and_links_follow_the_scope():
+    view = _view(4, 2)
+    stages = {s.name: s for s in step_schedule(_plan(view, 10, 20, FetchMode.GROUP), view)}
+    assert stages["meta"].participants(view) == 8
+    assert stages["scatter"].participants(view) == 2
+    assert stages["rail_grads"].participants(view) == 4
+    assert [lc.label for lc in stages["scatter"].link_classes(view)] == ["intra_group"]
+    assert [lc.label for lc in stages["rail_grads"].link_classes(view)] == ["inter_group"]
