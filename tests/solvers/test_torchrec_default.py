@@ -172,3 +172,20 @@ def test_torchrec_default_report_is_row_wise_without_dedup():
     want = evaluate(wl, VIEW, row_wise(wl, VIEW, 1e9, False, "sparse"))
     assert got.inter_group_bytes == want.inter_group_bytes
     assert got.modeled_time_s == want.modeled_time_s
+
+
+def test_kept_statistics_equal_a_fresh_computation_and_callers_cannot_change_them():
+    wl = Workload("hand", (_table("a", [0.4, 0.3, 0.2, 0.1]), _table("b", [0.7, 0.1, 0.1, 0.1])), 3)
+    plan = row_wise(wl, VIEW, 1e9, False, "sparse")
+    torchrec_default._MEMO.clear()
+    first = evaluate(wl, VIEW, plan)
+    first.traffic.bytes += 1.0  # a caller adding to its report
+    first.time_s += 1.0
+    again = evaluate(wl, VIEW, plan)  # from the kept statistics
+    torchrec_default._MEMO.clear()
+    fresh = evaluate(wl, VIEW, plan)
+    np.testing.assert_array_equal(again.traffic.bytes, fresh.traffic.bytes)
+    np.testing.assert_array_equal(again.time_s, fresh.time_s)
+    # another bandwidth is another pricing, not the kept one
+    slower = uniform_view(2, 2, VIEW.intra_bw_Bps[0], VIEW.inter_bw_Bps[0] / 2)
+    assert evaluate(wl, slower, plan).modeled_time_s > fresh.modeled_time_s
