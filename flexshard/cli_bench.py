@@ -1,5 +1,7 @@
-"""``flexshard bench``: a training step of FlexShard, its row-wise ablation, ``row_wise_group_dedup`` and
-TorchRec's row-wise, on the same batches of N local ranks in G emulated groups (or torchrun's ranks).
+"""``flexshard bench``: time a training step of FlexShard and the baselines on the same batches.
+
+FlexShard, its row-wise ablation, ``row_wise_group_dedup`` and TorchRec's row-wise run on N local ranks
+in G emulated groups (or torchrun's ranks).
 
 Prints per strategy the step time (mean and median of the slowest rank), collectives per step, bytes per
 link class and the time model's prediction (:mod:`flexshard.bench`). Bad flags: one line, exit status 2;
