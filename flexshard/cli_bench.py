@@ -18,12 +18,10 @@ import sys
 import numpy as np
 
 from flexshard.bench import config, results
-from flexshard.bench.worker import Interrupted, load_data, run_rank, spawn_local
+from flexshard.bench.worker import INTERRUPTED_LINE, Interrupted, load_data, run_rank, spawn_local
 from flexshard.training.interrupt import INTERRUPTED_STATUS, SigintWatch
 
 log = logging.getLogger(__name__)
-
-INTERRUPTED_LINE = "flexshard bench: interrupted; no results (the ranks were stopped)"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -53,10 +51,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = config.config_from_args(args, int(os.environ["WORLD_SIZE"]) if launched else None)
     if launched:
         return _launched(cfg, args.json)
-    _memory_check(cfg)
     watch = SigintWatch()
     with watch.watching():
         try:
+            _memory_check(cfg)
             recs = spawn_local(cfg)
         except (Interrupted, KeyboardInterrupt):
             print(INTERRUPTED_LINE, file=sys.stderr, flush=True)

@@ -40,6 +40,9 @@ from flexshard.runtime.local import wait_for_ranks
 log = logging.getLogger(__name__)
 
 
+INTERRUPTED_LINE = "flexshard bench: interrupted; no results (the ranks were stopped)"
+
+
 class Interrupted(Exception):  # noqa: N818  (not an error: Ctrl-C)
     """Ctrl-C in the parent of spawned ranks (the ranks were stopped)."""
 
