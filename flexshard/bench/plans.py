@@ -75,7 +75,10 @@ def _summary(planned: PlannedStrategy) -> str:
     tp = planned.plan.tables
     hot, warm, cold = (sum(getattr(t, f) for t in tp) for f in ("hot_rows", "warm_rows", "cold_rows"))
     fetch = "/".join(sorted({t.fetch.value for t in tp}))
-    return f"hot {hot:,} / warm {warm:,} / cold {cold:,} rows, fetch {fetch}"
+    chosen = planned.plan.solver.get("chosen")
+    return f"hot {hot:,} / warm {warm:,} / cold {cold:,} rows, fetch {fetch}" + (
+        f" ({chosen})" if chosen else ""
+    )
 
 
 def make_plans(
