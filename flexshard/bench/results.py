@@ -92,9 +92,9 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
     plan_for = "this machine (quick probe)" if cfg.plan_for == "probed" else "the H100 preset shape"
     lines = [
         f"bench: {cfg.nproc} ranks in {cfg.groups} groups of {cfg.group_size} ({backend}, "
-        f"{cfg.threads} torch "
-        f"thread(s) per rank, {os.cpu_count()} cores); workload {cfg.workload}, batch {cfg.batch} per rank; "
-        f"{cfg.rounds} rounds of {cfg.steps} timed steps per strategy after {cfg.warmup} warm-up steps, "
+        f"{cfg.threads} torch thread(s) per rank, {os.cpu_count()} cores)",
+        f"workload {cfg.workload}, batch {cfg.batch} per rank; {cfg.rounds} round(s) of {cfg.steps} "
+        f"timed steps per strategy after {cfg.warmup} warm-up steps,",
         f"strategies alternating in each round; plans made for {plan_for}",
         "",
     ]
@@ -131,10 +131,8 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append("")
-    lines.append(
-        "step: slowest rank per step; bytes: busiest rank's mean per step, sent, counted on the collectives "
-        "(MB = 1e6 B); a2a all-to-all, ar all-reduce"
-    )
+    lines.append("step: slowest rank per step; a2a all-to-all, ar all-reduce")
+    lines.append("bytes: the busiest rank's mean per step, sent, counted on the collectives (MB = 1e6 B)")
     for r in ran:
         lines.append(f"- {r['label']}: {r['plan']}")
     missing = next((r["predicted_note"] for r in ran if "predicted_note" in r), None)

@@ -134,6 +134,7 @@ def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: 
         for s in systems
     }
     order: list[str] = []
+    on_gpu = dist.get_backend() == "nccl"
     total = len(systems) * (cfg.warmup + cfg.timed_steps)
     with Progress(total, "bench", enabled=None if show else False) as bar:
         for s in systems:
@@ -152,6 +153,8 @@ def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: 
                     with recording(cfg.group_size) as rec:
                         t0 = time.perf_counter()
                         s.step(batch)
+                        if on_gpu:  # the step's kernels, not only their launch
+                            torch.cuda.synchronize()
                         dt = time.perf_counter() - t0
                     got["times"].append(dt)
                     got["sent"].append(rec.bytes_sent.copy())
