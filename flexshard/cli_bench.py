@@ -18,6 +18,7 @@ import sys
 import numpy as np
 
 from flexshard.bench import config, results
+from flexshard.bench.plans import file_view
 from flexshard.bench.worker import INTERRUPTED_LINE, Interrupted, load_data, run_rank, spawn_local
 from flexshard.training.interrupt import INTERRUPTED_STATUS, SigintWatch
 
@@ -50,6 +51,8 @@ def _memory_check(cfg: config.BenchConfig) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE"))
     cfg = config.config_from_args(args, int(os.environ["WORLD_SIZE"]) if launched else None)
+    if cfg.plan_for not in config.PLAN_FOR:  # a topology file: checked before any rank starts
+        file_view(cfg.plan_for, cfg.nproc, cfg.groups)
     if launched:
         return _launched(cfg, args.json)
     watch = SigintWatch()

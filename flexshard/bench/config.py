@@ -89,10 +89,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--plan-for",
-        choices=PLAN_FOR,
         default="probed",
-        help="plan for this machine as a quick probe of the ranks measures it (probed), or for the H100 "
-        "preset shape of the same ranks and groups (h100) (default probed)",
+        metavar="probed|h100|TOPOLOGY.json",
+        help="plan for this machine as a quick probe of the ranks measures it (probed), for the H100 "
+        "preset shape of the same ranks and groups (h100), or for a topology file of as many ranks in as "
+        "many groups (e.g. `flexshard probe --out`: the same plan run after run) (default probed)",
     )
     p.add_argument(
         "--budget",
@@ -146,8 +147,10 @@ def check(cfg: BenchConfig, local: bool = True) -> None:
         raise ConfigError(f"--warmup: must be >= 0, got {cfg.warmup}")
     if cfg.nproc % cfg.groups:
         raise ConfigError(f"--groups {cfg.groups}: does not divide --nproc {cfg.nproc} into equal groups")
-    if cfg.plan_for not in PLAN_FOR:
-        raise ConfigError(f"--plan-for: must be one of {', '.join(PLAN_FOR)}, got {cfg.plan_for!r}")
+    if cfg.plan_for not in PLAN_FOR and not os.path.isfile(cfg.plan_for):
+        raise ConfigError(
+            f"--plan-for: expected {', '.join(PLAN_FOR)} or a topology JSON file, got {cfg.plan_for!r}"
+        )
     if cfg.workload != "default" and not os.path.isfile(cfg.workload):
         raise ConfigError(f"--workload: no such stats file {cfg.workload!r} (or 'default')")
 

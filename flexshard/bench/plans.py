@@ -71,6 +71,42 @@ def h100_view(nproc: int, groups: int) -> ClusterView:
     return cluster_view(h100_cluster(groups, nproc // groups))
 
 
+def file_view(path: str, nproc: int, groups: int) -> ClusterView:
+    """The view of the topology file at ``path``; ConfigError (naming ``--plan-for``) unless it has
+    ``nproc`` ranks in ``groups`` groups of consecutive ranks, as the benchmark runs them."""
+    from core.errors import ConfigError
+    from core.ranks import RankLayout
+    from topology import load_topology
+
+    view = cluster_view(load_topology(path))
+    wanted = RankLayout.consecutive(nproc, groups, "--groups").groups
+    if view.num_ranks != nproc or [list(g) for g in view.groups] != [list(g) for g in wanted]:
+        raise ConfigError(
+            f"--plan-for {path}: its {view.num_ranks} ranks in {view.num_groups} "
+            f"group{'s' if view.num_groups != 1 else ''} "
+            f"({[list(g) for g in view.groups]}) are not the run's {nproc} ranks in {groups} groups of "
+            "consecutive ranks"
+        )
+    return view
+
+
+def plan_view(plan_for: str, machine: ClusterView | None, nproc: int, groups: int) -> ClusterView:
+    """The view ``--plan-for`` names: the probed ``machine``, the H100 shape or a topology file's."""
+    if plan_for == "probed":
+        assert machine is not None
+        return machine
+    if plan_for == "h100":
+        return h100_view(nproc, groups)
+    return file_view(plan_for, nproc, groups)
+
+
+def plan_for_text(plan_for: str) -> str:
+    """What the plans were made for, in words."""
+    if plan_for == "probed":
+        return "this machine (quick probe)"
+    return "the H100 preset shape" if plan_for == "h100" else f"the topology in {plan_for}"
+
+
 def _summary(planned: PlannedStrategy) -> str:
     tp = planned.plan.tables
     hot, warm, cold = (sum(getattr(t, f) for t in tp) for f in ("hot_rows", "warm_rows", "cold_rows"))

@@ -16,7 +16,7 @@ import numpy as np
 
 from core.vocabulary import LinkClass
 from flexshard.bench.config import BenchConfig
-from flexshard.bench.plans import LABELS, StrategyPlan
+from flexshard.bench.plans import LABELS, StrategyPlan, plan_for_text
 from flexshard.bench.predict import MISSING
 
 INTRA, INTER = int(LinkClass.INTRA_GROUP), int(LinkClass.INTER_GROUP)
@@ -89,9 +89,10 @@ def _kinds(by_kind: dict[str, float]) -> str:
 def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -> str:
     """The report: the set-up, one row per strategy, the notes."""
     ran = [r for r in recs if "skipped" not in r]
-    plan_for = "this machine (quick probe)" if cfg.plan_for == "probed" else "the H100 preset shape"
+    plan_for = plan_for_text(cfg.plan_for)
     lines = [
-        f"bench: {cfg.nproc} ranks in {cfg.groups} groups of {cfg.group_size} ({backend}, "
+        f"bench: {cfg.nproc} ranks in {cfg.groups} group{'s' if cfg.groups > 1 else ''} of {cfg.group_size} "
+        f"({backend}, "
         f"{cfg.threads} torch thread(s) per rank, {os.cpu_count()} cores)",
         f"workload {cfg.workload}, batch {cfg.batch} per rank; {cfg.rounds} round(s) of {cfg.steps} "
         f"timed steps per strategy after {cfg.warmup} warm-up steps,",

@@ -30,7 +30,7 @@ from flexshard import logs
 from flexshard.bench import results
 from flexshard.bench.config import BenchConfig
 from flexshard.bench.data import BenchData, default_data, stats_data
-from flexshard.bench.plans import LABELS, TORCHREC, h100_view, make_plans, probed_view
+from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view
 from flexshard.bench.predict import time_model_available
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
@@ -101,20 +101,15 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
         if (cfg.plan_for == "probed" or time_model_available())
         else None
     )
-    plan_view = machine if cfg.plan_for == "probed" else h100_view(world, cfg.groups)
-    skipped = torchrec_problem(cfg, data)
-    if skipped and rank == 0 and cfg.torchrec:
-        log.warning(f"flexshard bench: TorchRec's row-wise skipped: {skipped}")
+    planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
+    skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
     shared: list[Any] = [None]
     if rank == 0:
-        shared = [make_plans(data, plan_view, machine, cfg.budget, not skipped)]
+        shared = [make_plans(data, planned_for, machine, cfg.budget, not skipped)]
     dist.broadcast_object_list(shared, src=0)
     plans = shared[0]
     with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as tmp:
         systems, failed = _build(cfg, data, plans, Path(tmp))
-    if failed and rank == 0:
-        for key, why in failed.items():
-            log.warning(f"flexshard bench: {LABELS[key]} skipped: {why}")
     batches = [data.make_batch(s, rank) for s in range(cfg.warmup + cfg.timed_steps)]
     measured = _run_blocks(cfg, systems, batches, rank == 0)
     gathered: list[Any] = [None] * world

@@ -120,7 +120,7 @@ def test_table_shows_every_strategy(second):
         (["--warmup", "-1"], "--warmup: must be >= 0, got '-1'"),
         (["--nproc", "64"], "--nproc 64: 64 local ranks need about"),
         (["--workload", "/no/such.npz"], "--workload: no such stats file '/no/such.npz'"),
-        (["--plan-for", "a100"], "--plan-for: invalid choice: 'a100'"),
+        (["--plan-for", "a100"], "--plan-for: expected probed, h100 or a topology JSON file, got 'a100'"),
     ],
 )
 def test_argument_errors(capsys, monkeypatch, argv, expected):

@@ -12,8 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+from flexshard.bench.data import default_data
+from flexshard.bench.plans import h100_view, make_plans
 from flexshard.bench.worker import INTERRUPTED_LINE
 from flexshard.cli import main
+from tests.flexshard.cli_helpers import fails
+from topology import write_json
+from topology.presets import h100_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,3 +89,49 @@ def test_ctrl_c_stops_the_ranks_with_one_line_and_status_130():
     assert out == ""
     assert err.strip().splitlines()[-1] == INTERRUPTED_LINE
     assert "Traceback" not in err
+
+
+def test_a_topology_file_plans_as_its_view(tmp_path, monkeypatch):
+    """--plan-for FILE: the plans are the ones made for that topology (the same run after run)."""
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "two_nodes.json"
+    write_json(h100_cluster(2, 2), str(path))
+    out = io.StringIO()
+    argv = ["bench", "--nproc", "4", "--groups", "2", "--steps", "1", "--rounds", "1", "--warmup", "0",
+            "--batch", "16", "--no-torchrec", "--plan-for", str(path), "--json"]  # fmt: skip
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    recs = json.loads(out.getvalue())[:3]
+    expected = make_plans(default_data(16, 0, 4), h100_view(4, 2), None, 2.0, torchrec=False)
+    assert [r["plan"] for r in recs] == [expected[r["strategy"]].summary for r in recs]
+    assert "warm" in recs[0]["plan"] and "hot 0 " not in recs[0]["plan"]  # replicas, as for the H100 shape
+
+
+def test_a_topology_file_of_another_shape_is_one_line(tmp_path, capsys, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "one_node.json"
+    write_json(h100_cluster(1, 8), str(path))
+    line = fails(capsys, "bench", "--nproc", "4", "--groups", "2", "--plan-for", str(path))
+    assert line == (
+        f"flexshard bench: error: --plan-for {path}: its 8 ranks in 1 group ([[0, 1, 2, 3, 4, 5, 6, 7]]) "
+        "are not the run's 4 ranks in 2 groups of consecutive ranks"
+    )
+
+
+def test_without_torchrec_one_line_says_it_was_skipped(tmp_path):
+    fake = tmp_path / "fake" / "torchrec"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("No module named torchrec (hidden by a test)")\n')
+    env = _env()
+    env["PYTHONPATH"] = str(fake.parent) + os.pathsep + env["PYTHONPATH"]  # the ranks inherit it
+    argv = [sys.executable, "-m", "flexshard.cli", "bench", "--nproc", "2", "--groups", "1", "--steps", "1",
+            "--rounds", "1", "--warmup", "0", "--batch", "8"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    skipped = [ln for ln in (done.stdout + done.stderr).splitlines() if "TorchRec" in ln]
+    assert skipped == [
+        "TorchRec row-wise skipped: not installed (ImportError: No module named torchrec (hidden by a test))"
+    ]
+    assert "row_wise_group_dedup " in done.stdout  # the other strategies ran
