@@ -17,6 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from flexshard.bench.data import BenchData
 from flexshard.bench.predict import predicted_step_ms
 from flexshard.plan_file import to_dict
@@ -105,6 +107,16 @@ def plan_for_text(plan_for: str) -> str:
     if plan_for == "probed":
         return "this machine (quick probe)"
     return "the H100 preset shape" if plan_for == "h100" else f"the topology in {plan_for}"
+
+
+def view_figures(view: ClusterView) -> dict[str, float]:
+    """The median per-rank bandwidths of ``view`` (GB/s = 1e9 B/s) and its latencies (us)."""
+    return {
+        "intra_GBps": float(np.median(view.intra_bw_Bps)) / 1e9,
+        "inter_GBps": float(np.median(view.inter_bw_Bps)) / 1e9,
+        "intra_latency_us": float(np.median(view.intra_latency_s)) * 1e6,
+        "inter_latency_us": float(np.median(view.inter_latency_s)) * 1e6,
+    }
 
 
 def _summary(planned: PlannedStrategy) -> str:

@@ -86,6 +86,14 @@ def _kinds(by_kind: dict[str, float]) -> str:
     return " + ".join(f"{v:g} {short.get(k, k)}" for k, v in by_kind.items()) or "0"
 
 
+def _figures(ran: list[dict[str, Any]]) -> str:
+    """`` (intra 1.3 GB/s, inter 1.5 GB/s)``: the planned-for view's median bandwidths."""
+    if not ran or "plan_view" not in ran[0]:
+        return ""
+    v = ran[0]["plan_view"]
+    return f" (intra {v['intra_GBps']:.3g} GB/s, inter {v['inter_GBps']:.3g} GB/s per rank)"
+
+
 def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -> str:
     """The report: the set-up, one row per strategy, the notes."""
     ran = [r for r in recs if "skipped" not in r]
@@ -96,7 +104,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
         f"{cfg.threads} torch thread(s) per rank, {os.cpu_count()} cores)",
         f"workload {cfg.workload}, batch {cfg.batch} per rank; {cfg.rounds} round(s) of {cfg.steps} "
         f"timed steps per strategy after {cfg.warmup} warm-up steps,",
-        f"strategies alternating in each round; plans made for {plan_for}",
+        f"strategies alternating in each round; plans made for {plan_for}{_figures(ran)}",
         "",
     ]
     header = [

@@ -30,7 +30,7 @@ from flexshard import logs
 from flexshard.bench import results
 from flexshard.bench.config import BenchConfig
 from flexshard.bench.data import BenchData, default_data, stats_data
-from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view
+from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view, view_figures
 from flexshard.bench.predict import time_model_available
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
@@ -118,7 +118,11 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
         return None
     notes = {TORCHREC: skipped} if skipped else {}
     notes.update(failed)
-    return results.records(cfg, gathered, plans, notes, machine is not None)
+    recs = results.records(cfg, gathered, plans, notes, machine is not None)
+    for r in recs:
+        if "skipped" not in r:
+            r["plan_view"] = view_figures(planned_for)
+    return recs
 
 
 def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: bool) -> dict[str, Any]:
