@@ -105,7 +105,7 @@ def plan_view(plan_for: str, machine: ClusterView | None, nproc: int, groups: in
 def plan_for_text(plan_for: str) -> str:
     """What the plans were made for, in words."""
     if plan_for == "probed":
-        return "this machine (quick probe)"
+        return "this machine as a quick probe measured it"
     return "the H100 preset shape" if plan_for == "h100" else f"the topology in {plan_for}"
 
 

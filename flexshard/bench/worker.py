@@ -86,9 +86,13 @@ def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[l
             continue
         try:
             systems.append(TorchRecRowWise(data.tables, cfg.lr, cfg.group_size))
-        except Exception as e:  # the same failure on every rank: the run goes on without it
+        except Exception as e:  # the run goes on without it, on every rank (agreed below)
             failed[key] = traceback.format_exception_only(e)[-1].strip()
-    return systems, failed
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, failed)
+    for got in every:
+        failed = {**got, **failed}
+    return [s for s in systems if s.key not in failed], failed
 
 
 def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
