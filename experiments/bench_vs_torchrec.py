@@ -35,8 +35,8 @@ Measured vs computed:
   built once; ``--rounds`` timed blocks of ``--steps`` steps per system alternate which system runs
   first (A B, B A, ...), on the same batches;
 * bytes: MEASURED for both systems by wrapping the ``torch.distributed`` collectives both call
-  (``all_to_all_single``, ``all_to_all``, ``all_gather``, ``all_gather_into_tensor``, ``broadcast``,
-  ``all_reduce``, ``reduce_scatter``, ``reduce_scatter_tensor``) during the timed steps only: bytes each
+  (:mod:`flexshard.bench.recorder`, the recorder of ``flexshard bench``; TorchRec's row-wise system is
+  ``flexshard.bench.systems.TorchRecRowWise``) during the timed steps only: bytes each
   rank sends to each peer (self excluded), peers classified intra / inter by the emulated groups.
   All-to-all and gather bytes per peer are exact (from the split sizes). An all-reduce's per-peer
   traffic depends on gloo's algorithm, so it is COMPUTED from its payload with the cost model's
@@ -67,7 +67,6 @@ only)::
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -84,12 +83,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from core.osutil import free_port
+from flexshard.bench.recorder import recording
+from flexshard.bench.systems import TorchRecRowWise
 from flexshard.runtime.local import wait_for_ranks
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 REFERENCE_RANKS = 8  # the head size is fixed from an 8-rank iteration, so --world does not change the data
-INTRA, INTER = 0, 1
+INTRA, INTER = 0, 1  # LinkClass indices, as flexshard.bench.recorder counts them
 DEFAULT_TABLES = "item:100000:64,creator:50000:64,category:10000:64"  # EmbeddingCollection: one dim
 STUDY: tuple[tuple[str, dict[str, int]], ...] = (  # (name, Config overrides), in the order they run
     ("world 4 (2 groups of 2), batch 128 per rank", {"world": 4, "batch": 128}),
@@ -250,130 +251,6 @@ def write_bench_plan(cfg: Config, path: Path, orders: dict[str, np.ndarray]) -> 
     }
 
 
-# --- byte recorder (wraps torch.distributed collectives) ---------------------------------------------
-
-
-class Recorder:
-    """Bytes this rank sends / receives per link class while ``on``; see the module docstring."""
-
-    HOOKED = (
-        "all_to_all_single",
-        "all_to_all",
-        "all_gather",
-        "all_gather_into_tensor",
-        "broadcast",
-        "all_reduce",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-    )
-
-    def __init__(self, rank: int, world: int, group_size: int) -> None:
-        self.rank, self.world, self.gs = rank, world, group_size
-        self.on = False
-        self.reset()
-        self._orig = {}
-        for name in self.HOOKED:
-            orig = getattr(dist, name)
-            self._orig[name] = orig
-            setattr(dist, name, self._wrap(name, orig))
-
-    def reset(self) -> None:
-        self.send = np.zeros(2)
-        self.recv = np.zeros(2)
-        self.calls: dict[str, int] = {}
-
-    def link(self, peer: int) -> int:
-        return INTRA if peer // self.gs == self.rank // self.gs else INTER
-
-    def _ranks(self, group) -> list[int]:
-        if group is None:
-            return list(range(self.world))
-        return list(dist.get_process_group_ranks(group))
-
-    def _wrap(self, name, orig):
-        sig = inspect.signature(orig)
-        recorder = self
-
-        def wrapped(*args, **kwargs):
-            if recorder.on:
-                try:
-                    a = sig.bind(*args, **kwargs).arguments
-                    recorder._record(name, a)
-                except Exception as e:  # never let accounting break the job
-                    recorder.calls[f"{name} (unrecorded: {type(e).__name__})"] = 1
-            return orig(*args, **kwargs)
-
-        wrapped.__name__ = name
-        wrapped.__wrapped__ = orig
-        return wrapped
-
-    def _add(self, peer: int, sent: float, got: float) -> None:
-        if peer == self.rank:
-            return
-        li = self.link(peer)
-        self.send[li] += sent
-        self.recv[li] += got
-
-    @staticmethod
-    def _row_bytes(t: torch.Tensor) -> tuple[int, int]:
-        rows = t.shape[0] if t.dim() else 1
-        per_row = (t.numel() // rows if rows else 0) * t.element_size()
-        return rows, per_row
-
-    def _record(self, name: str, a: dict) -> None:
-        self.calls[name] = self.calls.get(name, 0) + 1
-        ranks = self._ranks(a.get("group"))
-        n = len(ranks)
-        if name == "all_to_all_single":
-            inp, out = a["input"], a["output"]
-            rows_i, per_i = self._row_bytes(inp)
-            rows_o, per_o = self._row_bytes(out)
-            ins = a.get("input_split_sizes") or [rows_i // n] * n
-            outs = a.get("output_split_sizes") or [rows_o // n] * n
-            for i, peer in enumerate(ranks):
-                self._add(peer, int(ins[i]) * per_i, int(outs[i]) * per_o)
-        elif name == "all_to_all":
-            for i, peer in enumerate(ranks):
-                t_in, t_out = a["input_tensor_list"][i], a["output_tensor_list"][i]
-                self._add(peer, t_in.numel() * t_in.element_size(), t_out.numel() * t_out.element_size())
-        elif name in ("all_gather", "all_gather_into_tensor"):
-            t = a["tensor"] if name == "all_gather" else a["input_tensor"]
-            b = t.numel() * t.element_size()
-            for peer in ranks:
-                self._add(peer, b, b)
-        elif name == "broadcast":
-            t = a["tensor"]
-            b = t.numel() * t.element_size()
-            src = a["src"] if a.get("src") is not None else ranks[a.get("group_src") or 0]
-            for peer in ranks:
-                self._add(peer, b if self.rank == src else 0, b if peer == src else 0)
-        elif name == "all_reduce":
-            t = a["tensor"]
-            payload = t.numel() * t.element_size()
-            self._hierarchical(ranks, payload)
-        else:  # reduce_scatter(output, input_list) / reduce_scatter_tensor(output, input): ring model
-            t = a.get("input") if name == "reduce_scatter_tensor" else None
-            payload = (
-                t.numel() * t.element_size()
-                if t is not None
-                else sum(x.numel() * x.element_size() for x in a["input_list"])
-            )
-            self._hierarchical(ranks, payload / 2.0)
-
-    def _hierarchical(self, ranks: list[int], payload: float) -> None:
-        if len(ranks) < 2:
-            return
-        by_group: dict[int, int] = {}
-        for r in ranks:
-            by_group[r // self.gs] = by_group.get(r // self.gs, 0) + 1
-        G = len(by_group)
-        g = by_group[self.rank // self.gs]
-        intra = 2.0 * (g - 1) / g * payload
-        inter = 2.0 * (G - 1) / G * payload / g
-        self.send += (intra, inter)
-        self.recv += (intra, inter)
-
-
 # --- the two systems -----------------------------------------------------------------------------
 
 
@@ -404,23 +281,22 @@ class System:
         }
 
 
-def timed_block(cfg: Config, rec: Recorder, system: System, warmup: int) -> None:
+def timed_block(cfg: Config, system: System, warmup: int) -> None:
     """``warmup`` untimed steps then ``cfg.steps`` timed ones on the system's inputs (barrier before
-    each step, outside the timing and the byte count)."""
+    each step, outside the timing and the byte count; bytes and collectives by
+    :func:`flexshard.bench.recorder.recording`)."""
     for index, batch in enumerate(system.inputs[cfg.warmup - warmup :]):
         dist.barrier()
         timed = index >= warmup
-        rec.reset()
-        rec.on = timed
-        t0 = time.perf_counter()
-        system.step(batch)
-        dt = time.perf_counter() - t0
-        rec.on = False
+        with recording(cfg.group_size) as rec:
+            t0 = time.perf_counter()
+            system.step(batch)
+            dt = time.perf_counter() - t0
         if timed:
             system.times.append(dt)
-            system.sent.append(rec.send.copy())
-            system.got.append(rec.recv.copy())
-            for k, v in rec.calls.items():
+            system.sent.append(rec.bytes_sent.copy())
+            system.got.append(rec.bytes_received.copy())
+            for k, v in rec.counts.items():
                 system.calls[k] = system.calls.get(k, 0) + v
             system.after_timed_step(cfg.warmup - warmup + index)
 
@@ -458,132 +334,34 @@ class FlexShardSystem(System):
 
 
 class TorchRecSystem(System):
-    def __init__(
-        self, cfg: Config, batches: list, rec: Recorder, dedup: bool = False, qcomms: bool = False
-    ) -> None:
+    """:class:`flexshard.bench.systems.TorchRecRowWise` on the batches, with the bytes COMPUTED from the
+    ids beside the measured ones and the rows its fused optimizer changed."""
+
+    def __init__(self, cfg: Config, batches: list, dedup: bool = False, qcomms: bool = False) -> None:
         super().__init__()
         self.key = "torchrec_dedup" if dedup else "torchrec_bf16" if qcomms else "torchrec"
-        self.dedup = dedup
-        self.element_bytes = 2 if qcomms else 4  # embeddings and gradients on the wire
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
-        from torchrec import EmbeddingCollection, EmbeddingConfig, KeyedJaggedTensor
-        from torchrec.distributed.embedding import EmbeddingCollectionSharder
-        from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-        from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
-        from torchrec.distributed.types import ShardingEnv, ShardingPlan
-
-        configs = [
-            EmbeddingConfig(name=name, embedding_dim=dim, num_embeddings=rows, feature_names=[name])
-            for name, rows, dim in cfg.tables
-        ]
-
-        class Model(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.ec = EmbeddingCollection(tables=configs, device=torch.device("meta"))
-
-            def forward(self, kjt):
-                return self.ec(kjt)
-
-        codecs = None
-        if qcomms:  # TorchRec's quantized comms: embeddings forward, gradients backward, as bf16
-            from torchrec.distributed.fbgemm_qcomm_codec import (
-                CommType,
-                QCommsConfig,
-                get_qcomm_codecs_registry,
-            )
-
-            codecs = get_qcomm_codecs_registry(
-                QCommsConfig(forward_precision=CommType.BF16, backward_precision=CommType.BF16)
-            )
-        sharder = EmbeddingCollectionSharder(
-            fused_params={
-                "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                "learning_rate": cfg.lr,
-                "eps": 1e-8,
-            },
-            use_index_dedup=dedup,
-            qcomm_codecs_registry=codecs,
-        )
-        model = Model()
-        module_plan = construct_module_sharding_plan(
-            model.ec,
-            {
-                name: row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value)
-                for name, _r, _d in cfg.tables
-            },
-            sharder=sharder,
-            local_size=cfg.group_size,
-            world_size=cfg.world,
-            device_type="cpu",
-        )
-        self.dmp = DistributedModelParallel(
-            model,
-            env=ShardingEnv.from_process_group(dist.group.WORLD),
-            device=torch.device("cpu"),
-            plan=ShardingPlan({"ec": module_plan}),
-            sharders=[sharder],
-        )
-        self.keys = [name for name, _r, _d in cfg.tables]
-        self.blocks = {}  # row-block boundaries, for the computed cross-check
-        for name, ps in module_plan.items():
-            shards = ps.sharding_spec.shards
-            self.blocks[name] = (
-                np.asarray([sh.shard_offsets[0] for sh in shards]),
-                np.asarray([sh.shard_sizes[0] for sh in shards]),
-                np.asarray([sh.placement.rank() for sh in shards]),
-                ps.compute_kernel,
-            )
+        self.tr = TorchRecRowWise(cfg.tables, cfg.lr, cfg.group_size, dedup=dedup, qcomms=qcomms)
         self.batches = batches
-        self.inputs = [
-            KeyedJaggedTensor(
-                keys=self.keys,
-                values=torch.cat([b[k][0] for k in self.keys]),
-                lengths=torch.cat([b[k][1] for k in self.keys]),
-            )
-            for b in batches
-        ]
-        self.dims = {name: dim for name, _r, dim in cfg.tables}
-        self.rec = rec
+        self.inputs = [self.tr.prepare(b) for b in batches]
         self.computed: list[np.ndarray] = []
-        self.before = self.local_weights()
+        self.before = self.tr.local_weights()
 
     def step(self, kjt) -> None:
-        out = self.dmp(kjt)
-        _loss([out[k].values() for k in self.keys]).backward()  # fused optimizer updates in backward
+        self.tr.step(kjt)
 
     def after_timed_step(self, index: int) -> None:
-        """Bytes computed from the ids: as run, and as with index dedup (unique ids per rank and table)."""
-        rank, out = dist.get_rank(), np.zeros((2, 2))
-        for name, (values, _l) in self.batches[index].items():
-            offs, sizes, ranks, _k = self.blocks[name]
-            for d, ids in enumerate((values.numpy(), np.unique(values.numpy()))):
-                owner = ranks[np.searchsorted(offs + sizes, ids, side="right")]
-                for peer in np.unique(owner):
-                    if peer != rank:
-                        n = int((owner == peer).sum())
-                        out[d, self.rec.link(int(peer))] += n * (
-                            values.element_size() + 2 * self.dims[name] * self.element_bytes
-                        )
-        self.computed.append(out if not self.dedup else out[::-1])
-
-    def local_weights(self) -> list[torch.Tensor]:
-        out = []
-        for key, value in self.dmp.state_dict().items():
-            if key.endswith(".weight") and hasattr(value, "local_shards"):
-                out += [sh.tensor.detach().clone() for sh in value.local_shards()]
-        return out
+        """Bytes computed from the ids: as run, and as with the other dedup setting."""
+        self.computed.append(self.tr.computed_bytes_sent(self.batches[index]))
 
     def result(self) -> dict:
         res = super().result()
-        after = self.local_weights()
+        after = self.tr.local_weights()
         moved = sum(int((a != b).any(dim=1).sum()) for a, b in zip(after, self.before, strict=True))
         res["rows_updated"] = (moved, sum(int(b.shape[0]) for b in self.before))
         res["computed_send"] = np.mean(self.computed, 0)
-        res["kernels"] = sorted({v[3] for v in self.blocks.values()})
-        res["block_rows"] = {name: int(v[1][0]) for name, v in self.blocks.items()}
-        res["optimizer"] = type(self.dmp.fused_optimizer).__name__
+        res["kernels"] = sorted({v[3] for v in self.tr.blocks.values()})
+        res["block_rows"] = {name: int(v[1][0]) for name, v in self.tr.blocks.items()}
+        res["optimizer"] = type(self.tr.dmp.fused_optimizer).__name__
         return res
 
 
@@ -597,7 +375,6 @@ def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str,
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.world
         )
         torch.set_num_threads(cfg.threads)
-        rec = Recorder(rank, cfg.world, cfg.group_size)
         dists = [TableDistribution(cfg, i, rows) for i, (_n, rows, _d) in enumerate(cfg.tables)]
         batches = [make_batch(cfg, dists, s, rank) for s in range(cfg.warmup + cfg.steps)]
         orders = dict(np.load(orders_path))
@@ -616,7 +393,7 @@ def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str,
         for dedup, qcomms in variants:
             key = "torchrec_dedup" if dedup else "torchrec_bf16" if qcomms else "torchrec"
             try:
-                system = TorchRecSystem(cfg, batches, rec, dedup, qcomms)
+                system = TorchRecSystem(cfg, batches, dedup, qcomms)
                 dist.barrier()
                 system.step(system.inputs[0])  # a trial step: a failure here drops only this system
                 systems.append(system)
@@ -627,7 +404,7 @@ def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str,
         for rnd in range(cfg.rounds):
             order = systems if rnd % 2 == 0 else systems[::-1]
             for system in order:
-                timed_block(cfg, rec, system, cfg.warmup if rnd == 0 else min(1, cfg.warmup))
+                timed_block(cfg, system, cfg.warmup if rnd == 0 else min(1, cfg.warmup))
         for system in systems:
             result[system.key] = system.result()
         torch.save(result, out / f"rank{rank}.pt")

@@ -1,4 +1,4 @@
-"""``flexshard`` command line: stats, plan, simulate, topology, probe, train.
+"""``flexshard`` command line: stats, plan, simulate, topology, probe, train, bench.
 
 Bad input ends with one line on stderr naming the field and the value, and exit status 2; no
 output file is written unless the command succeeded.
@@ -18,6 +18,8 @@ from core.errors import ConfigError, InputError, PlannerError
 from core.osutil import check_writable
 from core.vocabulary import SyncMode, WireDtype
 from flexshard import logs, probe, workloads
+from flexshard.cli_bench import add_parser as add_bench_parser
+from flexshard.cli_bench import cmd_bench
 from flexshard.cli_common import Parser, first_line, positive_float, positive_int
 from flexshard.cli_stats import cmd_stats
 from flexshard.plan_file import to_dict, write_plan
@@ -207,7 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("probe", help="measure this cluster (under torchrun, or --nproc local ranks)")
     probe.add_arguments(pr)
-    for command in (st, pl, sm, tp, pr):  # `flexshard plan --log-level debug` as well as before the command
+    be = add_bench_parser(sub)
+    for command in (
+        st,
+        pl,
+        sm,
+        tp,
+        pr,
+        be,
+    ):  # `flexshard plan --log-level debug` as well as before the command
         logs.add_log_level(command, default=None)
     return parser
 
@@ -361,6 +371,7 @@ COMMANDS = {
     "simulate": cmd_simulate,
     "topology": cmd_topology,
     "probe": probe.run,
+    "bench": cmd_bench,
 }
 
 

@@ -1,0 +1,161 @@
+"""The strategies the benchmark compares, their plans, and the machine views they are made and priced for.
+
+On FlexShard's runtime: ``flexshard`` (the tier optimizer at ``--budget`` x row-wise memory), ``row_wise``
+(its ablation: the row-wise plan with per-rank dedup, every row cold) and ``row_wise_group_dedup``
+(:func:`solvers.baselines.row_wise_group_dedup`, every row cold, fetched once per group). Outside it:
+``torchrec_row_wise`` (TorchRec's ``EmbeddingCollection`` sharded ``ROW_WISE``, no dedup), priced as the
+row-wise plan without dedup.
+
+``--plan-for probed`` plans for the machine the ranks run on: a quick probe of the launched ranks
+(:func:`topology.probe.timing.measure` on their process group) gives a topology with the measured figures.
+``--plan-for h100`` plans for :func:`topology.presets.h100_cluster` with the same ranks and groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flexshard.bench.data import BenchData
+from flexshard.bench.predict import predicted_step_ms
+from flexshard.plan_file import to_dict
+from solvers.planner import PlannedStrategy, budget_bytes, make_plan
+from topology import cluster_view
+from topology.presets import h100_cluster
+from topology.views import ClusterView
+
+log = logging.getLogger(__name__)
+
+RUNTIME_STRATEGIES = ("flexshard", "row_wise", "row_wise_group_dedup")
+TORCHREC = "torchrec_row_wise"
+LABELS = {
+    "flexshard": "FlexShard",
+    "row_wise": "row-wise ablation (dedup)",
+    "row_wise_group_dedup": "row_wise_group_dedup",
+    TORCHREC: "TorchRec row-wise",
+}
+
+
+@dataclass
+class StrategyPlan:
+    """One strategy's plan: the plan file ``document`` (None for TorchRec, which shards by itself), the
+    cost model's modeled bytes and the time model's prediction on the machine (ms, None without one)."""
+
+    key: str
+    document: dict[str, Any] | None
+    modeled_inter_bytes: float
+    modeled_intra_bytes: float
+    predicted_ms: float | None
+    summary: str
+
+
+def probed_view(groups: int, timeout_s: float) -> ClusterView:
+    """The view of the running job from a quick probe of its ranks in ``groups`` consecutive groups
+    (collective: every rank calls it; the same view on every rank)."""
+    import torch.distributed as dist
+
+    from core.ranks import RankLayout
+    from topology.probe.measurements import ProbeConfig
+    from topology.probe.results import measured_graph
+    from topology.probe.timing import measure
+
+    layout = RankLayout.consecutive(dist.get_world_size(), groups, "--groups")
+    names = [f"g{k}" for k in range(layout.num_groups)]
+    m = measure(layout.groups, ProbeConfig.quick(timeout_s=timeout_s), group_names=names)
+    return cluster_view(measured_graph(m, None, name="bench-probe"))
+
+
+def h100_view(nproc: int, groups: int) -> ClusterView:
+    """H100 nodes (NVLink inside, 400 Gb/s NICs between): ``groups`` nodes of ``nproc / groups`` GPUs."""
+    return cluster_view(h100_cluster(groups, nproc // groups))
+
+
+def file_view(path: str, nproc: int, groups: int) -> ClusterView:
+    """The view of the topology file at ``path``; ConfigError (naming ``--plan-for``) unless it has
+    ``nproc`` ranks in ``groups`` groups of consecutive ranks, as the benchmark runs them."""
+    from core.errors import ConfigError
+    from core.ranks import RankLayout
+    from topology import load_topology
+
+    view = cluster_view(load_topology(path))
+    wanted = RankLayout.consecutive(nproc, groups, "--groups").groups
+    if view.num_ranks != nproc or [list(g) for g in view.groups] != [list(g) for g in wanted]:
+        raise ConfigError(
+            f"--plan-for {path}: its {view.num_ranks} ranks in {view.num_groups} "
+            f"group{'s' if view.num_groups != 1 else ''} "
+            f"({[list(g) for g in view.groups]}) are not the run's {nproc} ranks in {groups} groups of "
+            "consecutive ranks"
+        )
+    return view
+
+
+def plan_view(plan_for: str, machine: ClusterView | None, nproc: int, groups: int) -> ClusterView:
+    """The view ``--plan-for`` names: the probed ``machine``, the H100 shape or a topology file's."""
+    if plan_for == "probed":
+        assert machine is not None
+        return machine
+    if plan_for == "h100":
+        return h100_view(nproc, groups)
+    return file_view(plan_for, nproc, groups)
+
+
+def plan_for_text(plan_for: str) -> str:
+    """What the plans were made for, in words."""
+    if plan_for == "probed":
+        return "this machine as a quick probe measured it"
+    return "the H100 preset shape" if plan_for == "h100" else f"the topology in {plan_for}"
+
+
+def view_figures(view: ClusterView) -> dict[str, float]:
+    """The median per-rank bandwidths of ``view`` (GB/s = 1e9 B/s) and its latencies (us)."""
+    return {
+        "intra_GBps": float(np.median(view.intra_bw_Bps)) / 1e9,
+        "inter_GBps": float(np.median(view.inter_bw_Bps)) / 1e9,
+        "intra_latency_us": float(np.median(view.intra_latency_s)) * 1e6,
+        "inter_latency_us": float(np.median(view.inter_latency_s)) * 1e6,
+    }
+
+
+def _summary(planned: PlannedStrategy) -> str:
+    tp = planned.plan.tables
+    hot, warm, cold = (sum(getattr(t, f) for t in tp) for f in ("hot_rows", "warm_rows", "cold_rows"))
+    fetch = "/".join(sorted({t.fetch.value for t in tp}))
+    chosen = planned.plan.solver.get("chosen")
+    return f"hot {hot:,} / warm {warm:,} / cold {cold:,} rows, fetch {fetch}" + (
+        f" ({chosen})" if chosen else ""
+    )
+
+
+def make_plans(
+    data: BenchData, plan_view: ClusterView, machine_view: ClusterView | None, budget_x: float, torchrec: bool
+) -> dict[str, StrategyPlan]:
+    """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine; None:
+    no prediction), in :data:`RUNTIME_STRATEGIES` order then TorchRec's."""
+    w = data.workload
+    row_wise_budget = budget_bytes(w, plan_view, 1.0)
+    made = {
+        "flexshard": make_plan("flexshard", w, plan_view, budget_bytes(w, plan_view, budget_x)),
+        "row_wise": make_plan("row_wise", w, plan_view, row_wise_budget, dedup=True),
+        "row_wise_group_dedup": make_plan("row_wise_group_dedup", w, plan_view, row_wise_budget, dedup=True),
+    }
+    if torchrec:
+        made[TORCHREC] = make_plan("row_wise", w, plan_view, row_wise_budget, dedup=False)
+    out = {}
+    for key, planned in made.items():
+        document = None
+        if key != TORCHREC:
+            document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
+        predicted = None if machine_view is None else predicted_step_ms(w, machine_view, planned.plan)
+        out[key] = StrategyPlan(
+            key,
+            document,
+            float(planned.report.inter_group_bytes),
+            float(planned.report.intra_group_bytes),
+            predicted,
+            _summary(planned),
+        )
+        log.debug(f"bench: {key}: {out[key].summary}")
+    return out

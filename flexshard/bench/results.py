@@ -1,0 +1,153 @@
+"""Aggregation of every rank's measurements into one record per strategy, and the table / JSON output.
+
+Per strategy: a step's time is its slowest rank's (ms; mean, median and standard deviation over the timed
+steps); collectives per step are rank 0's, per kind; bytes per link class are the busiest rank's mean per
+step (send side, B; MB = 1e6 B in the table), beside FlexShard's own traffic counter for the systems on its
+runtime; the cost model's bytes and the time model's prediction of the plan on the running machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from core.vocabulary import LinkClass
+from flexshard.bench.config import BenchConfig
+from flexshard.bench.plans import LABELS, StrategyPlan, plan_for_text
+from flexshard.bench.predict import MISSING
+
+INTRA, INTER = int(LinkClass.INTRA_GROUP), int(LinkClass.INTER_GROUP)
+
+
+def _busiest(per_rank: list[np.ndarray]) -> np.ndarray:
+    """Mean bytes per step of each rank ([ranks, steps, link]) -> the largest per link class."""
+    return np.max([np.mean(a, axis=0) for a in per_rank], axis=0)
+
+
+def records(
+    cfg: BenchConfig,
+    gathered: list[dict[str, Any]],
+    plans: dict[str, StrategyPlan],
+    notes: dict[str, str],
+    probed: bool,
+) -> list[dict[str, Any]]:
+    """One record per strategy that ran (run order), then one per strategy skipped (``skipped``: why)."""
+    out = []
+    for key, got0 in gathered[0]["systems"].items():
+        per_rank = [g["systems"][key] for g in gathered]
+        steps = np.max(np.array([p["times"] for p in per_rank]), axis=0) * 1e3  # slowest rank per step, ms
+        n = steps.size
+        sent = _busiest([p["sent"] for p in per_rank])
+        sp = plans[key]
+        record: dict[str, Any] = {
+            "strategy": key,
+            "label": LABELS[key],
+            "step_ms_mean": float(steps.mean()),
+            "step_ms_median": float(np.median(steps)),
+            "step_ms_std": float(steps.std()),
+            "timed_steps": int(n),
+            "collectives_per_step": sum(got0["counts"].values()) / n,
+            "collectives_by_kind": {k: v / n for k, v in sorted(got0["counts"].items())},
+            "collectives_each_step": list(got0["per_step"]),
+            "inter_group_bytes": float(sent[INTER]),
+            "intra_group_bytes": float(sent[INTRA]),
+            "predicted_step_ms": sp.predicted_ms,
+            "modeled_inter_group_bytes": sp.modeled_inter_bytes,
+            "modeled_intra_group_bytes": sp.modeled_intra_bytes,
+            "plan": sp.summary,
+            "plan_for": cfg.plan_for,
+            "ran_in_blocks": list(got0["blocks"]),
+        }
+        if got0["own"] is not None:
+            own = _busiest([p["own"] for p in per_rank])
+            record["runtime_inter_group_bytes"] = float(own[INTER])
+            record["runtime_intra_group_bytes"] = float(own[INTRA])
+        if sp.predicted_ms is None:
+            record["predicted_note"] = MISSING if probed else f"{MISSING} (and a probe of this machine)"
+        out.append(record)
+    for key, why in notes.items():
+        out.append({"strategy": key, "label": LABELS[key], "skipped": why})
+    return out
+
+
+def to_json(recs: list[dict[str, Any]]) -> str:
+    return json.dumps(recs, indent=1)
+
+
+def _mb(x: float) -> str:
+    return f"{x / 1e6:.3f}"
+
+
+def _kinds(by_kind: dict[str, float]) -> str:
+    short = {"all_to_all_single": "a2a", "all_reduce": "ar", "all_gather": "ag", "broadcast": "bc"}
+    return " + ".join(f"{v:g} {short.get(k, k)}" for k, v in by_kind.items()) or "0"
+
+
+def _figures(ran: list[dict[str, Any]]) -> str:
+    """`` (intra 1.3 GB/s, inter 1.5 GB/s)``: the planned-for view's median bandwidths."""
+    if not ran or "plan_view" not in ran[0]:
+        return ""
+    v = ran[0]["plan_view"]
+    return f" (intra {v['intra_GBps']:.3g} GB/s, inter {v['inter_GBps']:.3g} GB/s per rank)"
+
+
+def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -> str:
+    """The report: the set-up, one row per strategy, the notes."""
+    ran = [r for r in recs if "skipped" not in r]
+    plan_for = plan_for_text(cfg.plan_for)
+    lines = [
+        f"bench: {cfg.nproc} ranks in {cfg.groups} group{'s' if cfg.groups > 1 else ''} of {cfg.group_size} "
+        f"({backend}, "
+        f"{cfg.threads} torch thread(s) per rank, {os.cpu_count()} cores)",
+        f"workload {cfg.workload}, batch {cfg.batch} per rank; {cfg.rounds} round(s) of {cfg.steps} "
+        f"timed steps per strategy after {cfg.warmup} warm-up steps,",
+        f"strategies alternating in each round; plans made for {plan_for}{_figures(ran)}",
+        "",
+    ]
+    header = [
+        "strategy",
+        "step ms mean",
+        "median",
+        "collectives/step",
+        "intra MB",
+        "inter MB",
+        "predicted ms",
+    ]
+    rows = [header]
+    for r in ran:
+        pred = "n/a" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f}"
+        rows.append(
+            [
+                r["label"],
+                f"{r['step_ms_mean']:.1f}",
+                f"{r['step_ms_median']:.1f}",
+                f"{r['collectives_per_step']:g} ({_kinds(r['collectives_by_kind'])})",
+                _mb(r["intra_group_bytes"]),
+                _mb(r["inter_group_bytes"]),
+                pred,
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for j, row in enumerate(rows):
+        cells = [
+            c.ljust(w) if i in (0, 3) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines.append("")
+    lines.append("step: slowest rank per step; a2a all-to-all, ar all-reduce")
+    lines.append("bytes: the busiest rank's mean per step, sent, counted on the collectives (MB = 1e6 B)")
+    for r in ran:
+        lines.append(f"- {r['label']}: {r['plan']}")
+    missing = next((r["predicted_note"] for r in ran if "predicted_note" in r), None)
+    if missing:
+        lines.append(f"predicted: n/a, {missing}")
+    for r in recs:
+        if "skipped" in r and not r["skipped"].startswith("left out"):
+            lines.append(f"{r['label']} skipped: {r['skipped']}")
+    return "\n".join(lines)

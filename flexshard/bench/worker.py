@@ -1,0 +1,221 @@
+"""One benchmark rank (spawned locally or launched by torchrun), and the local spawn of ``--nproc`` ranks.
+
+Every rank loads the same data, takes part in the quick probe (``--plan-for probed``, or when the time
+model can use it), receives the plans rank 0 makes, builds every system, and runs the same batches through
+each: ``--warmup`` untimed steps per system, then ``--rounds`` rounds, each running every system in turn
+for ``--steps`` timed steps (A B C A B C ...). Round ``r``'s step ``k`` is the same batch for every system.
+A step is timed on each rank between a barrier and the end of its optimizer update; the collectives and
+bytes of the timed steps are recorded (:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
+measured and returns the records (:mod:`flexshard.bench.results`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from core.osutil import free_port
+from flexshard import logs
+from flexshard.bench import results
+from flexshard.bench.config import BenchConfig
+from flexshard.bench.data import BenchData, default_data, stats_data
+from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view, view_figures
+from flexshard.bench.predict import time_model_available
+from flexshard.bench.recorder import recording
+from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
+from flexshard.progress import Progress
+from flexshard.runtime.local import wait_for_ranks
+
+log = logging.getLogger(__name__)
+
+
+INTERRUPTED_LINE = "flexshard bench: interrupted; no results (the ranks were stopped)"
+
+
+class Interrupted(Exception):  # noqa: N818  (not an error: Ctrl-C)
+    """Ctrl-C in the parent of spawned ranks (the ranks were stopped)."""
+
+
+def load_data(cfg: BenchConfig, world: int) -> BenchData:
+    """The run's tables and batches (the same on every rank)."""
+    if cfg.workload == "default":
+        return default_data(cfg.batch, cfg.seed, world)
+    from flexshard import workloads
+
+    workload, orders, _vocab = workloads.load_workload_full(cfg.workload)
+    return stats_data(workload, orders, cfg.batch, cfg.seed)
+
+
+def torchrec_problem(cfg: BenchConfig, data: BenchData) -> str:
+    """Why TorchRec's row-wise cannot run here ('' when it can)."""
+    if not cfg.torchrec:
+        return "left out (--no-torchrec)"
+    try:
+        import torchrec  # noqa: F401
+    except Exception as e:  # an ImportError, or a broken install
+        return f"not installed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    if len({dim for _n, _r, dim in data.tables}) > 1:
+        return "its EmbeddingCollection needs one dim for all tables"
+    if dist.get_backend() != "gloo":
+        return "the benchmark runs it on CPU (gloo) only"
+    return ""
+
+
+def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[list[Any], dict[str, str]]:
+    """The systems in run order, and those that failed to start (key -> the error's last line)."""
+    import json
+
+    systems: list[Any] = []
+    failed: dict[str, str] = {}
+    for key, sp in plans.items():
+        if sp.document is not None:
+            path = tmp / f"plan_{key}.json"
+            path.write_text(json.dumps(sp.document))
+            systems.append(RuntimeSystem(key, str(path), data.tables, data.orders, cfg.seed, cfg.lr))
+            continue
+        try:
+            systems.append(TorchRecRowWise(data.tables, cfg.lr, cfg.group_size))
+        except Exception as e:  # the run goes on without it, on every rank (agreed below)
+            failed[key] = traceback.format_exception_only(e)[-1].strip()
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, failed)
+    for got in every:
+        failed = {**got, **failed}
+    return [s for s in systems if s.key not in failed], failed
+
+
+def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
+    """Run the benchmark on this rank of the initialised process group; rank 0 returns the records."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(cfg.threads)
+    data = load_data(cfg, world)
+    machine = (
+        probed_view(cfg.groups, min(cfg.timeout_s, 120.0))
+        if (cfg.plan_for == "probed" or time_model_available())
+        else None
+    )
+    planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
+    skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
+    shared: list[Any] = [None]
+    if rank == 0:
+        shared = [make_plans(data, planned_for, machine, cfg.budget, not skipped)]
+    dist.broadcast_object_list(shared, src=0)
+    plans = shared[0]
+    with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as tmp:
+        systems, failed = _build(cfg, data, plans, Path(tmp))
+    batches = [data.make_batch(s, rank) for s in range(cfg.warmup + cfg.timed_steps)]
+    measured = _run_blocks(cfg, systems, batches, rank == 0)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, measured)
+    if rank != 0:
+        return None
+    notes = {TORCHREC: skipped} if skipped else {}
+    notes.update(failed)
+    recs = results.records(cfg, gathered, plans, notes, machine is not None)
+    for r in recs:
+        if "skipped" not in r:
+            r["plan_view"] = view_figures(planned_for)
+    return recs
+
+
+def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: bool) -> dict[str, Any]:
+    """Warm-up, then the alternating rounds; this rank's times, bytes and collectives per system."""
+    inputs = {s.key: [s.prepare(b) for b in batches] for s in systems}
+    out: dict[str, Any] = {
+        s.key: {"times": [], "sent": [], "own": [], "counts": {}, "per_step": [], "blocks": []}
+        for s in systems
+    }
+    order: list[str] = []
+    on_gpu = dist.get_backend() == "nccl"
+    total = len(systems) * (cfg.warmup + cfg.timed_steps)
+    with Progress(total, "bench", enabled=None if show else False) as bar:
+        for s in systems:
+            for i in range(cfg.warmup):
+                dist.barrier()
+                s.step(inputs[s.key][i])
+                bar.advance(f"warm-up {s.key}")
+        for r in range(cfg.rounds):
+            for s in systems:
+                got = out[s.key]
+                got["blocks"].append(len(order))
+                order.append(s.key)
+                for k in range(cfg.steps):
+                    batch = inputs[s.key][cfg.warmup + r * cfg.steps + k]
+                    dist.barrier()
+                    with recording(cfg.group_size) as rec:
+                        t0 = time.perf_counter()
+                        s.step(batch)
+                        if on_gpu:  # the step's kernels, not only their launch
+                            torch.cuda.synchronize()
+                        dt = time.perf_counter() - t0
+                    got["times"].append(dt)
+                    got["sent"].append(rec.bytes_sent.copy())
+                    got["per_step"].append(rec.collectives)
+                    for kind, n in rec.counts.items():
+                        got["counts"][kind] = got["counts"].get(kind, 0) + n
+                    if isinstance(s, RuntimeSystem):
+                        got["own"].append(s.own_bytes_sent())
+                    bar.advance(f"round {r + 1} {s.key}")
+    for got in out.values():
+        got["sent"] = np.asarray(got["sent"])
+        got["own"] = np.asarray(got["own"]) if got["own"] else None
+    return {"systems": out, "order": order}
+
+
+# --- local ranks ----------------------------------------------------------------------------------
+
+
+def _rank_main(rank: int, cfg: BenchConfig, port: int, outdir: str) -> None:
+    """A spawned rank: Ctrl-C is the parent's to handle (it stops the ranks)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(cfg.nproc))
+    try:
+        logs.configure(cfg.log_level)
+        logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)  # TorchRec's import warns
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.nproc
+        )
+        records = run_rank(cfg)
+        if rank == 0:
+            torch.save(records, Path(outdir) / "records.pt")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:
+        (Path(outdir) / f"rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def spawn_local(cfg: BenchConfig) -> list[dict[str, Any]]:
+    """Run the benchmark on ``cfg.nproc`` spawned gloo ranks; rank 0's records. ``RuntimeError`` with the
+    ranks' tracebacks when one fails or the run passes ``cfg.timeout_s``; :class:`Interrupted` on
+    Ctrl-C (the ranks are killed either way)."""
+    with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as outdir:
+        ctx = mp.start_processes(
+            _rank_main,
+            args=(cfg, free_port(), outdir),
+            nprocs=cfg.nproc,
+            join=False,
+            start_method="spawn",
+        )
+        try:
+            wait_for_ranks(ctx, cfg.timeout_s, outdir, "flexshard bench")
+        except KeyboardInterrupt:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            for p in ctx.processes:
+                p.join(timeout=5.0)
+            raise Interrupted from None
+        return torch.load(Path(outdir) / "records.pt", weights_only=False)

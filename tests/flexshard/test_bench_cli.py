@@ -1,0 +1,136 @@
+"""``flexshard bench`` end to end on spawned gloo ranks (4 ranks in 2 groups, small): the records, the
+collectives and bytes against the runtime's own figures, the alternating rounds, the output, bad flags."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from flexshard.bench import results
+from flexshard.bench.config import BenchConfig
+from flexshard.bench.predict import MISSING, time_model_available
+from flexshard.cli import main
+from flexshard.runtime.features import ERROR_WORDS
+from tests.flexshard.cli_helpers import fails
+
+KEYS = {
+    "strategy",
+    "step_ms_median",
+    "step_ms_mean",
+    "collectives_per_step",
+    "inter_group_bytes",
+    "intra_group_bytes",
+    "predicted_step_ms",
+}
+STRATEGIES = ["flexshard", "row_wise", "row_wise_group_dedup", "torchrec_row_wise"]
+
+
+def _bench_json(*argv: str) -> list[dict]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", *argv, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="module")
+def first() -> list[dict]:
+    """The brief's run: 4 ranks in 2 groups, 2 timed steps, one round (default batch)."""
+    return _bench_json("--nproc", "4", "--groups", "2", "--steps", "2", "--rounds", "1")
+
+
+@pytest.fixture(scope="module")
+def second() -> list[dict]:
+    """The same machine again, two rounds after one warm-up step."""
+    return _bench_json("--nproc", "4", "--groups", "2", "--steps", "2", "--rounds", "2", "--warmup", "1")
+
+
+def _by_key(recs: list[dict]) -> dict[str, dict]:
+    return {r["strategy"]: r for r in recs}
+
+
+def test_one_record_per_strategy_with_the_keys(first):
+    assert [r["strategy"] for r in first] == STRATEGIES
+    for r in first:
+        assert set(r) >= KEYS, r["strategy"]
+        assert r["timed_steps"] == 2
+        assert r["step_ms_median"] > 0 and r["step_ms_mean"] > 0
+        assert r["inter_group_bytes"] > 0 and r["intra_group_bytes"] > 0
+        if not time_model_available():
+            assert r["predicted_step_ms"] is None and r["predicted_note"] == MISSING
+
+
+def test_collectives_per_step_repeat_and_match_the_runtime(first, second):
+    a, b = _by_key(first), _by_key(second)
+    for recs in (a, b):
+        for r in recs.values():  # every timed step issues the same collectives
+            assert r["collectives_each_step"] == [r["collectives_per_step"]] * r["timed_steps"]
+        # today's runtime: the meta all-to-all, ids out, embeddings back, gradients out
+        assert recs["row_wise"]["collectives_by_kind"] == {"all_to_all_single": 4.0}
+        assert recs["torchrec_row_wise"]["collectives_per_step"] == 5
+    for key in STRATEGIES:  # a repeated run issues the same, wherever the plan is the same
+        if a[key]["plan"] == b[key]["plan"]:
+            assert a[key]["collectives_by_kind"] == b[key]["collectives_by_kind"], key
+
+
+def test_bytes_equal_the_runtime_traffic_counters(first, second):
+    """Counted on the collectives = the runtime's own counter + the error words of the meta all-to-all
+    (which the counter leaves out), per peer; FlexShard's replica sync splits a payload of an odd number
+    of elements unevenly (its counter prices the even split): within one byte there."""
+    peers = {"intra": 1, "inter": 2}  # 4 ranks in 2 groups of 2
+    for recs in (first, second):
+        for r in recs:
+            if r["strategy"] == "torchrec_row_wise":
+                assert "runtime_inter_group_bytes" not in r
+                continue
+            for link, n in peers.items():
+                expected = r[f"runtime_{link}_group_bytes"] + 8 * ERROR_WORDS * n
+                tol = 1.0 if r["strategy"] == "flexshard" else 0.0
+                assert abs(r[f"{link}_group_bytes"] - expected) <= tol, (r["strategy"], link)
+
+
+def test_rounds_alternate_the_strategies(second):
+    n = len(STRATEGIES)
+    for i, r in enumerate(second):
+        assert r["ran_in_blocks"] == [i, i + n], r["strategy"]  # A B C D A B C D
+
+
+def test_table_shows_every_strategy(second):
+    cfg = BenchConfig(nproc=4, groups=2, steps=2, rounds=2, warmup=1)
+    text = results.table(cfg, second)
+    rows = {r["label"]: r for r in second}
+    for label, r in rows.items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(label + "  "))
+        assert f"{r['step_ms_median']:.1f}" in line and f"{r['inter_group_bytes'] / 1e6:.3f}" in line
+        assert line.split()[-1] == (
+            "n/a" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f}"
+        )
+    assert "4 ranks in 2 groups of 2" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--nproc", "4", "--groups", "3"], "--groups 3: does not divide --nproc 4"),
+        (["--batch", "0"], "--batch: must be positive, got '0'"),
+        (["--batch", "-5"], "--batch: must be positive, got '-5'"),
+        (["--steps", "0"], "--steps: must be positive, got '0'"),
+        (["--warmup", "-1"], "--warmup: must be >= 0, got '-1'"),
+        (["--nproc", "64"], "--nproc 64: 64 local ranks need about"),
+        (["--workload", "/no/such.npz"], "--workload: no such stats file '/no/such.npz'"),
+        (["--plan-for", "a100"], "--plan-for: expected probed, h100 or a topology JSON file, got 'a100'"),
+    ],
+)
+def test_argument_errors(capsys, monkeypatch, argv, expected):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    try:
+        line = fails(capsys, "bench", *argv)
+    except SystemExit as e:  # argparse's usage errors
+        assert e.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        line = err[0]
+    assert line.startswith("flexshard bench: error: ") and expected in line, line
