@@ -32,8 +32,8 @@ import numpy as np
 
 from core.vocabulary import Component, FetchMode, SyncMode
 from solvers.cost_model import evaluate
-from solvers.schedule import Phase, Scope, Stage, step_schedule
-from solvers.time_types import LatencyTable, LocalRates, StageTime, StepTime
+from solvers.schedule import Phase, step_schedule
+from solvers.time_types import LatencyTable, LocalRates, StageTime, StepTime, stage_latency_s
 from solvers.types import Plan, Workload
 from solvers.volumes import dealt_volumes, tier_volumes, view_mass
 from topology.views import ClusterView
@@ -41,13 +41,6 @@ from topology.views import ClusterView
 __all__ = ["LatencyTable", "LocalRates", "StepTime", "local_work", "stage_latency_s", "step_time"]
 PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls")
 INPUT_STAGES = ("meta", "ids")
-
-
-def stage_latency_s(stage: Stage, view: ClusterView, latency: LatencyTable) -> float:
-    """Latency of one stage on ``view``: a world stage on a cluster of one group is priced as a group
-    collective (it never leaves NVLink)."""
-    scope = Scope.GROUP if stage.scope is Scope.WORLD and view.num_groups == 1 else stage.scope
-    return latency.seconds(stage.kind.value, scope.value, stage.participants(view))
 
 
 def local_work(

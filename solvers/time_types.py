@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from core.errors import ConfigError
+from solvers.schedule import Scope, Stage, StepShape, shape_schedule
 from topology import presets
 from topology.latency import KINDS, SCOPES, LatencyPoints, parse_latency
 from topology.views import ClusterView
@@ -85,6 +86,19 @@ class LatencyTable:
             raise ConfigError(f"latency preset {name!r}: unknown; expected one of {', '.join(figures)}")
         base = cls() if view is None else cls.from_view(view)
         return replace_points(base, parse_latency(figures[name]), presets.NCCL_LATENCY_SOURCE)
+
+
+def stage_latency_s(stage: Stage, view: ClusterView, latency: LatencyTable) -> float:
+    """Latency of one stage on ``view``: a world stage on a cluster of one group is priced as a group
+    collective (it never leaves NVLink)."""
+    scope = Scope.GROUP if stage.scope is Scope.WORLD and view.num_groups == 1 else stage.scope
+    return latency.seconds(stage.kind.value, scope.value, stage.participants(view))
+
+
+def shape_latency_s(shape: StepShape, view: ClusterView, latency: LatencyTable | None = None) -> float:
+    """Latency of one step of a plan of this shape: the sum over its stages (the view's table by default)."""
+    table = LatencyTable.from_view(view) if latency is None else latency
+    return float(sum(stage_latency_s(s, view, table) for s in shape_schedule(shape, view)))
 
 
 def replace_points(table: LatencyTable, points: LatencyPoints, source: str) -> LatencyTable:
