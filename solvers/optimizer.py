@@ -84,7 +84,7 @@ def optimize_tiers(
     the smallest feasible budget)."""
     cfg = config or OptimizerConfig()
     t0 = time.perf_counter()
-    rates = _rates(cfg)
+    rates = _rates(cfg, view)
     coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata, cfg.wire, rates)
     floor_bytes = float(sum(c.memory_bytes[Tier.COLD].sum() for c in coeffs))
     if budget_bytes < floor_bytes * (1 - 1e-12):
@@ -118,6 +118,7 @@ def optimize_tiers(
         "rounds": best["rounds"],
         "variables": best["variables"],
         "solve_time_s": solve_time,
+        "objective": "step" if cfg.step_time else "bytes",  # what objective_s measures
     }
     plan = Plan(
         "flexshard", tables, cfg.dedup, cfg.sync, budget_bytes=budget_bytes, solver=solver, wire=cfg.wire
@@ -195,11 +196,11 @@ def _solve_candidate(
     }
 
 
-def _rates(cfg: OptimizerConfig) -> LocalRates | None:
+def _rates(cfg: OptimizerConfig, view: ClusterView) -> LocalRates | None:
     """The local rates the objective prices (None: bytes alone)."""
     if not cfg.step_time:
         return None
-    return LocalRates.default() if cfg.rates is None else cfg.rates
+    return LocalRates.for_view(view) if cfg.rates is None else cfg.rates
 
 
 def _fixed_s(
@@ -213,7 +214,7 @@ def _fixed_s(
     latency = LatencyTable.from_view(view) if cfg.latency is None else cfg.latency
     fixed = fixed_time_s(view, ntab, hot, uses, cfg.sync, True, latency, cfg.wire)
     shape = exchange_shape(view, hot, uses, cfg.sync, cfg.wire)
-    return fixed + fixed_local_s(workload, view, shape, cfg.dedup, _rates(cfg))
+    return fixed + fixed_local_s(workload, view, shape, cfg.dedup, _rates(cfg, view))
 
 
 def _plan_memory(c: TableCoefficients, h: int, w: int) -> float:

@@ -23,7 +23,7 @@ STRATEGIES = ("flexshard", *BASELINES)
 class PlannedStrategy:
     plan: Plan
     report: CostReport
-    step: StepTime | None = None  # modeled step time (solvers.time_model), under the step-time objective
+    step: StepTime | None = None  # modeled step time (solvers.time_model)
 
 
 def budget_bytes(workload: Workload, view: ClusterView, budget_x: float) -> float:
@@ -64,8 +64,7 @@ def make_plan(
 
     def priced(plan: Plan) -> PlannedStrategy:
         plan, report = priced_spread(workload, view, plan)
-        step = step_time(workload, view, plan, cfg.latency, cfg.rates) if cfg.step_time else None
-        return PlannedStrategy(plan, report, step)
+        return PlannedStrategy(plan, report, step_time(workload, view, plan, cfg.latency, cfg.rates))
 
     if strategy != "flexshard":
         return priced(replace(BASELINES[strategy](workload, view, budget, dedup, sync), wire=wire))
@@ -77,14 +76,13 @@ def make_plan(
             f"optimizer returned {report.memory_per_gpu_bytes:.0f} B per GPU over {budget:.0f} B"
         )
     solver = {**plan.solver, "optimizer_plan_s": report.modeled_time_s}  # the optimizer's plan, evaluated
-    if first.step is not None:
-        solver["optimizer_plan_step_s"] = first.step.total_s
+    solver["optimizer_plan_step_s"] = first.step.total_s
     best = PlannedStrategy(replace(plan, solver=solver), report, first.step)
     # Every baseline is a point of FlexShard's plan space (tiers, owner shares, a deal). The tier
     # optimizer assumes even shares and cannot see table-wise's, so each baseline is priced as a
     # candidate: its tiers dealt FlexShard's way, and its own plan as the baseline prices it (row-wise's
-    # id ranges may leave a slow rank rows that few lookups reach). The cheapest plan is kept, so
-    # FlexShard's modeled time is never above a feasible baseline's.
+    # id ranges may leave a slow rank rows that few lookups reach). The cheapest plan is kept (modeled
+    # step time; modeled time under the bytes objective), so FlexShard is never above a feasible baseline.
     solver = {k: v for k, v in solver.items() if k != "placement"}  # candidates keep their shares
     for name, baseline in BASELINES.items():
         try:
@@ -99,19 +97,19 @@ def make_plan(
             candidates.append((own, f"{name} plan"))
         for candidate, chosen in candidates:
             got = priced(replace(candidate, solver={**solver, "chosen": chosen}))
-            if got.report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(got, best):
+            if got.report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(got, best, cfg.step_time):
                 best = got
-    return best
+    solver = {**best.plan.solver, "step_s": best.step.total_s}
+    return PlannedStrategy(replace(best.plan, solver=solver), best.report, best.step)
 
 
-def _better(a: PlannedStrategy, b: PlannedStrategy) -> bool:
+def _better(a: PlannedStrategy, b: PlannedStrategy, by_step: bool) -> bool:
     """Lower modeled step time wins (modeled bandwidth time under the bytes objective); near-ties (1e-9
     relative) go to fewer inter-group bytes."""
-    ta, tb = (
-        (a.step.total_s, b.step.total_s)
-        if a.step and b.step
-        else (a.report.modeled_time_s, b.report.modeled_time_s)
-    )
+    if by_step and a.step is not None and b.step is not None:
+        ta, tb = a.step.total_s, b.step.total_s
+    else:
+        ta, tb = a.report.modeled_time_s, b.report.modeled_time_s
     if ta < tb * (1 - 1e-9):
         return True
     return ta <= tb * (1 + 1e-9) and a.report.inter_group_bytes < b.report.inter_group_bytes

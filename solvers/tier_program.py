@@ -55,7 +55,7 @@ class OptimizerConfig:
     # collectives, bytes over bandwidth, local work), or with False bytes over bandwidth alone
     step_time: bool = True
     latency: LatencyTable | None = None  # collective latencies; None: the view's (LatencyTable.from_view)
-    rates: LocalRates | None = None  # local work; None: LocalRates.default()
+    rates: LocalRates | None = None  # local work; None: LocalRates.for_view(view)
     fetch_modes: tuple[FetchMode, ...] = (FetchMode.FLAT, FetchMode.GROUP)  # cold fetch modes to choose from
 
 

@@ -117,10 +117,10 @@ def step_time(
     dealt: bool = True,
 ) -> StepTime:
     """Modeled time of one step of ``plan`` (module docstring). ``latency``: the view's collective
-    latencies by default (:meth:`LatencyTable.from_view`); ``rates``: :meth:`LocalRates.default`;
+    latencies by default (:meth:`LatencyTable.from_view`); ``rates``: :meth:`LocalRates.for_view`;
     ``dealt``: owners' shares as the runtime deals rows (else even shares, the optimizer's model)."""
     latency = LatencyTable.from_view(view) if latency is None else latency
-    rates = LocalRates.default() if rates is None else rates
+    rates = LocalRates.for_view(view) if rates is None else rates
     report = evaluate(workload, view, plan, dealt=dealt)
     stages = tuple(
         StageTime(s.name, s.phase.value, s.kind.value, s.scope.value, s.participants(view), seconds)
@@ -152,4 +152,6 @@ def step_time(
         slowest_rank=r,
         per_rank_total_s=total,
         overlap=overlap,
+        latency_source=latency.source,
+        rates_source=rates.source,
     )

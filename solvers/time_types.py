@@ -143,6 +143,14 @@ class LocalRates:
         return DEFAULT_RATES
 
     @classmethod
+    def for_view(cls, view: ClusterView) -> LocalRates:
+        """The rates to price ``view`` with: the GPU roofline estimate (:data:`GPU_ROOFLINE_RATES`) for a
+        cluster that carries a preset's NCCL figures, this machine's measured rates otherwise."""
+        if view.collective_latency_source == presets.NCCL_LATENCY_SOURCE:
+            return GPU_ROOFLINE_RATES
+        return DEFAULT_RATES
+
+    @classmethod
     def zero(cls) -> LocalRates:
         """No local work (the bytes-only model)."""
         return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none")
@@ -180,6 +188,22 @@ DEFAULT_RATES = LocalRates(
     source="experiments/calibrate_local.py, 2026-11-25, x86_64 CPU, torch 2.13.0+cpu, 1 thread",
 )
 
+HBM_BPS = 3.35e12  # H100 SXM HBM3, bytes/s
+# Not measured (no GPU was available): each piece's bytes of device memory traffic at the H100's HBM
+# bandwidth, docs/cost_model.md "Step time": gather 8 B per value (read, write), scatter-add 12 B (read
+# source, read and write the row), row-wise Adagrad 12 B, dedup 72 B per id (a radix sort's passes and
+# the inverse), routing 224 B per id (a binary search's reads and the sort), and 5 us of host time to
+# launch a collective.
+GPU_ROOFLINE_RATES = LocalRates(
+    dedup_s_per_lookup=72 / HBM_BPS,
+    route_s_per_lookup=224 / HBM_BPS,
+    gather_s_per_value=8 / HBM_BPS,
+    scatter_add_s_per_value=12 / HBM_BPS,
+    update_s_per_value=12 / HBM_BPS,
+    collective_call_s=5e-6,
+    source="assumed: H100 HBM roofline (3.35 TB/s), not measured",
+)
+
 
 @dataclass(frozen=True)
 class StageTime:
@@ -209,3 +233,5 @@ class StepTime:
     slowest_rank: int
     per_rank_total_s: np.ndarray  # float64[N]
     overlap: bool = False
+    latency_source: str = ""  # where the latencies come from (LatencyTable.source)
+    rates_source: str = ""  # where the local rates come from (LocalRates.source)
