@@ -20,6 +20,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from core.errors import ConfigError
 from solvers.schedule import Scope, Stage, StepShape, shape_schedule
 from topology import presets
 from topology.latency import KINDS, SCOPES, LatencyPoints, parse_latency
-from topology.views import ClusterView
+from topology.views import ClusterView, cluster_view
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,12 @@ class LatencyTable:
             inter_link_s=inter,
             source=view.collective_latency_source or "link latencies of the topology",
         )
+
+    @classmethod
+    def from_graph(cls, G: Any) -> LatencyTable:
+        """The collective latencies of a topology graph (``G.graph["collective_latency_us"]``), over the
+        link model of its view."""
+        return cls.from_view(cluster_view(G))
 
     @classmethod
     def links_only(cls, view: ClusterView) -> LatencyTable:

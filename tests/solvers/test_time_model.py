@@ -118,6 +118,26 @@ def test_bad_latency_attributes_are_named(value, message):
     assert message in str(err.value)
 
 
+def test_preset_tables_at_scale_and_from_the_graph():
+    """The h100 preset's figures: fabric all-to-all 83 us at 64 GPUs and 531 us at 512 (20 us + 1 us per
+    peer), world all-reduce 47.6 us at 16 (NVIDIA/nccl#1244); beyond 512 an all-to-all grows per peer."""
+    G = from_preset("h100:8")
+    table = LatencyTable.from_graph(G)
+    assert table.seconds("all_to_all", "world", 64) == pytest.approx(83e-6, rel=REL)
+    assert table.seconds("all_to_all", "world", 512) == pytest.approx(531e-6, rel=REL)
+    assert table.seconds("all_to_all", "world", 1024) == pytest.approx(531e-6 * 1023 / 511, rel=REL)
+    assert table.seconds("all_reduce", "world", 16) == pytest.approx(47.6e-6, rel=REL)
+    assert LatencyTable.preset("nvl72").seconds("all_to_all", "group", 72) == pytest.approx(59.7e-6, rel=REL)
+    with pytest.raises(ConfigError, match="latency preset 'a100'"):
+        LatencyTable.preset("a100")
+
+
+def test_local_rates_for_a_view_say_where_they_come_from():
+    assert LocalRates.for_view(cluster_view(from_preset("h100:2"))).source.startswith("assumed: H100 HBM")
+    assert LocalRates.for_view(VIEW) == LocalRates.default()
+    assert LocalRates.default().source.startswith("experiments/calibrate_local.py")
+
+
 # --- local rates --------------------------------------------------------------------------------
 
 
