@@ -182,16 +182,17 @@ class LocalRates:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
 
 
-# experiments/calibrate_local.py --repeats 3 as printed on 2026-11-25 on the development machine (x86_64
-# Linux, 2 shared cores, torch 2.13.0+cpu, one thread): CPU figures, for the gloo runs on this machine; a GPU
-# cluster's rates come from running the script there and LocalRates.load.
+# experiments/calibrate_local.py --repeats 5 as printed on 2026-11-25 on the development machine (x86_64
+# Linux, 2 cores shared with other jobs, torch 2.13.0+cpu, one thread): CPU figures, for the gloo runs on
+# this machine. Four runs that day spread: update 2.6-7.1 ns per value, a collective call 12-66 us, the rest
+# within 20%. A GPU cluster's rates come from running the script there and LocalRates.load.
 DEFAULT_RATES = LocalRates(
-    dedup_s_per_lookup=1.133e-08,
-    route_s_per_lookup=5.397e-08,
-    gather_s_per_value=1.634e-09,
-    scatter_add_s_per_value=7.369e-10,
-    update_s_per_value=2.577e-09,
-    collective_call_s=4.314e-05,
+    dedup_s_per_lookup=1.148e-08,
+    route_s_per_lookup=5.703e-08,
+    gather_s_per_value=2.195e-09,
+    scatter_add_s_per_value=7.733e-10,
+    update_s_per_value=3.284e-09,
+    collective_call_s=6.557e-05,
     source="experiments/calibrate_local.py, 2026-11-25, x86_64 CPU, torch 2.13.0+cpu, 1 thread",
 )
 
