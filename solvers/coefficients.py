@@ -10,7 +10,8 @@ With :class:`~solvers.time_types.LocalRates`, each row also carries its local wo
 gather, a scatter-add and an update per requesting rank (per group in a group fetch, plus the rail peer's
 dedup, forward and sum of each lookup); a replicated row costs every replica the pack, unpack and update
 of its sync. Work that every plan does (each lookup's dedup, routing, gather and scatter-add) and the
-collectives' latency and calls are the fixed part (:func:`fixed_time_s`).
+collectives' host calls are a fixed cost (:func:`fixed_local_s`), their latency another
+(:func:`fixed_time_s` with ``include_latency``).
 """
 
 from __future__ import annotations
