@@ -68,8 +68,13 @@ def make_plan(
 
     if strategy != "flexshard":
         return priced(replace(BASELINES[strategy](workload, view, budget, dedup, sync), wire=wire))
-    plan = balance(workload, view, optimize_tiers(workload, view, budget, cfg, progress).plan, budget)
-    first = priced(plan)
+    even = optimize_tiers(workload, view, budget, cfg, progress).plan
+    first = priced(balance(workload, view, even, budget))
+    if cfg.step_time and first.plan.solver.get("placement") == "balanced":
+        # placement balances bytes per link; it is kept only where it also shortens the modeled step
+        unbalanced = priced(even)
+        if _better(unbalanced, first, True):
+            first = unbalanced
     plan, report = first.plan, first.report
     if report.memory_per_gpu_bytes > budget * (1 + 1e-9):  # a bug, not bad input
         raise AssertionError(
