@@ -106,3 +106,32 @@ def test_no_replicas_when_their_sync_latency_does_not_pay_and_replicas_when_it_d
     # the bytes objective alone replicates in both cases
     bytes_only = optimize_tiers(WORKLOAD, VIEW, budget, OptimizerConfig(dedup=False, step_time=False))
     assert _replicated(bytes_only.plan) > 0
+
+
+def _zipf(name: str, rows: int, s: float, dim: int, ids: float) -> TableSpec:
+    w = np.arange(1, rows + 1, dtype=np.float64) ** -s
+    return TableSpec(
+        name, rows, dim, ids, RowHistogram.from_counts(np.rint(w / w.sum() * 1e7).astype(np.int64))
+    )
+
+
+@pytest.mark.parametrize("latency_s", [(2e-6, 1e-5), (0.0, 0.0)])
+@pytest.mark.parametrize("dedup", [False, True])
+@pytest.mark.parametrize("factor", [1.0, 1.3])
+def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, dedup, factor):
+    """The optimizer's objective (coefficients + fixed costs) equals step_time of the plan it returns at
+    even shares, whatever tiers and fetch modes it picked (here all cold, partial hot and warm tiers, every
+    table fetched once per group): the linear form and the model agree."""
+    view = uniform_view(2, 4, 4e9, 2e7, *latency_s)
+    workload = Workload(
+        "zipf", (_zipf("a", 20_000, 1.05, 32, 8.0), _zipf("b", 8_000, 0.9, 16, 4.0)), batch_size_per_gpu=512
+    )
+    budget = factor * sum(t.num_rows * t.row_bytes / view.num_ranks for t in workload.tables)
+    latency = LatencyTable.from_view(view)
+    res = optimize_tiers(workload, view, budget, _config(latency, RATES, dedup))
+    st = step_time(workload, view, res.plan, latency, RATES, dealt=False)
+    assert res.objective_s == pytest.approx(st.total_s, rel=1e-9)
+    assert res.lower_bound_s <= st.total_s * (1 + 1e-9)
+    replicated = _replicated(res.plan)
+    # the cases cover plans with and without replicas
+    assert (replicated > 0) is (factor > 1.0 and (not dedup or latency_s == (0.0, 0.0)))
