@@ -62,7 +62,6 @@ def write_data(tmp_path: Path, data: dict) -> Path:
     return path
 
 
-
 # --- presets and views --------------------------------------------------------------------------------
 
 
