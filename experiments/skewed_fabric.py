@@ -1,7 +1,9 @@
 """A slow host on the fabric: the skew-aware plan against the same planner blind to the skew.
 
 On ``topology.presets.skewed_fabric(8)`` (8 H100 hosts x 8 GPUs; host ``node0``'s NICs 4x slower, 12.5 GB/s
-instead of 50; leaf uplinks 2:1 oversubscribed) the default workload is planned at a 2x budget twice:
+instead of 50; leaf uplinks 2:1 oversubscribed) the default workload is planned at a 2x budget twice,
+both with the bytes objective (``OptimizerConfig(step_time=False)``: placement balances bytes, and this
+study is of bytes time):
 
 * skew-aware: ``solvers.planner.make_plan`` on the skewed view (its placement step balances owner shares
   by link speed);
@@ -25,6 +27,7 @@ import study
 
 from flexshard.workloads import default_workload
 from solvers.cost_model import evaluate
+from solvers.optimizer import OptimizerConfig
 from solvers.planner import budget_bytes, make_plan
 from topology import cluster_view, h100_cluster, skewed_fabric
 
@@ -48,8 +51,13 @@ def compare(num_nodes: int = 8, budget_x: float = 2.0, slow_host: str = "node0")
     skewed = cluster_view(skewed_fabric(num_nodes))
     uniform = cluster_view(h100_cluster(num_nodes))
     budget = budget_bytes(workload, skewed, budget_x)
-    aware = make_plan("flexshard", workload, skewed, budget)
-    blind = make_plan("flexshard", workload, uniform, budget_bytes(workload, uniform, budget_x))
+    by_bytes = OptimizerConfig(
+        step_time=False
+    )  # placement balances bytes: the study is of modeled bytes time
+    aware = make_plan("flexshard", workload, skewed, budget, config=by_bytes)
+    blind = make_plan(
+        "flexshard", workload, uniform, budget_bytes(workload, uniform, budget_x), config=by_bytes
+    )
     slow = np.array([h == slow_host for h in skewed.host_of_rank])
     records = []
     for label, plan in (("skew-aware", aware.plan), ("skew-blind", blind.plan)):

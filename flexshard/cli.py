@@ -26,6 +26,7 @@ from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report, plan_shape, tradeoffs
 from flexshard.simulate_headline import LEGEND, baseline_keys, headline
+from flexshard.step_report import GROUP_DEDUP, plan_step_lines, step_record, step_table, tier_savings
 from flexshard.workloads.readers import FORMATS
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
@@ -72,6 +73,13 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         choices=[m.value for m in WireDtype],
         default=WireDtype.FP32.value,
         help="element type of embeddings and gradients on the wire, as the plan prices it (default fp32)",
+    )
+    p.add_argument(
+        "--objective",
+        choices=["step", "bytes"],
+        default="step",
+        help="what the planner minimises: the modeled step time (collective latency, bytes over bandwidth "
+        "and local work; docs/cost_model.md section 10) or bytes over bandwidth alone (default step)",
     )
     p.add_argument(
         "--batch-size",
@@ -245,6 +253,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             budget,
             not args.no_dedup,
             args.sync,
+            OptimizerConfig(step_time=args.objective == "step"),
             progress=bar.note,
             wire=args.wire_dtype,
         )
@@ -258,6 +267,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=1))
     else:
         print(plan_report(workload, view, planned.plan, planned.report, args.budget))
+        baseline = None
+        if args.strategy == "flexshard":
+            try:
+                baseline = make_plan(
+                    GROUP_DEDUP, workload, view, budget, not args.no_dedup, args.sync, wire=args.wire_dtype
+                ).step
+            except PlannerError:
+                baseline = None
+        print("\n".join(plan_step_lines(planned.plan, planned.step, baseline)))
     if args.out:
         log.info(f"wrote {args.out}")
     return 0
@@ -294,6 +312,7 @@ def simulate_records(
                         for key in ("inter_group_bytes", "intra_group_bytes", "sync_bytes", "modeled_time_s"):
                             record[key] = None
                         record["memory_per_gpu_bytes"] = None
+                        record.update(step_record(None))
                     else:
                         rep = planned.report
                         record.update(
@@ -305,6 +324,7 @@ def simulate_records(
                             memory_per_gpu_bytes=rep.memory_per_gpu_bytes,
                         )
                         record.update(plan_shape(planned.plan))
+                        record.update(step_record(planned.step))
                         for key in ("objective_s", "lower_bound_s", "gap", "chosen"):
                             if key in planned.plan.solver:
                                 record[key] = planned.plan.solver[key]
@@ -325,8 +345,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload, _orders, _vocab = _workload(args)
     view = cluster_view(load_topology(args.topology))
     dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
+    config = OptimizerConfig(step_time=args.objective == "step")
     records = simulate_records(
-        workload, view, args.budgets, dedups, strategies, args.sync, wire=args.wire_dtype
+        workload, view, args.budgets, dedups, strategies, args.sync, config, wire=args.wire_dtype
     )
     if args.json:
         print(json.dumps(records, indent=1))
@@ -343,9 +364,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         extra = []
         for (dedup, strategy), budgets in baseline_keys(records).items():  # one pass each (one bar)
             extra += simulate_records(
-                workload, view, budgets, [dedup], [strategy], args.sync, wire=args.wire_dtype
+                workload, view, budgets, [dedup], [strategy], args.sync, config, wire=args.wire_dtype
             )
         print("\n" + "\n".join(headline(records, extra)))
+        print("\nModeled step time (ms, slowest rank): collective latency + bytes / bandwidth + local work")
+        print(step_table(records))
+        saved_extra = []
+        for dedup in dedups:
+            budgets = [
+                r["budget_x"]
+                for r in records
+                if r["strategy"] == "flexshard" and r["dedup"] is dedup and GROUP_DEDUP not in strategies
+            ]
+            if budgets:
+                saved_extra += simulate_records(
+                    workload, view, budgets, [dedup], [GROUP_DEDUP], args.sync, config, wire=args.wire_dtype
+                )
+        print("\n".join(tier_savings(records, saved_extra)))
         notes = tradeoffs(records)
         if notes:
             print("\nWhere FlexShard moves more bytes across groups than a baseline:")

@@ -172,13 +172,18 @@ def solver_lines(view: ClusterView, plan: Plan, report: CostReport) -> list[str]
     lines = []
     if s.get("placement") == "balanced":
         lines.append("Placement: owner shares balanced by link speed (see per-rank memory above)")
+    what = "modeled step" if s.get("objective") == "step" else "objective"
     lines.append(
         f"Tier optimizer (even shares, slowest link per class): "
-        f"objective {s['objective_s'] * 1e3:.3f} ms, "
+        f"{what} {s['objective_s'] * 1e3:.3f} ms, "
         f"lower bound {s['lower_bound_s'] * 1e3:.3f} ms, "
         f"gap {s['gap']:.2%}, {s['rounds']} rounds, {s['variables']} variables, {s['solve_time_s']:.2f} s"
     )
-    optimizer_plan_s = s.get("optimizer_plan_s", report.modeled_time_s)
+    by_step = s.get("objective") == "step" and "step_s" in s  # the step-time objective (solvers.time_model)
+    optimizer_plan_s = s.get(
+        "optimizer_plan_step_s" if by_step else "optimizer_plan_s", report.modeled_time_s
+    )
+    chosen_s = s["step_s"] if by_step else report.modeled_time_s
     if not is_homogeneous(view):
         links = [("intra-group", view.intra_bw_Bps)]
         if view.num_groups > 1:
@@ -199,8 +204,8 @@ def solver_lines(view: ClusterView, plan: Plan, report: CostReport) -> list[str]
             else f"{name}'s tiers, dealt FlexShard's way"
         )
         lines.append(
-            f"Chosen instead of the optimizer's plan: {what}, {report.modeled_time_s * 1e3:.3f} ms in the "
-            f"evaluated model against the optimizer's plan's {optimizer_plan_s * 1e3:.3f} ms"
+            f"Chosen instead of the optimizer's plan: {what}, {chosen_s * 1e3:.3f} ms in the evaluated "
+            f"model against the optimizer's plan's {optimizer_plan_s * 1e3:.3f} ms"
         )
     return lines
 
@@ -282,12 +287,20 @@ def tradeoffs(records: list[dict[str, Any]], point: Sequence[str] = ("budget_x",
                 continue
             more = ours["inter_group_bytes"] - r["inter_group_bytes"]
             less = r["intra_group_bytes"] - ours["intra_group_bytes"]
-            times = f"({ours['modeled_time_s'] * 1e3:.4g} vs {r['modeled_time_s'] * 1e3:.4g} ms)"
-            faster = ours["modeled_time_s"] <= r["modeled_time_s"] * (1 + 1e-9)
+            key, what = (
+                ("step_s", "modeled step time") if _stepped(ours, r) else ("modeled_time_s", "modeled time")
+            )
+            times = f"({ours[key] * 1e3:.4g} vs {r[key] * 1e3:.4g} ms)"
+            faster = ours[key] <= r[key] * (1 + 1e-9)
             if faster and less > 0:
                 why = (
                     f"it trades {human_bytes(more)} more across groups for {human_bytes(less)} less within "
-                    f"groups, and its modeled time is lower {times}"
+                    f"groups, and its {what} is lower {times}"
+                )
+            elif faster and key == "step_s":
+                why = (
+                    f"its {what} is lower all the same {times}: fewer collectives or less local work pay "
+                    "for the bytes"
                 )
             elif faster:
                 why = (
@@ -296,12 +309,17 @@ def tradeoffs(records: list[dict[str, Any]], point: Sequence[str] = ("budget_x",
                     "ranks more)"
                 )
             else:
-                why = "and is not faster in modeled time: the planner missed a better plan"
+                why = f"and is not faster in {what}: the planner missed a better plan"
             lines.append(
                 f"{where}: {name} moves {human_bytes(r['inter_group_bytes'])} across groups, FlexShard "
                 f"{human_bytes(ours['inter_group_bytes'])}; {why}"
             )
     return lines
+
+
+def _stepped(*records: dict[str, Any]) -> bool:
+    """Whether every record carries a modeled step time (the planner's objective then)."""
+    return all(r.get("step_s") is not None for r in records)
 
 
 def _point_value(value: Any) -> str:

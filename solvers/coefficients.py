@@ -4,6 +4,14 @@ For the optimizer the cluster is taken as symmetric (every rank owns an even sha
 class runs at its slowest rank's bandwidth, so a rank's modeled time is a sum over rows of
 per-tier coefficients. ``tests/solvers/test_optimizer.py`` checks that these sums equal
 :func:`solvers.cost_model.evaluate` on uniform clusters.
+
+With :class:`~solvers.time_types.LocalRates`, each row also carries its local work
+(:func:`solvers.time_model.local_work` at even shares): a served row (warm, cold) costs its owner a
+gather, a scatter-add and an update per requesting rank (per group in a group fetch, plus the rail peer's
+dedup, forward and sum of each lookup); a replicated row costs every replica the pack, unpack and update
+of its sync. Work that every plan does (each lookup's dedup, routing, gather and scatter-add) and the
+collectives' host calls are a fixed cost (:func:`fixed_local_s`), their latency another
+(:func:`fixed_time_s` with ``include_latency``).
 """
 
 from __future__ import annotations
@@ -16,7 +24,6 @@ from core.vocabulary import FetchMode, LinkClass, SyncMode, Tier, WireDtype
 from solvers import wire
 from solvers.cost_model import (
     Exchanges,
-    collective_latency_s,
     group_lookup_traffic,
     hierarchical_allreduce_bytes,
     lookup_traffic,
@@ -24,6 +31,8 @@ from solvers.cost_model import (
     uniform_shares,
     warm_sync_bytes,
 )
+from solvers.schedule import StepShape, shape_schedule
+from solvers.time_types import LatencyTable, LocalRates, shape_latency_s
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Workload
 from solvers.volumes import view_mass
 from topology.views import ClusterView
@@ -117,10 +126,11 @@ def table_coefficients(
     sync: SyncMode,
     routing_metadata: bool = True,
     wire_dtype: WireDtype = WireDtype.FP32,
+    rates: LocalRates | None = None,
 ) -> list[TableCoefficients]:
     """Coefficients of every table's histogram buckets (cold priced flat; :meth:`TableCoefficients.for_fetch`
     gives the group fetch's prices where the cluster has several groups of equal size), vectors sent as
-    ``wire_dtype``."""
+    ``wire_dtype``; with ``rates``, each row's local work too (module docstring)."""
     lt = link_times(view)
     g, n = lt.group_size, lt.num_ranks
     meta = ROUTING_BYTES_PER_REPLICATED_ROW if routing_metadata else 0
@@ -140,6 +150,17 @@ def table_coefficients(
                 lt.lookup_s(vec, within_group=False) * volume,
             ]
         )
+        per_row = 0.0
+        if rates is not None and n > 1:  # one rank: no owner-side work, no sync (a fixed cost)
+            move = rates.gather_s_per_value + rates.scatter_add_s_per_value
+            per_row = (move + rates.update_s_per_value) * t.dim  # served or synced, one row
+            synced = touched if SyncMode(sync) is SyncMode.SPARSE else rows
+            time_s[0] += per_row * synced
+            if view.num_groups > 1:
+                time_s[1] += per_row * (volume + synced / g)
+            else:  # a warm tier on one group is never used; priced as served rows
+                time_s[1] += per_row * volume
+            time_s[2] += per_row * volume
         memory = np.stack(
             [rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n]
         )
@@ -147,6 +168,9 @@ def table_coefficients(
         if groups_of_equal_size:
             per_lookup_s, per_group_row_s = lt.group_lookup_s(vec)
             cold_group = per_lookup_s * volume + per_group_row_s * np.diff(mass.group)
+            if rates is not None:  # rows served once per group; the rail peer dedups, forwards and sums
+                relay = (rates.dedup_s_per_lookup if dedup else 0.0) + t.dim * move
+                cold_group = cold_group + per_row * np.diff(mass.group) / g + relay * volume
         out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows), cold_group))
     return out
 
@@ -158,14 +182,49 @@ def fixed_time_s(
     uses: Exchanges,
     sync: SyncMode,
     include_latency: bool = False,
+    latency: LatencyTable | None = None,
+    wire_dtype: WireDtype = WireDtype.FP32,
 ) -> float:
     """Seconds per iteration that do not scale with rows, for a plan that runs the given exchanges (on
     the symmetric cluster, slowest rank per link class): the split sizes, and with ``include_latency``
-    the collective latency."""
+    the latency of the step's collectives (:func:`solvers.time_types.shape_latency_s`, ``latency`` or the
+    view's table)."""
     lt = link_times(view)
     splits = split_bytes(view, num_tables, uses).max(axis=0)
     bandwidth = float(splits @ lt.inv_bw_s_per_byte)
     if not include_latency:
         return bandwidth
-    warm_sync = uses.warm and view.num_groups > 1
-    return bandwidth + collective_latency_s(view, uses, hot, warm_sync, sync)
+    return bandwidth + shape_latency_s(exchange_shape(view, hot, uses, sync, wire_dtype), view, latency)
+
+
+def exchange_shape(
+    view: ClusterView, hot: bool, uses: Exchanges, sync: SyncMode, wire_dtype: WireDtype = WireDtype.FP32
+) -> StepShape:
+    """The :class:`~solvers.schedule.StepShape` of a plan with hot rows (or not) and these exchanges."""
+    several = view.num_ranks > 1
+    return StepShape(
+        remote=several and (uses.warm or uses.cold_flat or uses.cold_group),
+        group_fetch=several and uses.cold_group,
+        hot_sync=several and hot,
+        warm_sync=uses.warm and view.num_groups > 1,
+        sync=SyncMode(sync),
+        wire=WireDtype(wire_dtype),
+    )
+
+
+def fixed_local_s(
+    workload: Workload, view: ClusterView, shape: StepShape, dedup: bool, rates: LocalRates
+) -> float:
+    """Local seconds per step every plan of ``shape`` pays whatever its tier boundaries: each lookup's
+    dedup, routing, gather into the output and scatter-add of its gradient, the collectives' host calls
+    and, on one rank, the update of the rows its batch touched (:func:`solvers.time_model.local_work`)."""
+    move = rates.gather_s_per_value + rates.scatter_add_s_per_value
+    total = rates.collective_call_s * len(shape_schedule(shape, view))
+    for t in workload.tables:
+        lookups = workload.lookups_per_gpu(t)
+        total += lookups * (rates.route_s_per_lookup + (rates.dedup_s_per_lookup if dedup else 0.0))
+        total += lookups * t.dim * move
+        if view.num_ranks == 1:
+            mass = view_mass(workload, view, t)
+            total += rates.update_s_per_value * t.dim * (mass.unique if dedup else mass.lookups)[-1]
+    return float(total)

@@ -20,7 +20,9 @@ One iteration, per table (formulas in docs/cost_model.md):
   mask; ``sync="dense"`` moves every replicated row.
 
 A rank's modeled time is ``sum over link classes of max(send, recv) / bandwidth``; the plan's is
-the slowest rank's. Collective latency (hops x link latency) is reported beside it, not in it.
+the slowest rank's. Collective latency (the step's collectives, :mod:`solvers.schedule`, each priced by
+the view's :class:`~solvers.time_types.LatencyTable`) is reported beside it, not in it; the step time
+with latency and local work is :func:`solvers.time_model.step_time`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import numpy as np
 
 from core.errors import PlannerError
 from core.traffic import Traffic
-from core.vocabulary import Component, Deal, FetchMode, LinkClass, SyncMode
+from core.vocabulary import Component, Deal, FetchMode, LinkClass
 from solvers import dealing, torchrec_default, wire
+from solvers.schedule import step_shape
+from solvers.time_types import shape_latency_s
 from solvers.types import (
     ROUTING_BYTES_PER_REPLICATED_ROW,
     CostReport,
@@ -43,8 +47,6 @@ from solvers.types import (
 )
 from solvers.volumes import TableMass, TierVolumes, dealt_volumes, tier_volumes, view_mass
 from topology.views import ClusterView
-
-A2A_PER_TIER = 4  # all-to-alls per tier exchange: split sizes, ids, embeddings, gradients
 
 
 def lookup_traffic(
@@ -225,7 +227,7 @@ def evaluate_volumes(
         traffic.add(link, Component.IDS, splits[:, link], splits[:, link])
         traffic.add(link, Component.SYNC, hot_sync[:, link], hot_sync[:, link])
     traffic.add(LinkClass.INTER_GROUP, Component.SYNC, warm_sync, warm_sync)
-    latency = collective_latency_s(view, uses, hot_payload > 0, bool(warm_payload.any()), plan.sync)
+    latency = shape_latency_s(step_shape(plan, view), view)
     return CostReport(
         traffic=traffic, time_s=link_time_s(view, traffic), memory_by_part_bytes=memory, latency_s=latency
     )
@@ -281,36 +283,6 @@ def split_bytes(view: ClusterView, num_tables: int, uses: Exchanges) -> np.ndarr
         out[:, LinkClass.INTRA_GROUP] += wire.split_bytes(peers[:, LinkClass.INTRA_GROUP], num_tables)
         out[:, LinkClass.INTER_GROUP] += wire.split_bytes(view.num_groups - 1.0, num_tables)
     return out
-
-
-def collective_latency_s(
-    view: ClusterView, uses: Exchanges, hot_sync: bool, warm_sync: bool, sync: SyncMode
-) -> float:
-    """Latency part of an iteration, in seconds: one hop per all-to-all (``A2A_PER_TIER`` per exchange
-    stage); an all-reduce over k ranks takes ``2 ceil(log2 k)`` hops (tree algorithms, as NCCL uses for
-    latency-bound sizes) while its bandwidth term is the ring's. A group fetch has two stages: within
-    the group, then between rail peers. A single rank has no peer: no hop, no latency."""
-    if view.num_ranks == 1:
-        return 0.0
-    g = int(view.group_sizes.max())
-    big_g = view.num_groups
-    lat_intra = float(view.intra_latency_s.max())
-    lat_inter = float(view.inter_latency_s.max()) if big_g > 1 else lat_intra
-    hops_intra = 2 * int(np.ceil(np.log2(g))) if g > 1 else 0
-    hops_inter = 2 * int(np.ceil(np.log2(big_g))) if big_g > 1 else 0
-    rounds = 2 if SyncMode(sync) is SyncMode.SPARSE else 1  # the touched mask, then the rows
-    total = 0.0
-    if uses.warm:
-        total += A2A_PER_TIER * lat_intra
-    if uses.cold_flat:
-        total += A2A_PER_TIER * lat_inter
-    if uses.cold_group:
-        total += A2A_PER_TIER * (lat_intra + lat_inter)
-    if hot_sync:
-        total += rounds * (hops_intra * lat_intra + hops_inter * lat_inter)
-    if warm_sync:
-        total += rounds * hops_inter * lat_inter
-    return total
 
 
 def uniform_shares(view: ClusterView) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,11 @@ A group candidate also picks each table's fetch mode: first the one the Lagrangi
 cheaper, then, on the solved boundaries, whichever mode is cheaper for the table's cold rows (memory
 does not depend on the mode, so the plan stays feasible), solving again while a mode changes.
 Finally whole tables move into the hot or warm tier where that saves time and fits.
+
+The time minimised is the modeled step time of the slowest rank on the symmetric cluster
+(``OptimizerConfig.step_time``, :mod:`solvers.time_model`): per-row bytes and local work
+(:mod:`solvers.coefficients`) plus, per candidate, the latency of the collectives its exchanges issue
+(:mod:`solvers.schedule`), the split sizes and the local work every plan does.
 """
 
 from __future__ import annotations
@@ -23,9 +28,16 @@ import numpy as np
 from core.errors import PlannerError
 from core.vocabulary import FetchMode, Tier
 from solvers.bounds import lagrange_bound
-from solvers.coefficients import TableCoefficients, fixed_time_s, table_coefficients
+from solvers.coefficients import (
+    TableCoefficients,
+    exchange_shape,
+    fixed_local_s,
+    fixed_time_s,
+    table_coefficients,
+)
 from solvers.cost_model import Exchanges, row_wise_memory_bytes, table_plan
 from solvers.tier_program import OptimizerConfig, linear_time, prefix_sum, refined_solve
+from solvers.time_types import LatencyTable, LocalRates
 from solvers.types import Plan, Workload
 from topology.views import ClusterView
 
@@ -72,7 +84,8 @@ def optimize_tiers(
     the smallest feasible budget)."""
     cfg = config or OptimizerConfig()
     t0 = time.perf_counter()
-    coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata, cfg.wire)
+    rates = _rates(cfg, view)
+    coeffs = table_coefficients(workload, view, cfg.dedup, cfg.sync, cfg.routing_metadata, cfg.wire, rates)
     floor_bytes = float(sum(c.memory_bytes[Tier.COLD].sum() for c in coeffs))
     if budget_bytes < floor_bytes * (1 - 1e-12):
         rw = row_wise_memory_bytes(workload, view)
@@ -105,6 +118,7 @@ def optimize_tiers(
         "rounds": best["rounds"],
         "variables": best["variables"],
         "solve_time_s": solve_time,
+        "objective": "step" if cfg.step_time else "bytes",  # what objective_s measures
     }
     plan = Plan(
         "flexshard", tables, cfg.dedup, cfg.sync, budget_bytes=budget_bytes, solver=solver, wire=cfg.wire
@@ -126,7 +140,6 @@ def _candidates(
     group_possible = FetchMode.GROUP in cfg.fetch_modes and all(
         c.cold_group_time_s is not None for c in coeffs
     )
-    ntab = len(workload.tables)
     out = []
     for hot in (False, True) if cfg.allow_hot else (False,):
         for warm in (False, True) if warm_possible else (False,):
@@ -139,7 +152,7 @@ def _candidates(
                     bound = lagrange_bound(options, budget, allowed)
                     modes = [FetchMode.GROUP if k else FetchMode.FLAT for k in bound.choice]
                     uses = Exchanges(warm=warm, cold_flat=cold and not group, cold_group=group)
-                    fixed = fixed_time_s(view, ntab, hot, uses, cfg.sync, cfg.include_latency)
+                    fixed = _fixed_s(workload, view, hot, uses, cfg)
                     out.append(_Candidate(allowed, group, bound.bound_s, fixed, modes))
     return out
 
@@ -172,7 +185,7 @@ def _solve_candidate(
     priced = [c.for_fetch(m) for c, m in zip(coeffs, modes, strict=True)]
     linear_s = linear_time(priced, rows)
     hot, uses = _exchanges_used(rows, modes, workload)
-    total = linear_s + fixed_time_s(view, len(workload.tables), hot, uses, cfg.sync, cfg.include_latency)
+    total = linear_s + _fixed_s(workload, view, hot, uses, cfg)
     return {
         "total_s": total,
         "rows": rows,
@@ -181,6 +194,27 @@ def _solve_candidate(
         "variables": nvars,
         "rounds": rounds,
     }
+
+
+def _rates(cfg: OptimizerConfig, view: ClusterView) -> LocalRates | None:
+    """The local rates the objective prices (None: bytes alone)."""
+    if not cfg.step_time:
+        return None
+    return LocalRates.for_view(view) if cfg.rates is None else cfg.rates
+
+
+def _fixed_s(
+    workload: Workload, view: ClusterView, hot: bool, uses: Exchanges, cfg: OptimizerConfig
+) -> float:
+    """A plan's cost that does not scale with rows: split sizes, and under the step-time objective the
+    latency of its collectives and the local work every plan does (:func:`fixed_local_s`)."""
+    ntab = len(workload.tables)
+    if not cfg.step_time:
+        return fixed_time_s(view, ntab, hot, uses, cfg.sync, cfg.include_latency, wire_dtype=cfg.wire)
+    latency = LatencyTable.from_view(view) if cfg.latency is None else cfg.latency
+    fixed = fixed_time_s(view, ntab, hot, uses, cfg.sync, True, latency, cfg.wire)
+    shape = exchange_shape(view, hot, uses, cfg.sync, cfg.wire)
+    return fixed + fixed_local_s(workload, view, shape, cfg.dedup, _rates(cfg, view))
 
 
 def _plan_memory(c: TableCoefficients, h: int, w: int) -> float:

@@ -27,6 +27,7 @@ import pulp
 from core.errors import PlannerError
 from core.vocabulary import FetchMode, SyncMode, Tier, WireDtype
 from solvers.coefficients import TableCoefficients
+from solvers.time_types import LatencyTable, LocalRates
 
 INTEGER_ROWS_MAX = 64  # segments this small get whole-row variables in the final (integer) solve
 
@@ -49,7 +50,12 @@ class OptimizerConfig:
     integer_rows: bool = True  # finish with whole-row counts in small segments (a MILP)
     integer_time_limit_s: float = 5.0  # CBC stops here with its best whole-row plan
     full_integer_max_vars: int = 400  # above this, only segments near the LP's boundaries are integer
-    include_latency: bool = False  # also minimise collective latency (a fixed cost per tier in use)
+    include_latency: bool = False  # bytes objective: also minimise the collectives' latency
+    # the objective: modeled step time of the slowest rank (solvers.time_model: latency of the step's
+    # collectives, bytes over bandwidth, local work), or with False bytes over bandwidth alone
+    step_time: bool = True
+    latency: LatencyTable | None = None  # collective latencies; None: the view's (LatencyTable.from_view)
+    rates: LocalRates | None = None  # local work; None: LocalRates.for_view(view)
     fetch_modes: tuple[FetchMode, ...] = (FetchMode.FLAT, FetchMode.GROUP)  # cold fetch modes to choose from
 
 

@@ -17,6 +17,9 @@ nvswitch; GPU --pcie-- its NIC; NIC --network-- a leaf switch; leaf --network-- 
 has at most one link, no link joins a node to itself, and every GPU reaches every other over links (one
 host with no network is fine; hosts the network does not join are refused, not priced).
 
+Optional graph attributes: ``collective_latency_us`` and ``collective_latency_source``, collective
+latencies by kind, scope and participants (:mod:`topology.latency`).
+
 Builders: :func:`new_topology`, :func:`add_node_group` (one host with its GPUs and NICs),
 :func:`add_switch`, :func:`add_link`, and :func:`build_cluster` (hosts + leaf/spine fabric from
 :class:`HostSpec`), which the presets use. :func:`validate` checks any graph against the schema.
@@ -35,6 +38,7 @@ from typing import Any
 import networkx as nx
 
 from core.errors import TopologyError
+from topology.latency import graph_latency
 
 SCHEMA = "flexshard-topology/1"
 NODE_KINDS = ("gpu", "host", "nvswitch", "nic", "switch")
@@ -277,6 +281,10 @@ def validate(G: nx.Graph, source: str | None = None, *, connected: bool = True) 
     schema = G.graph.get("schema")
     if schema != SCHEMA:
         fail(f"field 'schema' = {schema!r}; expected {SCHEMA!r}")
+    try:
+        graph_latency(G)  # the optional collective latencies (topology.latency)
+    except TopologyError as err:
+        fail(str(err).removeprefix("topology: "))
     try:
         for node, attrs in G.nodes(data=True):
             where = f"node {node!r}"

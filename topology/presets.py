@@ -5,6 +5,10 @@ NVL72 domain; one 400 Gb/s (50 GB/s) NIC per GPU; PCIe Gen5 x16 GPU<->NIC 64 GB/
 NVLink 3 us, PCIe 1 us, NIC->leaf 2 us, leaf->spine 1 us, so the view's inter-group latency (up to the
 spine and back down) is 2 * (1 + 2 + 1) = 8 us; a cluster that fits under one leaf has no spine and gets
 2 * (1 + 2) = 6 us.
+
+Collective latencies (``G.graph["collective_latency_us"]``, :mod:`topology.latency`): small-message NCCL
+figures per collective kind, scope and participants; where each figure comes from (a published
+measurement, or a stated assumption) is in docs/cost_model.md, "Step time".
 """
 
 from __future__ import annotations
@@ -17,13 +21,38 @@ import networkx as nx
 
 from core.errors import TopologyError
 from topology.graph import HostSpec, build_cluster
+from topology.latency import LATENCY_KEY, SOURCE_KEY
 
 NIC_400G_GBps = 50.0  # 400 Gb/s
 H100_NVLINK_GBps = 450.0
 NVL72_NVLINK_GBps = 900.0
 H100_MEMORY_BYTES = 80 * 2**30
 GB200_MEMORY_BYTES = 186 * 10**9
-MAX_PRESET_GPUS = 32_768  # the largest cluster a preset spec builds (a graph of every GPU and link)
+MAX_PRESET_GPUS = 32_768
+
+# NCCL small-message latency, us, by kind -> scope -> participants (docs/cost_model.md, "Step time").
+# Fabric (world, rail): 400G NDR InfiniBand, one NIC per GPU. world all-reduce at 16 GPUs: 47.6 us measured
+# on 2 Hopper nodes (NVIDIA/nccl#1244); the rest are stated assumptions: all-to-all 20 us + 1 us per peer
+# over the fabric (one message to every peer), NVLink all-to-all 10 us + 0.7 us per peer, all-reduce
+# over NVLink 8-20 us.
+_FABRIC_A2A = {"2": 21.0, "8": 27.0, "16": 35.0, "64": 83.0, "512": 531.0}
+_FABRIC_AR = {"2": 20.0, "16": 47.6, "64": 71.4, "512": 107.1}
+H100_NCCL_LATENCY_US = {
+    "all_to_all": {"group": {"2": 10.7, "8": 14.9}, "world": _FABRIC_A2A, "rail": _FABRIC_A2A},
+    "all_reduce": {"group": {"2": 8.0, "8": 12.0}, "world": _FABRIC_AR, "rail": _FABRIC_AR},
+}
+NVL72_NCCL_LATENCY_US = {
+    "all_to_all": {"group": {"4": 12.1, "72": 59.7}, "world": _FABRIC_A2A, "rail": _FABRIC_A2A},
+    "all_reduce": {"group": {"4": 10.0, "72": 20.0}, "world": _FABRIC_AR, "rail": _FABRIC_AR},
+}
+NCCL_LATENCY_SOURCE = "NCCL figures (docs/cost_model.md, Step time): cited where published, else assumed"
+
+
+def _with_latency(G: nx.Graph, figures: dict) -> nx.Graph:
+    """``G`` with the preset's collective latencies as graph attributes (copies, never shared)."""
+    G.graph[LATENCY_KEY] = {kind: {scope: dict(p) for scope, p in s.items()} for kind, s in figures.items()}
+    G.graph[SOURCE_KEY] = NCCL_LATENCY_SOURCE
+    return G  # the largest cluster a preset spec builds (a graph of every GPU and link)
 
 
 def _positive(name: str, field: str, value: int) -> None:
@@ -47,7 +76,8 @@ def h100_cluster(num_nodes: int, gpus_per_node: int = 8, *, hosts_per_leaf: int 
         )
         for i in range(num_nodes)
     ]
-    return build_cluster(f"h100:{num_nodes}x{gpus_per_node}", hosts, hosts_per_leaf=hosts_per_leaf)
+    G = build_cluster(f"h100:{num_nodes}x{gpus_per_node}", hosts, hosts_per_leaf=hosts_per_leaf)
+    return _with_latency(G, H100_NCCL_LATENCY_US)
 
 
 def nvl72_pod(num_pods: int, *, hosts_per_leaf: int = 8) -> nx.Graph:
@@ -67,7 +97,9 @@ def nvl72_pod(num_pods: int, *, hosts_per_leaf: int = 8) -> nx.Graph:
         for p in range(num_pods)
         for h in range(18)
     ]
-    return build_cluster(f"nvl72:{num_pods}", hosts, hosts_per_leaf=hosts_per_leaf)
+    return _with_latency(
+        build_cluster(f"nvl72:{num_pods}", hosts, hosts_per_leaf=hosts_per_leaf), NVL72_NCCL_LATENCY_US
+    )
 
 
 def skewed_fabric(

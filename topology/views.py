@@ -17,6 +17,7 @@ from core.errors import TopologyError
 from core.ranks import RankLayout
 from core.vocabulary import LinkClass
 from topology.graph import edges_of_kind, gpu_nodes, validate
+from topology.latency import LatencyPoints, graph_latency
 
 __all__ = ["ClusterView", "TopologyError", "cluster_view", "groups", "slow_links", "summary", "uniform_view"]
 
@@ -40,6 +41,8 @@ class ClusterView:
     intra_latency_s: np.ndarray  # float64[N]
     inter_latency_s: np.ndarray  # float64[N]
     memory_bytes: np.ndarray  # int64[N], device memory
+    collective_latency_us: LatencyPoints | None = None  # measured/published figures (topology.latency)
+    collective_latency_source: str = ""
 
     def __post_init__(self) -> None:
         if self.layout.num_groups == 1:  # no inter-group link class (see the class docstring)
@@ -193,6 +196,7 @@ def cluster_view(G: nx.Graph) -> ClusterView:
     * ``inter_bw_Bps``: fair-share bottleneck on the path GPU -> NIC -> leaf -> spine: every edge's
       bandwidth is split evenly among the GPUs whose path uses it, a hop's share is the sum over its parallel
       edges, and the GPU gets the minimum over hops.
+    * ``collective_latency_us``: the graph's collective latencies (:mod:`topology.latency`), if any.
     * ``inter_latency_s``: twice the one-way latency up that path (sum over hops of the hop's largest edge
       latency): up to the top of the fabric and back down to a GPU of the same shape.
 
@@ -201,6 +205,7 @@ def cluster_view(G: nx.Graph) -> ClusterView:
     network is a :class:`TopologyError`.
     """
     gpus, keys = _rank_groups(G)
+    latency, latency_source = graph_latency(G)
     group_lists = _group_lists(keys)
     n = len(gpus)
 
@@ -247,6 +252,8 @@ def cluster_view(G: nx.Graph) -> ClusterView:
         intra_latency_s=intra_lat,
         inter_latency_s=inter_lat,
         memory_bytes=np.array([attrs["memory_bytes"] for _, attrs in gpus], dtype=np.int64),
+        collective_latency_us=latency,
+        collective_latency_source=latency_source,
     )
 
 

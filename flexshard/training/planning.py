@@ -25,6 +25,7 @@ from flexshard.contract import sampling_mismatch, settings_mismatch, show_settin
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.training.config import DEFAULT_DIM, TrainConfig
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, Vocabulary, fingerprint
+from solvers.optimizer import OptimizerConfig
 from solvers.planner import budget_bytes, make_plan
 from topology.presets import h100_cluster
 from topology.views import cluster_view
@@ -121,6 +122,10 @@ def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanF
                 budget_bytes(workload, view, config.budget),
                 True if config.dedup is None else config.dedup,
                 config.sync or "sparse",
+                # the bytes objective, as before the time model: the runtime's tests rely on these plans
+                # having every tier; the step objective is `flexshard plan`'s (issue 23 decides when
+                # train follows)
+                OptimizerConfig(step_time=False),
                 wire=config.wire_dtype or "fp32",
             )
             doc[0] = to_dict(

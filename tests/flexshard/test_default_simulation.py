@@ -41,12 +41,12 @@ def test_flexshard_at_or_below_every_baseline(records, dedup, budget_x):
     assert ours["memory_per_gpu_bytes"] <= ours["budget_bytes"] * (1 + 1e-9)
     for r in group:
         if r["feasible"]:
-            # the optimizer alone: every even-share baseline is a point of its space
-            assert ours["objective_s"] <= r["modeled_time_s"] * (1 + 1e-3), r["strategy"]
-            assert ours["lower_bound_s"] <= r["modeled_time_s"] * (1 + 1e-9), r["strategy"]
-            # rows are priced as dealt: a plan of lower time may carry a few more bytes of one heavy
-            # row's imbalance (28 B of 60 MB at 1x without dedup), never more
-            assert ours["inter_group_bytes"] <= r["inter_group_bytes"] * (1 + 1e-6), r["strategy"]
+            # every baseline is a candidate of make_plan: FlexShard's modeled step is never longer
+            assert ours["step_s"] <= r["step_s"] * (1 + 1e-9), r["strategy"]
+            # the optimizer alone: every even-share baseline is a point of its space (rows dealt to
+            # their owners shift a baseline's step by less than 0.1% here)
+            assert ours["objective_s"] <= r["step_s"] * (1 + 1e-3), r["strategy"]
+            assert ours["lower_bound_s"] <= r["step_s"] * (1 + 1e-3), r["strategy"]
 
 
 def _stated(path: Path, pattern: str) -> set[str]:

@@ -45,7 +45,20 @@ def test_four_rank_probe_writes_a_topology_the_planner_accepts(probed, capsys):
     meta = G.graph["probe"]
     assert meta["groups"] == [[0, 1], [2, 3]]
     assert len(meta["pairs"]) == 6
-    assert set(meta["collectives"]) == {"all_to_all/group", "all_to_all/world", "all_reduce/replicas"}
+    assert set(meta["collectives"]) == {
+        "all_to_all/group",
+        "all_to_all/world",
+        "all_to_all/rail",
+        "all_reduce/replicas",
+        "all_reduce/world",
+    }
+    latency = view.collective_latency_us  # the measured latencies, read back from the written file
+    assert set(latency) == {"all_to_all", "all_reduce"}
+    assert set(latency["all_to_all"]) == {"group", "world", "rail"} and set(latency["all_reduce"]) == {
+        "rail",
+        "world",
+    }
+    assert latency["all_to_all"]["world"].keys() == {4} and latency["all_reduce"]["rail"].keys() == {2}
     assert all(c["bandwidth_GBps"] > 0 for c in meta["collectives"].values())
     assert np.isfinite([p["latency_us"] for p in meta["pairs"].values()]).all()
     rc, out, err = run(capsys, "plan", *SMALL_WORKLOAD, "--topology", str(path))

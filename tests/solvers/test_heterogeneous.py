@@ -23,6 +23,8 @@ from topology import cluster_view
 from topology.presets import skewed_fabric
 from topology.probe import Fit, Measurements, ProbeConfig, RankInfo, measured_graph
 
+BYTES = OptimizerConfig(step_time=False)  # the bytes objective these tests check
+
 BUDGETS = (1.0, 1.5, 2.0, 4.0)
 
 
@@ -81,12 +83,12 @@ def test_flexshard_at_or_below_every_baseline_on_heterogeneous_clusters(workload
     above = []
     for wire, dedup, budget_x in itertools.product(("fp32", "bf16"), (True, False), BUDGETS):
         budget = budget_bytes(workload, view, budget_x)
-        ours = make_plan("flexshard", workload, view, budget, dedup, wire=wire)
+        ours = make_plan("flexshard", workload, view, budget, dedup, wire=wire, config=BYTES)
         assert ours.report.memory_per_gpu_bytes <= budget * (1 + 1e-9)
         assert ours.report.modeled_time_s == evaluate(workload, view, ours.plan).modeled_time_s
         for name in BASELINES:
             try:
-                theirs = make_plan(name, workload, view, budget, dedup, wire=wire).report
+                theirs = make_plan(name, workload, view, budget, dedup, wire=wire, config=BYTES).report
             except PlannerError:
                 continue  # infeasible at this budget (table-wise)
             if ours.report.modeled_time_s > theirs.modeled_time_s * (1 + 1e-9):
@@ -97,7 +99,9 @@ def test_flexshard_at_or_below_every_baseline_on_heterogeneous_clusters(workload
 
 
 def _report_lines(workload, view, budget_x: float, dedup: bool):
-    planned = make_plan("flexshard", workload, view, budget_bytes(workload, view, budget_x), dedup)
+    planned = make_plan(
+        "flexshard", workload, view, budget_bytes(workload, view, budget_x), dedup, config=BYTES
+    )
     return planned, plan_report(workload, view, planned.plan, planned.report, budget_x).splitlines()
 
 
@@ -159,7 +163,7 @@ def test_balance_survives_cbc_rounding_at_a_full_budget():
     view = cluster_view(skewed_fabric(4, 2))
     default = default_workload()
     budget = budget_bytes(default, view, 2.0)
-    plan = optimize_tiers(default, view, budget, OptimizerConfig(dedup=True)).plan
+    plan = optimize_tiers(default, view, budget, OptimizerConfig(dedup=True, step_time=False)).plan
     balanced = balance(default, view, plan, budget)
     assert balanced.solver.get("placement") == "balanced"
     even, after = evaluate(default, view, plan), evaluate(default, view, balanced)

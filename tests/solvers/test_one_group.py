@@ -26,6 +26,8 @@ from solvers.types import Plan, RowHistogram, TableSpec, Workload
 from topology import cluster_view, from_preset, read_json
 from topology.views import uniform_view
 
+BYTES = OptimizerConfig(step_time=False)  # the bytes objective these tests check
+
 FIXTURES = Path(__file__).resolve().parents[1] / "topology" / "fixtures"
 PROBED = {  # made by the real probe on one host: `flexshard probe --quick` and `--nproc 4 --groups 1`
     "probe 1x2": FIXTURES / "probe_one_host.json",
@@ -79,7 +81,7 @@ def test_no_strategy_moves_a_byte_across_groups_on_one_group(topology, dedup):
     priced = 0
     for strategy in STRATEGIES:
         try:
-            planned = make_plan(strategy, workload, view, budget, dedup=dedup)
+            planned = make_plan(strategy, workload, view, budget, dedup=dedup, config=BYTES)
         except PlannerError:  # table-wise may not fit
             continue
         priced += 1
@@ -158,7 +160,7 @@ def test_optimizer_chooses_hot_against_cold_by_brute_force_on_one_group():
         for factor in (1.0, 1.5, 2.0, 3.0, 4.0, 8.0):
             budget = floor * factor
             best = min(p[0] for p in priced if p[1] <= budget * (1 + 1e-12))
-            config = OptimizerConfig(dedup=dedup, sync=sync, include_latency=True)
+            config = OptimizerConfig(dedup=dedup, sync=sync, include_latency=True, step_time=False)
             res = optimize_tiers(workload, view, budget, config)
             report = cost_model.evaluate(workload, view, res.plan, dealt=False)
             assert report.memory_per_gpu_bytes <= budget * (1 + 1e-9)
@@ -174,7 +176,7 @@ def test_placement_balances_owner_shares_over_unequal_links_in_one_group():
     view = dataclasses.replace(uniform_view(1, 4, 1e9, 0.0), intra_bw_Bps=np.array([1e9, 1e9, 2e9, 4e9]))
     workload = zipf_workload()
     budget = budget_bytes(workload, view, 2.0)
-    even = optimize_tiers(workload, view, budget, OptimizerConfig()).plan
+    even = optimize_tiers(workload, view, budget, OptimizerConfig(step_time=False)).plan
     balanced = balance(workload, view, even, budget)
     assert balanced.solver.get("placement") == "balanced"
     share = balanced.tables[0].cold_share
@@ -191,6 +193,6 @@ def test_a_single_gpu_moves_nothing_and_waits_for_no_peer():
     view = cluster_view(from_preset("h100:1x1"))
     workload = zipf_workload()
     for strategy in STRATEGIES:
-        report = make_plan(strategy, workload, view, budget_bytes(workload, view, 1.0)).report
+        report = make_plan(strategy, workload, view, budget_bytes(workload, view, 1.0), config=BYTES).report
         assert np.all(report.traffic.bytes == 0.0) and report.latency_s == 0.0, strategy
         assert report.modeled_time_s == 0.0 and report.time_with_latency_s == 0.0, strategy

@@ -19,6 +19,8 @@ from solvers.planner import make_plan
 from solvers.types import Plan, RowHistogram, TableSpec, Workload
 from topology.views import uniform_view
 
+BYTES = OptimizerConfig(step_time=False)  # the bytes objective these tests check
+
 # --- helpers ------------------------------------------------------------------------------------
 
 FLAT_ONLY = (FetchMode.FLAT,)  # the tier program alone: every cold row fetched straight from its owner
@@ -121,7 +123,10 @@ def test_optimizer_matches_brute_force(case, dedup, sync):
     for budget in [floor * f for f in BUDGET_FACTORS] + [2.0 * everything_hot]:
         best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
         res = optimize_tiers(
-            workload, view, budget, OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY)
+            workload,
+            view,
+            budget,
+            OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY, step_time=False),
         )
         report = evaluate(workload, view, res.plan)
         assert report.memory_per_gpu_bytes <= budget * (1 + 1e-9)
@@ -190,7 +195,7 @@ def test_optimizer_with_fetch_modes_matches_brute_force(case, dedup):
     for factor in BUDGET_FACTORS:
         budget = floor * factor
         best_time, _mem, best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
-        res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=dedup))
+        res = optimize_tiers(workload, view, budget, OptimizerConfig(dedup=dedup, step_time=False))
         got = evaluate(workload, view, res.plan)
         assert got.memory_per_gpu_bytes <= budget * (1 + 1e-9)
         assert res.lower_bound_s <= best_time * (1 + 1e-9)
@@ -204,7 +209,10 @@ def test_rounding_instance_reaches_integer_optimum():
     view, workload, budget = rounding_instance()
     assert budget == pytest.approx(220.0)
     res = optimize_tiers(
-        workload, view, budget, OptimizerConfig(dedup=False, sync="sparse", fetch_modes=FLAT_ONLY)
+        workload,
+        view,
+        budget,
+        OptimizerConfig(dedup=False, sync="sparse", fetch_modes=FLAT_ONLY, step_time=False),
     )
     got = evaluate(workload, view, res.plan)
     assert got.memory_per_gpu_bytes <= budget
@@ -227,7 +235,10 @@ def test_optimizer_matches_brute_force_rounding_instance(dedup, sync):
         budget = floor * factor
         best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
         res = optimize_tiers(
-            workload, view, budget, OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY)
+            workload,
+            view,
+            budget,
+            OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY, step_time=False),
         )
         report = evaluate(workload, view, res.plan)
         assert report.memory_per_gpu_bytes <= budget * (1 + 1e-9)
@@ -251,7 +262,9 @@ def test_objective_equals_evaluate_and_small_gap(dedup, sync, latency, wire):
     workload = medium_workload()
     view = uniform_view(2, 4, 1e11, 1e10, *latency)
     rw = row_wise_memory_bytes(workload, view)
-    cfg = OptimizerConfig(dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY, wire=WireDtype.parse(wire))
+    cfg = OptimizerConfig(
+        dedup=dedup, sync=sync, fetch_modes=FLAT_ONLY, wire=WireDtype.parse(wire), step_time=False
+    )
     for factor in (1.0, 1.1, 1.3, 2.0):
         res = optimize_tiers(workload, view, rw * factor, cfg)
         report = evaluate(workload, view, res.plan)
@@ -268,7 +281,7 @@ def test_medium_case_replicates_under_bandwidth_bound_settings():
     workload = medium_workload()
     view = uniform_view(2, 4, 1e11, 1e10)
     rw = row_wise_memory_bytes(workload, view)
-    res = optimize_tiers(workload, view, 1.5 * rw)
+    res = optimize_tiers(workload, view, 1.5 * rw, BYTES)
     assert sum(h + w for h, w in tiers(res.plan)) > 0
     row_wise_time = evaluate(workload, view, baselines.row_wise(workload, view, rw, True, "sparse"))
     assert res.objective_s < 0.9 * row_wise_time.modeled_time_s
@@ -278,15 +291,15 @@ def test_infeasible_budget_names_smallest_feasible_budget():
     view, workload = brute_instance("2x2")
     floor = cold_floor(workload, view)
     with pytest.raises(PlannerError, match="smallest feasible budget"):
-        optimize_tiers(workload, view, floor * 0.99)
-    optimize_tiers(workload, view, floor)  # exactly every row cold is feasible
+        optimize_tiers(workload, view, floor * 0.99, BYTES)
+    optimize_tiers(workload, view, floor, BYTES)  # exactly every row cold is feasible
 
 
 def test_single_group_without_network():
     table = one_row_table("a", [8, 4, 2, 1], 4, 4.0)
     workload = Workload("single", (table,), batch_size_per_gpu=64)
     view = uniform_view(1, 4, 1e9, 0.0)
-    res = optimize_tiers(workload, view, 1e9)
+    res = optimize_tiers(workload, view, 1e9, BYTES)
     assert rel_diff(res.objective_s, evaluate(workload, view, res.plan).modeled_time_s) < 1e-9
 
 
@@ -322,7 +335,9 @@ def threshold_workload(N: int, k: float, boundary: int = 5) -> tuple[Workload, n
     return workload, N * workload.lookups_per_gpu(table) * p
 
 
-TWO_TIER = OptimizerConfig(dedup=False, sync="dense", allow_warm=False, fetch_modes=FLAT_ONLY)
+TWO_TIER = OptimizerConfig(
+    dedup=False, sync="dense", allow_warm=False, fetch_modes=FLAT_ONLY, step_time=False
+)
 
 
 @pytest.mark.parametrize(
@@ -465,7 +480,9 @@ def test_flexshard_beats_every_feasible_baseline(dedup, sync, shape):
     for factor in MEDIUM_FACTORS:
         budget = rw * factor
         ours = evaluate(
-            workload, view, optimize_tiers(workload, view, budget, OptimizerConfig(dedup, sync)).plan
+            workload,
+            view,
+            optimize_tiers(workload, view, budget, OptimizerConfig(dedup, sync, step_time=False)).plan,
         )
         for name, fn in baselines.BASELINES.items():
             try:
@@ -484,7 +501,9 @@ def test_flexshard_not_worse_than_data_parallel_whole_table():
     assert budget == 4 * row_wise_memory_bytes(workload, view)
     dp = evaluate(workload, view, baselines.data_parallel(workload, view, budget, False, "dense"))
     ours = evaluate(
-        workload, view, optimize_tiers(workload, view, budget, OptimizerConfig(False, "dense")).plan
+        workload,
+        view,
+        optimize_tiers(workload, view, budget, OptimizerConfig(False, "dense", step_time=False)).plan,
     )
     assert ours.modeled_time_s <= dp.modeled_time_s * (1 + 1e-9)
 
@@ -568,7 +587,10 @@ def test_latency_aware_optimizer_matches_brute_force(dedup):
         budget = floor * factor
         best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
         res = optimize_tiers(
-            workload, view, budget, OptimizerConfig(dedup=dedup, include_latency=True, fetch_modes=FLAT_ONLY)
+            workload,
+            view,
+            budget,
+            OptimizerConfig(dedup=dedup, include_latency=True, fetch_modes=FLAT_ONLY, step_time=False),
         )
         got = evaluate(workload, view, res.plan)
         assert rel_diff(got.time_with_latency_s, best[0]) < 1e-9, (tiers(res.plan), best[2])
@@ -580,8 +602,8 @@ def test_make_plan_prices_every_strategy_at_the_wire_precision(strategy):
     workload = medium_workload()
     view = uniform_view(2, 4, 1e11, 1e10)
     budget = 2 * row_wise_memory_bytes(workload, view)
-    full = make_plan(strategy, workload, view, budget, dedup=False)
-    half = make_plan(strategy, workload, view, budget, dedup=False, wire="bf16")
+    full = make_plan(strategy, workload, view, budget, dedup=False, config=BYTES)
+    half = make_plan(strategy, workload, view, budget, dedup=False, wire="bf16", config=BYTES)
     assert full.plan.wire is WireDtype.FP32 and half.plan.wire is WireDtype.BF16
     assert half.report.modeled_time_s == cost_model.evaluate(workload, view, half.plan).modeled_time_s
     # ids keep 8 bytes, vectors halve: bf16 saves something, and less than half

@@ -6,6 +6,7 @@ tests/flexshard/test_probe_cli.py.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import os
 import time
@@ -37,6 +38,7 @@ from topology.probe import (
     schedule_rounds,
     slow_parts,
 )
+from topology.probe.results import collective_latency
 from topology.probe.timing import bus_factors, collectives_to_time
 
 GB = 1e9
@@ -102,22 +104,49 @@ def test_fit_flat_or_single_size_falls_back_to_throughput():
 
 
 def test_collectives_follow_the_groups():
-    """All-to-all in the groups and across the job, all-reduce across the replica groups (the ranks at
-    the same position of every group); the bus factor of each."""
+    """The process groups a step uses: all-to-all in the groups, across the job and between rail peers (the
+    ranks at the same position of every group), all-reduce across the rail groups and the job; the bus
+    factor of each."""
     three = RankLayout.consecutive(6, 3)
     timed = dict(collectives_to_time(three, ProbeConfig()))
     assert timed == {
         "all_to_all/group": [[0, 1], [2, 3], [4, 5]],
         "all_to_all/world": [[0, 1, 2, 3, 4, 5]],
+        "all_to_all/rail": [[0, 2, 4], [1, 3, 5]],
         "all_reduce/replicas": [[0, 2, 4], [1, 3, 5]],
+        "all_reduce/world": [[0, 1, 2, 3, 4, 5]],
     }
     assert bus_factors(list(timed.items())) == pytest.approx(
-        {"all_to_all/group": 1 / 2, "all_to_all/world": 5 / 6, "all_reduce/replicas": 4 / 3}
+        {
+            "all_to_all/group": 1 / 2,
+            "all_to_all/world": 5 / 6,
+            "all_to_all/rail": 2 / 3,
+            "all_reduce/replicas": 4 / 3,
+            "all_reduce/world": 10 / 6,
+        }
     )
     assert [name for name, _ in collectives_to_time(RankLayout.single(3), ProbeConfig())] == [
-        "all_to_all/group"
+        "all_to_all/group",
+        "all_reduce/world",
     ]
     assert collectives_to_time(three, ProbeConfig(collectives=False)) == []
+
+
+def test_collective_latencies_become_graph_attributes_at_their_participants():
+    """The fitted latency of each collective lands in ``collective_latency_us`` at its group's size (a
+    non-positive intercept gives way to the median time at the smallest size)."""
+    m = dataclasses.replace(
+        _measurements(["h0", "h0", "h1", "h1"], [[0, 1], [2, 3]], {"intra": 100.0, "inter": 10.0}),
+        collectives={
+            "all_to_all/group": _fit(20.0, 12.0),
+            "all_to_all/world": _fit(10.0, 30.0),
+            "all_reduce/replicas": Fit(-1e-6, 1e9, (4096, 65536), (40e-6, 90e-6)),
+        },
+    )
+    assert collective_latency(m) == {
+        "all_to_all": {"group": {"2": pytest.approx(12.0)}, "world": {"4": pytest.approx(30.0)}},
+        "all_reduce": {"rail": {"2": pytest.approx(40.0)}},
+    }
 
 
 def test_bad_groups_are_input_errors_naming_the_flag():

@@ -30,6 +30,7 @@ from topology import (
     summary,
     write_json,
 )
+from topology.presets import H100_NCCL_LATENCY_US, NCCL_LATENCY_SOURCE
 
 GB = 1e9
 
@@ -66,7 +67,12 @@ def write_data(tmp_path: Path, data: dict) -> Path:
 
 def test_h100_two_nodes_view():
     G = h100_cluster(2)
-    assert G.graph == {"schema": "flexshard-topology/1", "name": "h100:2x8"}
+    assert G.graph == {
+        "schema": "flexshard-topology/1",
+        "name": "h100:2x8",
+        "collective_latency_us": H100_NCCL_LATENCY_US,
+        "collective_latency_source": NCCL_LATENCY_SOURCE,
+    }
     view = cluster_view(G)
     assert view.num_ranks == 16
     assert view.groups == (tuple(range(8)), tuple(range(8, 16)))

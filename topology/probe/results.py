@@ -21,6 +21,7 @@ import networkx as nx
 import numpy as np
 
 from topology.graph import add_link, gpu_id, new_topology, nic_id, nvswitch_id, validate
+from topology.latency import LATENCY_KEY, SOURCE_KEY
 from topology.probe.measurements import Measurements, RankInfo
 
 MEASURED_BY = "collective"
@@ -271,8 +272,42 @@ def measured_graph(m: Measurements, base: nx.Graph | None = None, name: str = "p
     else:
         G = _graph_of(m, links, name)
     G.graph["probe"] = _metadata(m)
+    latency = collective_latency(m)
+    if latency:
+        G.graph[LATENCY_KEY] = latency
+        G.graph[SOURCE_KEY] = f"flexshard probe ({m.ranks[0].device.split(':')[0]}, {len(m.ranks)} ranks)"
     _mark_slow(G)
     return validate(G)
+
+
+# probe collective name -> (kind, scope) of topology.latency
+_LATENCY_OF = {
+    "all_to_all/group": ("all_to_all", "group"),
+    "all_to_all/world": ("all_to_all", "world"),
+    "all_to_all/rail": ("all_to_all", "rail"),
+    "all_reduce/replicas": ("all_reduce", "rail"),
+    "all_reduce/world": ("all_reduce", "world"),
+}
+
+
+def collective_latency(m: Measurements) -> dict[str, dict[str, dict[str, float]]]:
+    """The measured collective latencies as ``G.graph["collective_latency_us"]`` (:mod:`topology.latency`):
+    each collective's fitted latency (the intercept of time over bytes; its median time at the smallest
+    size where the intercept is not positive), at its participants (the largest of its groups)."""
+    sizes = {
+        "group": max(len(g) for g in m.groups),
+        "world": len(m.ranks),
+        "rail": len(m.groups),
+    }
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for name, fit in m.collectives.items():
+        if name not in _LATENCY_OF:
+            continue
+        kind, scope = _LATENCY_OF[name]
+        seconds = fit.latency_s if fit.latency_s > 0 else min(fit.median_s)
+        if sizes[scope] >= 2 and seconds > 0:
+            out.setdefault(kind, {}).setdefault(scope, {})[str(sizes[scope])] = seconds * 1e6
+    return out
 
 
 # --- text -------------------------------------------------------------------------------------------

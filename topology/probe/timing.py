@@ -76,8 +76,10 @@ def schedule_rounds(pairs: Sequence[tuple[int, int]]) -> list[list[tuple[int, in
 
 
 def collectives_to_time(layout: RankLayout, config: ProbeConfig) -> list[tuple[str, list[list[int]]]]:
-    """(name, member lists) of each collective to time: all-to-all in the groups (when one has two
-    ranks), across the job (when there are two groups), all-reduce across the replica groups."""
+    """(name, member lists) of each collective to time, on the process groups a training step uses
+    (:mod:`solvers.schedule`): all-to-all in the groups (when one has two ranks), across the job and
+    between rail peers (when there are two groups), all-reduce across the replica (rail) groups and across
+    the job."""
     if not config.collectives:
         return []
     out: list[tuple[str, list[list[int]]]] = []
@@ -87,7 +89,10 @@ def collectives_to_time(layout: RankLayout, config: ProbeConfig) -> list[tuple[s
         out.append(("all_to_all/world", [list(range(layout.num_ranks))]))
     replicas = layout.replica_groups()
     if replicas:
+        out.append(("all_to_all/rail", replicas))
         out.append(("all_reduce/replicas", replicas))
+    if layout.num_ranks >= 2:
+        out.append(("all_reduce/world", [list(range(layout.num_ranks))]))
     return out
 
 
@@ -208,7 +213,7 @@ class _Timing:
         session = self.session
         for name, member_lists in collectives:
             kind = name.split("/")[0]
-            if name == "all_to_all/world":
+            if name.endswith("/world"):
                 pg, members = None, list(range(session.world))
             else:
                 pg = _subgroups(session, member_lists)

@@ -1,0 +1,78 @@
+"""What the hot and warm tiers save in modeled step time over ``row_wise_group_dedup``, on the embedded
+default and every real data set (issue 23's last criterion), on the ``h100:8`` preset (64 GPUs in 8
+groups; its NCCL latencies and the HBM-roofline local rates, docs/cost_model.md section 10) at a
+budget of 2x row-wise with per-rank dedup.
+
+For each workload: FlexShard's plan under the step-time objective (the default) and under the bytes
+objective, each priced by :func:`solvers.time_model.step_time` (total, latency, bandwidth, local work,
+collectives, replicated rows), beside ``row_wise_group_dedup``, and the report's tiers line. Run:
+
+    nice .venv/bin/python experiments/tier_savings.py [--topology h100:8] [--budget 2] [--quick]
+
+``--quick``: the default and the first real data set only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flexshard import workloads  # noqa: E402
+from flexshard.step_report import GROUP_DEDUP, savings_text, step_record  # noqa: E402
+from solvers.optimizer import OptimizerConfig  # noqa: E402
+from solvers.planner import budget_bytes, make_plan  # noqa: E402
+from topology import cluster_view, load_topology  # noqa: E402
+
+
+def _line(label: str, planned) -> str:
+    st, plan = planned.step, planned.plan
+    replicated = sum(tp.hot_rows + tp.warm_rows for tp in plan.tables)
+    return (
+        f"  {label:<22} {st.total_s * 1e3:8.3f} ms = latency {st.latency_s * 1e3:.3f} + bandwidth "
+        f"{st.bandwidth_s * 1e3:.3f} + local {st.local_s * 1e3:.3f}; {st.collectives} collectives, "
+        f"{replicated:,} replicated rows"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--topology", default="h100:8")
+    ap.add_argument("--budget", type=float, default=2.0)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    import sweep_comms  # the real data sets, as the communication sweep finds them
+
+    view = cluster_view(load_topology(args.topology))
+    sets = [("default", workloads.default_workload())]
+    found = sweep_comms.data_sets()
+    for label, path in found[:1] if args.quick else found:
+        sets.append((label, workloads.load_workload(path)))
+    print(
+        f"{args.topology}: {view.num_ranks} GPUs in {view.num_groups} groups; "
+        f"budget {args.budget:g}x, dedup on"
+    )
+    for label, workload in sets:
+        budget = budget_bytes(workload, view, args.budget)
+        step = make_plan("flexshard", workload, view, budget, True)
+        by_bytes = make_plan(
+            "flexshard", workload, view, budget, True, config=OptimizerConfig(step_time=False)
+        )
+        base = make_plan(GROUP_DEDUP, workload, view, budget, True)
+        print(f"{label}:")
+        print(_line("flexshard (step)", step))
+        print(_line("flexshard (bytes)", by_bytes))
+        print(_line(GROUP_DEDUP, base))
+        ours = {
+            **step_record(step.step),
+            "hot_rows": sum(tp.hot_rows for tp in step.plan.tables),
+            "warm_rows": sum(tp.warm_rows for tp in step.plan.tables),
+        }
+        print("  tiers: " + savings_text(ours, step_record(base.step)))
+
+
+if __name__ == "__main__":
+    main()

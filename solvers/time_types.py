@@ -1,0 +1,245 @@
+"""The nouns of the time model (:mod:`solvers.time_model`): collective latencies, local work rates and a
+step's modeled time.
+
+:class:`LatencyTable` prices one collective from its kind, scope and participants: linear interpolation in
+``log2(participants)`` between the measured or published points of a topology
+(``G.graph["collective_latency_us"]``, :mod:`topology.latency`); outside them an all-to-all scales with the
+peers, ``t(p) = t(p_end) (p - 1) / (p_end - 1)`` (one message to every peer), and an all-reduce with the
+tree depth, ``t(p) = t(p_end) log2(p) / log2(p_end)``, from the nearest point. A (kind, scope) with no
+point falls back to the link model of :class:`topology.views.ClusterView`: an all-to-all takes one link
+latency, an all-reduce ``2 ceil(log2 p)`` of them (a tree up and down).
+
+:class:`LocalRates` holds seconds per unit of each piece of local work, measured by
+``experiments/calibrate_local.py`` (rates are plain numbers: solvers never import torch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import ConfigError
+from solvers.schedule import Scope, Stage, StepShape, shape_schedule
+from topology import presets
+from topology.latency import KINDS, SCOPES, LatencyPoints, parse_latency
+from topology.views import ClusterView, cluster_view
+
+
+@dataclass(frozen=True)
+class LatencyTable:
+    """Seconds of latency of one small-message collective, by kind, scope and participants (module doc)."""
+
+    points_us: LatencyPoints = field(default_factory=dict)  # {kind: {scope: {participants: us}}}
+    intra_link_s: float = 0.0  # the link model's latencies, for a (kind, scope) without points
+    inter_link_s: float = 0.0
+    source: str = ""
+
+    def seconds(self, kind: str, scope: str, participants: int) -> float:
+        """Latency in seconds of a ``kind`` collective on ``participants`` ranks of a ``scope`` group
+        (``"group"`` for a world stage on a cluster of one group; the caller says so)."""
+        kind, scope = str(getattr(kind, "value", kind)), str(getattr(scope, "value", scope))
+        if kind not in KINDS or scope not in SCOPES:
+            raise ValueError(f"latency table: no collective {kind!r} on scope {scope!r}")
+        p = int(participants)
+        if p <= 1:
+            return 0.0
+        pts = self.points_us.get(kind, {}).get(scope)
+        if not pts:
+            link = self.intra_link_s if scope == "group" else self.inter_link_s
+            return link if kind == "all_to_all" else 2 * math.ceil(math.log2(p)) * link
+        ps = np.array(sorted(pts), dtype=np.float64)
+        us = np.array([pts[int(q)] for q in ps])
+        if ps[0] <= p <= ps[-1]:
+            return float(np.interp(math.log2(p), np.log2(ps), us)) * 1e-6
+        end = ps[0] if p < ps[0] else ps[-1]
+        y = us[0] if p < ps[0] else us[-1]
+        if kind == "all_to_all":
+            return float(y * (p - 1) / (end - 1)) * 1e-6
+        return float(y * math.log2(p) / math.log2(end)) * 1e-6
+
+    @classmethod
+    def from_view(cls, view: ClusterView) -> LatencyTable:
+        """The view's collective latencies (from its topology graph) over its link model."""
+        inter = float(view.inter_latency_s.max()) if view.num_groups > 1 else 0.0
+        return cls(
+            points_us=view.collective_latency_us or {},
+            intra_link_s=float(view.intra_latency_s.max()),
+            inter_link_s=inter,
+            source=view.collective_latency_source or "link latencies of the topology",
+        )
+
+    @classmethod
+    def from_graph(cls, G: Any) -> LatencyTable:
+        """The collective latencies of a topology graph (``G.graph["collective_latency_us"]``), over the
+        link model of its view."""
+        return cls.from_view(cluster_view(G))
+
+    @classmethod
+    def links_only(cls, view: ClusterView) -> LatencyTable:
+        """The link model alone (one link latency per all-to-all, ``2 ceil(log2 p)`` per all-reduce)."""
+        return replace_points(cls.from_view(view), {}, "link latencies of the topology")
+
+    @classmethod
+    def preset(cls, name: str, view: ClusterView | None = None) -> LatencyTable:
+        """The NCCL figures of preset ``name`` (``h100`` or ``nvl72``; :mod:`topology.presets`)."""
+        figures = {"h100": presets.H100_NCCL_LATENCY_US, "nvl72": presets.NVL72_NCCL_LATENCY_US}
+        if name not in figures:
+            raise ConfigError(f"latency preset {name!r}: unknown; expected one of {', '.join(figures)}")
+        base = cls() if view is None else cls.from_view(view)
+        return replace_points(base, parse_latency(figures[name]), presets.NCCL_LATENCY_SOURCE)
+
+
+def stage_latency_s(stage: Stage, view: ClusterView, latency: LatencyTable) -> float:
+    """Latency of one stage on ``view``: a world stage on a cluster of one group is priced as a group
+    collective (it never leaves NVLink)."""
+    scope = Scope.GROUP if stage.scope is Scope.WORLD and view.num_groups == 1 else stage.scope
+    return latency.seconds(stage.kind.value, scope.value, stage.participants(view))
+
+
+def shape_latency_s(shape: StepShape, view: ClusterView, latency: LatencyTable | None = None) -> float:
+    """Latency of one step of a plan of this shape: the sum over its stages (the view's table by default)."""
+    table = LatencyTable.from_view(view) if latency is None else latency
+    return float(sum(stage_latency_s(s, view, table) for s in shape_schedule(shape, view)))
+
+
+def replace_points(table: LatencyTable, points: LatencyPoints, source: str) -> LatencyTable:
+    """``table`` with other points and source."""
+    return LatencyTable(points, table.intra_link_s, table.inter_link_s, source)
+
+
+@dataclass(frozen=True)
+class LocalRates:
+    """Seconds per unit of local work on one rank. ``_per_value``: per embedding element moved (a row of
+    ``dim`` values costs ``dim`` of them); ``collective_call_s``: the host's fixed cost of issuing one
+    collective (the call, the split bookkeeping), on top of the collective's latency."""
+
+    dedup_s_per_lookup: float  # torch.unique(..., return_inverse=True) over the batch's ids
+    route_s_per_lookup: float  # the tier test and owner of an id, and the sort into destination order
+    gather_s_per_value: float  # index_select of rows
+    scatter_add_s_per_value: float  # index_add_ of gradients into rows
+    update_s_per_value: float  # the optimizer's update of a row (SGD or row-wise Adagrad)
+    collective_call_s: float  # host overhead per collective call
+    source: str = ""
+
+    FIELDS = (
+        "dedup_s_per_lookup",
+        "route_s_per_lookup",
+        "gather_s_per_value",
+        "scatter_add_s_per_value",
+        "update_s_per_value",
+        "collective_call_s",
+    )
+
+    def __post_init__(self) -> None:
+        for name in self.FIELDS:
+            value = getattr(self, name)
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value) or value < 0:
+                raise ConfigError(f"local rates: field {name!r} = {value!r}; expected seconds >= 0")
+
+    @classmethod
+    def default(cls) -> LocalRates:
+        """The rates ``experiments/calibrate_local.py`` printed on this project's development machine (see
+        :data:`DEFAULT_RATES`)."""
+        return DEFAULT_RATES
+
+    @classmethod
+    def for_view(cls, view: ClusterView) -> LocalRates:
+        """The rates to price ``view`` with: the GPU roofline estimate (:data:`GPU_ROOFLINE_RATES`) for a
+        cluster that carries a preset's NCCL figures, this machine's measured rates otherwise."""
+        if view.collective_latency_source == presets.NCCL_LATENCY_SOURCE:
+            return GPU_ROOFLINE_RATES
+        return DEFAULT_RATES
+
+    @classmethod
+    def zero(cls) -> LocalRates:
+        """No local work (the bytes-only model)."""
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, "none")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LocalRates:
+        """Rates from the JSON ``experiments/calibrate_local.py --out`` wrote (one-line error otherwise)."""
+        where = f"local rates file {str(path)!r}"
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"{where}: cannot read ({err})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: top level is a {type(data).__name__}; expected an object")
+        missing = [name for name in cls.FIELDS if name not in data]
+        if missing:
+            raise ConfigError(f"{where}: missing field {missing[0]!r}")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+
+
+# experiments/calibrate_local.py --repeats 5 as printed on 2026-11-25 on the development machine (x86_64
+# Linux, 2 cores shared with other jobs, torch 2.13.0+cpu, one thread): CPU figures, for the gloo runs on
+# this machine. Four runs that day spread: update 2.6-7.1 ns per value, a collective call 12-66 us, the rest
+# within 20%. A GPU cluster's rates come from running the script there and LocalRates.load.
+DEFAULT_RATES = LocalRates(
+    dedup_s_per_lookup=1.148e-08,
+    route_s_per_lookup=5.703e-08,
+    gather_s_per_value=2.195e-09,
+    scatter_add_s_per_value=7.733e-10,
+    update_s_per_value=3.284e-09,
+    collective_call_s=6.557e-05,
+    source="experiments/calibrate_local.py, 2026-11-25, x86_64 CPU, torch 2.13.0+cpu, 1 thread",
+)
+
+HBM_BPS = 3.35e12  # H100 SXM HBM3, bytes/s
+# Not measured (no GPU was available): each piece's bytes of device memory traffic at the H100's HBM
+# bandwidth, docs/cost_model.md "Step time": gather 8 B per value (read, write), scatter-add 12 B (read
+# source, read and write the row), row-wise Adagrad 12 B, dedup 72 B per id (a radix sort's passes and
+# the inverse), routing 224 B per id (a binary search's reads and the sort), and 5 us of host time to
+# launch a collective.
+GPU_ROOFLINE_RATES = LocalRates(
+    dedup_s_per_lookup=72 / HBM_BPS,
+    route_s_per_lookup=224 / HBM_BPS,
+    gather_s_per_value=8 / HBM_BPS,
+    scatter_add_s_per_value=12 / HBM_BPS,
+    update_s_per_value=12 / HBM_BPS,
+    collective_call_s=5e-6,
+    source="assumed: H100 HBM roofline (3.35 TB/s), not measured",
+)
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One collective of the step: its latency in seconds."""
+
+    name: str
+    phase: str
+    kind: str
+    scope: str
+    participants: int
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Modeled seconds of one training step at its slowest rank, split into latency, bandwidth and local
+    work (:func:`solvers.time_model.step_time`)."""
+
+    latency_s: float  # sum over the step's collectives of their latency
+    bandwidth_s: float  # bytes over bandwidth, component by component (sum over link classes)
+    local_s: float  # lookups, unique rows, rows served and synced times the local rates
+    total_s: float  # latency + bandwidth + local, or with ``overlap`` the pipelined step (module doc)
+    collectives: int  # collectives per step
+    stages: tuple[StageTime, ...]
+    bandwidth_by_component: dict[str, float]  # slowest rank: seconds per traffic component
+    local_by_piece: dict[str, float]  # slowest rank: seconds per piece of local work
+    slowest_rank: int
+    per_rank_total_s: np.ndarray  # float64[N]
+    overlap: bool = False
+    latency_source: str = ""  # where the latencies come from (LatencyTable.source)
+    rates_source: str = ""  # where the local rates come from (LocalRates.source)

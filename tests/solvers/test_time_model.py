@@ -1,0 +1,217 @@
+"""The time model: latency interpolation, local rates and hand-computed step times on 2 groups x 2 GPUs."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from core.errors import ConfigError, TopologyError
+from core.vocabulary import SyncMode
+from solvers.cost_model import table_plan
+from solvers.time_model import step_time
+from solvers.time_types import LatencyTable, LocalRates
+from solvers.types import Plan, RowHistogram, TableSpec, Workload
+from topology import from_preset, read_json, write_json
+from topology.latency import parse_latency
+from topology.views import cluster_view, uniform_view
+
+REL = 1e-12
+VIEW = uniform_view(2, 2, 100.0, 10.0)  # N = 4 in groups of 2, as tests/solvers/test_cost_model.py
+TABLE = TableSpec(
+    "a",
+    num_rows=4,
+    dim=2,
+    ids_per_sample=1.0,
+    hist=RowHistogram(rows=np.ones(4, dtype=np.int64), prob=np.array([0.4, 0.3, 0.2, 0.1])),
+    element_bytes=4,
+)
+WORKLOAD = Workload("hand", (TABLE,), batch_size_per_gpu=3)  # n = 3 lookups per GPU
+# seconds: a world all-to-all 1, a group one 0.5, a world all-reduce 2, a rail one 1.5
+TABLE_S = LatencyTable(
+    parse_latency(
+        {
+            "all_to_all": {"world": {"4": 1e6}, "group": {"2": 0.5e6}},
+            "all_reduce": {"world": {"4": 2e6}, "rail": {"2": 1.5e6}},
+        }
+    )
+)
+RATES = LocalRates(1.0, 2.0, 3.0, 5.0, 7.0, 11.0)  # dedup, route, gather, scatter-add, update, call
+
+
+def _plan(hot: int, dedup: bool = False) -> Plan:
+    return Plan("hand", (table_plan(TABLE, VIEW, hot, 0),), dedup=dedup, sync=SyncMode.SPARSE)
+
+
+# --- latency table ------------------------------------------------------------------------------
+
+
+def test_interpolation_is_linear_in_log2_participants():
+    table = LatencyTable(parse_latency({"all_to_all": {"world": {"2": 10.0, "8": 30.0}}}))
+    # log2 4 = 2 is halfway between log2 2 = 1 and log2 8 = 3
+    assert table.seconds("all_to_all", "world", 4) == pytest.approx(20e-6, rel=REL)
+    assert table.seconds("all_to_all", "world", 8) == pytest.approx(30e-6, rel=REL)
+    assert table.seconds("all_to_all", "world", 1) == 0.0
+
+
+def test_beyond_the_points_all_to_all_scales_with_peers_and_all_reduce_with_depth():
+    table = LatencyTable(
+        parse_latency(
+            {"all_to_all": {"rail": {"4": 12.0, "8": 30.0}}, "all_reduce": {"world": {"2": 10.0, "16": 40.0}}}
+        )
+    )
+    assert table.seconds("all_to_all", "rail", 16) == pytest.approx(30e-6 * 15 / 7, rel=REL)
+    assert table.seconds("all_to_all", "rail", 2) == pytest.approx(12e-6 * 1 / 3, rel=REL)
+    assert table.seconds("all_reduce", "world", 64) == pytest.approx(40e-6 * 6 / 4, rel=REL)
+
+
+def test_a_kind_and_scope_without_points_uses_the_link_model():
+    table = LatencyTable({}, intra_link_s=3e-6, inter_link_s=8e-6)
+    assert table.seconds("all_to_all", "group", 8) == 3e-6
+    assert table.seconds("all_to_all", "world", 16) == 8e-6
+    assert table.seconds("all_reduce", "rail", 5) == pytest.approx(2 * math.ceil(math.log2(5)) * 8e-6)
+
+
+def test_preset_figures_reach_the_view_and_round_trip_through_a_topology_file(tmp_path):
+    G = from_preset("h100:2")
+    write_json(G, tmp_path / "t.json")
+    view = cluster_view(read_json(tmp_path / "t.json"))
+    table = LatencyTable.from_view(view)
+    assert table.seconds("all_reduce", "world", 16) == pytest.approx(47.6e-6, rel=REL)
+    assert table == LatencyTable.from_view(cluster_view(G))
+    assert table.source.startswith("NCCL figures")
+
+
+def test_probe_latency_round_trips_through_the_topology_file(tmp_path):
+    G = from_preset("skewed:2x2")
+    measured = {
+        "all_to_all": {"world": {"4": 812.5}, "group": {"2": 95.0}},
+        "all_reduce": {"rail": {"2": 130}},
+    }
+    G.graph["collective_latency_us"] = measured
+    G.graph["collective_latency_source"] = "flexshard probe, gloo on loopback"
+    write_json(G, tmp_path / "t.json")
+    view = cluster_view(read_json(tmp_path / "t.json"))
+    assert view.collective_latency_us == {
+        "all_to_all": {"world": {4: 812.5}, "group": {2: 95.0}},
+        "all_reduce": {"rail": {2: 130.0}},
+    }
+    assert view.collective_latency_source == "flexshard probe, gloo on loopback"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"broadcast": {}}, "kind 'broadcast'"),
+        ({"all_to_all": {"pod": {"2": 1.0}}}, "scope 'pod'"),
+        ({"all_to_all": {"world": {"1": 1.0}}}, "participants '1'"),
+        ({"all_reduce": {"world": {"4": -3.0}}}, "= -3.0; expected a positive number"),
+        ([1, 2], "expected an object"),
+    ],
+)
+def test_bad_latency_attributes_are_named(value, message):
+    G = from_preset("h100:1")
+    G.graph["collective_latency_us"] = value
+    with pytest.raises(TopologyError, match="collective_latency_us") as err:
+        cluster_view(G)
+    assert message in str(err.value)
+
+
+def test_preset_tables_at_scale_and_from_the_graph():
+    """The h100 preset's figures: fabric all-to-all 83 us at 64 GPUs and 531 us at 512 (20 us + 1 us per
+    peer), world all-reduce 47.6 us at 16 (NVIDIA/nccl#1244); beyond 512 an all-to-all grows per peer."""
+    G = from_preset("h100:8")
+    table = LatencyTable.from_graph(G)
+    assert table.seconds("all_to_all", "world", 64) == pytest.approx(83e-6, rel=REL)
+    assert table.seconds("all_to_all", "world", 512) == pytest.approx(531e-6, rel=REL)
+    assert table.seconds("all_to_all", "world", 1024) == pytest.approx(531e-6 * 1023 / 511, rel=REL)
+    assert table.seconds("all_reduce", "world", 16) == pytest.approx(47.6e-6, rel=REL)
+    assert LatencyTable.preset("nvl72").seconds("all_to_all", "group", 72) == pytest.approx(59.7e-6, rel=REL)
+    with pytest.raises(ConfigError, match="latency preset 'a100'"):
+        LatencyTable.preset("a100")
+
+
+def test_local_rates_for_a_view_say_where_they_come_from():
+    assert LocalRates.for_view(cluster_view(from_preset("h100:2"))).source.startswith("assumed: H100 HBM")
+    assert LocalRates.for_view(VIEW) == LocalRates.default()
+    assert LocalRates.default().source.startswith("experiments/calibrate_local.py")
+
+
+# --- local rates --------------------------------------------------------------------------------
+
+
+def test_local_rates_round_trip_and_bad_fields(tmp_path):
+    RATES.save(tmp_path / "r.json")
+    assert LocalRates.load(tmp_path / "r.json") == RATES
+    with pytest.raises(ConfigError, match="'route_s_per_lookup' = -1"):
+        LocalRates(1.0, -1, 3.0, 5.0, 7.0, 11.0)
+    (tmp_path / "bad.json").write_text('{"dedup_s_per_lookup": 1}')
+    with pytest.raises(ConfigError, match="missing field 'route_s_per_lookup'"):
+        LocalRates.load(tmp_path / "bad.json")
+
+
+# --- hand-computed step times, 2 groups x 2 GPUs, one table -------------------------------------
+
+
+def test_all_cold_step_by_hand():
+    st = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, RATES, dealt=False)
+    # stages meta, ids, rows, grads: world all-to-alls of 4 ranks, 1 s each
+    assert [s.name for s in st.stages] == ["meta", "ids", "rows", "grads"]
+    assert st.collectives == 4 and st.latency_s == pytest.approx(4.0, rel=REL)
+    # bytes: tests/solvers/test_cost_model.py::test_all_cold_no_dedup, 5.46 s (send = recv per component)
+    assert st.bandwidth_s == pytest.approx(5.46, rel=REL)
+    # local: 3 lookups routed (2 s each); 3 rows served (share 1/4 of 3 lookups from 4 ranks);
+    # gather and scatter-add of 3 + 3 rows of 2 values, update of the 3 served rows, 4 calls
+    pieces = {"dedup": 0.0, "route": 6.0, "gather": 36.0, "scatter_add": 60.0, "update": 42.0, "calls": 44.0}
+    assert st.local_by_piece == pytest.approx(pieces, rel=REL)
+    assert st.local_s == pytest.approx(188.0, rel=REL)
+    assert st.total_s == pytest.approx(4.0 + 5.46 + 188.0, rel=REL)
+
+
+def test_one_hot_row_step_by_hand():
+    st = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, RATES, dealt=False)
+    names = [s.name for s in st.stages]
+    assert names == [
+        "meta",
+        "ids",
+        "rows",
+        "grads",
+        "sync_mask",
+        "sync_group_reduce",
+        "sync_rail",
+        "sync_group_gather",
+    ]
+    # 4 world all-to-alls (1 s), the mask's world all-reduce (2 s), two group all-to-alls (0.5 s), a rail
+    # all-reduce (1.5 s)
+    assert st.latency_s == pytest.approx(8.5, rel=REL)
+    assert st.bandwidth_s == pytest.approx(
+        4.48695514447872, rel=1e-12
+    )  # test_one_hot_row_sparse_sync_no_dedup
+    touched = 0.997823217664  # row 0 touched somewhere: 1 - 0.6^12
+    served = 1.8  # cold lookups 3 * 0.6, share 1/4, from 4 ranks
+    rows = 3 + served + touched
+    assert st.local_by_piece["gather"] == pytest.approx(3.0 * 2 * rows, rel=REL)
+    assert st.local_by_piece["scatter_add"] == pytest.approx(5.0 * 2 * rows, rel=REL)
+    assert st.local_by_piece["update"] == pytest.approx(7.0 * 2 * (served + touched), rel=REL)
+    local = 6.0 + 8.0 * 2 * rows + 14.0 * (served + touched) + 8 * 11.0
+    assert st.local_s == pytest.approx(local, rel=REL)
+    assert st.total_s == pytest.approx(8.5 + 4.48695514447872 + local, rel=REL)
+    # overlap: the sync (4.5 s latency, its bytes, 30 s per synced row) runs beside the next input (2 s
+    # latency, the ids' bytes, routing): the step pays the larger of the two
+    input_part = 2.0 + (11.6 / 100 + 23.2 / 10) + 6.0
+    sync_part = 4.5 + (8.982585741312 / 100 + 4.491292870656 / 10) + 30.0 * touched
+    piped = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, RATES, overlap=True, dealt=False)
+    assert piped.total_s == pytest.approx(st.total_s - input_part - sync_part + max(input_part, sync_part))
+
+
+def test_dedup_prices_every_lookup_and_one_rank_has_no_collectives():
+    st = step_time(WORKLOAD, VIEW, _plan(0, dedup=True), TABLE_S, RATES, dealt=False)
+    assert st.local_by_piece["dedup"] == pytest.approx(3.0, rel=REL)
+    one = uniform_view(1, 1, 100.0, 0.0)
+    plan = Plan("one", (table_plan(TABLE, one, 0, 0),), dedup=True, sync=SyncMode.SPARSE)
+    st1 = step_time(WORKLOAD, one, plan, TABLE_S, RATES, dealt=False)
+    assert st1.collectives == 0 and st1.latency_s == 0.0 and st1.bandwidth_s == 0.0
+    # 3 lookups: dedup 3, route 6, gather 3 * 2 * 3 = 18, scatter-add 5 * 2 * 3 = 30; nothing served;
+    # the 2.2 distinct rows of the batch updated: 7 * 2 * 2.2 = 30.8
+    assert st1.total_s == pytest.approx(3.0 + 6.0 + 18.0 + 30.0 + 30.8, rel=REL)
