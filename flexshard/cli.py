@@ -20,7 +20,7 @@ from core.vocabulary import SyncMode, WireDtype
 from flexshard import logs, probe, workloads
 from flexshard.cli_bench import add_parser as add_bench_parser
 from flexshard.cli_bench import cmd_bench
-from flexshard.cli_common import Parser, first_line, positive_float, positive_int
+from flexshard.cli_common import Parser, add_objective, first_line, positive_float, positive_int
 from flexshard.cli_stats import cmd_stats
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
@@ -74,13 +74,7 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         default=WireDtype.FP32.value,
         help="element type of embeddings and gradients on the wire, as the plan prices it (default fp32)",
     )
-    p.add_argument(
-        "--objective",
-        choices=["step", "bytes"],
-        default="step",
-        help="what the planner minimises: the modeled step time (collective latency, bytes over bandwidth "
-        "and local work; docs/cost_model.md section 10) or bytes over bandwidth alone (default step)",
-    )
+    add_objective(p)
     p.add_argument(
         "--batch-size",
         type=positive_int,

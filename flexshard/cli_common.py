@@ -49,3 +49,17 @@ def first_line(err: BaseException) -> str:
     """The first line of an exception's message (its type name when it has none), for one-line errors."""
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
+
+
+OBJECTIVES = ("step", "bytes")  # what the planner minimises (solvers.tier_program.OptimizerConfig.step_time)
+
+
+def add_objective(p: argparse.ArgumentParser) -> None:
+    """The ``--objective`` flag of every command that plans."""
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="step",
+        help="what the planner minimises: the modeled step time (collective latency, bytes over bandwidth "
+        "and local work; docs/cost_model.md section 10) or bytes over bandwidth alone (default step)",
+    )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from core.errors import ConfigError
 from core.osutil import physical_memory_bytes
-from flexshard.cli_common import positive_float, positive_int
+from flexshard.cli_common import add_objective, positive_float, positive_int
 
 PLAN_FOR = ("probed", "h100")
 DEFAULT_NPROC = 4
@@ -43,6 +43,7 @@ class BenchConfig:
     workload: str = "default"
     plan_for: str = "probed"
     budget: float = 2.0
+    objective: str = "step"  # what FlexShard's planner minimises: step time or bytes
     seed: int = 0
     threads: int = 1
     lr: float = 0.01
@@ -101,6 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=2.0,
         help="FlexShard's memory per rank, a multiple of row-wise sharding's (default 2)",
     )
+    add_objective(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the batches and the tables' ids (default 0)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default 1)")
     p.add_argument(
@@ -125,6 +127,7 @@ def config_from_args(args: argparse.Namespace, launched_world: int | None) -> Be
         workload=args.workload,
         plan_for=args.plan_for,
         budget=args.budget,
+        objective=args.objective,
         seed=args.seed,
         threads=args.threads,
         timeout_s=args.timeout,

@@ -23,6 +23,7 @@ from flexshard.bench.data import BenchData
 from flexshard.bench.predict import predicted_step_ms
 from flexshard.plan_file import to_dict
 from solvers.planner import PlannedStrategy, budget_bytes, make_plan
+from solvers.tier_program import OptimizerConfig
 from topology import cluster_view
 from topology.presets import h100_cluster
 from topology.views import ClusterView
@@ -42,13 +43,13 @@ LABELS = {
 @dataclass
 class StrategyPlan:
     """One strategy's plan: the plan file ``document`` (None for TorchRec, which shards by itself), the
-    cost model's modeled bytes and the time model's prediction on the machine (ms, None without one)."""
+    cost model's modeled bytes and the time model's prediction on the running machine (ms)."""
 
     key: str
     document: dict[str, Any] | None
     modeled_inter_bytes: float
     modeled_intra_bytes: float
-    predicted_ms: float | None
+    predicted_ms: float  # the time model's step on the running machine
     summary: str
 
 
@@ -130,14 +131,26 @@ def _summary(planned: PlannedStrategy) -> str:
 
 
 def make_plans(
-    data: BenchData, plan_view: ClusterView, machine_view: ClusterView | None, budget_x: float, torchrec: bool
+    data: BenchData,
+    plan_view: ClusterView,
+    machine_view: ClusterView,
+    budget_x: float,
+    torchrec: bool,
+    objective: str = "step",
 ) -> dict[str, StrategyPlan]:
-    """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine; None:
-    no prediction), in :data:`RUNTIME_STRATEGIES` order then TorchRec's."""
+    """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine), in
+    :data:`RUNTIME_STRATEGIES` order then TorchRec's; FlexShard's planner minimises ``objective`` (``step``
+    time or ``bytes``)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
     made = {
-        "flexshard": make_plan("flexshard", w, plan_view, budget_bytes(w, plan_view, budget_x)),
+        "flexshard": make_plan(
+            "flexshard",
+            w,
+            plan_view,
+            budget_bytes(w, plan_view, budget_x),
+            config=OptimizerConfig(step_time=objective == "step"),
+        ),
         "row_wise": make_plan("row_wise", w, plan_view, row_wise_budget, dedup=True),
         "row_wise_group_dedup": make_plan("row_wise_group_dedup", w, plan_view, row_wise_budget, dedup=True),
     }
@@ -148,7 +161,7 @@ def make_plans(
         document = None
         if key != TORCHREC:
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
-        predicted = None if machine_view is None else predicted_step_ms(w, machine_view, planned.plan)
+        predicted = predicted_step_ms(w, machine_view, planned.plan)
         out[key] = StrategyPlan(
             key,
             document,

@@ -17,7 +17,6 @@ import numpy as np
 from core.vocabulary import LinkClass
 from flexshard.bench.config import BenchConfig
 from flexshard.bench.plans import LABELS, StrategyPlan, plan_for_text
-from flexshard.bench.predict import MISSING
 
 INTRA, INTER = int(LinkClass.INTRA_GROUP), int(LinkClass.INTER_GROUP)
 
@@ -32,7 +31,6 @@ def records(
     gathered: list[dict[str, Any]],
     plans: dict[str, StrategyPlan],
     notes: dict[str, str],
-    probed: bool,
 ) -> list[dict[str, Any]]:
     """One record per strategy that ran (run order), then one per strategy skipped (``skipped``: why)."""
     out = []
@@ -65,8 +63,6 @@ def records(
             own = _busiest([p["own"] for p in per_rank])
             record["runtime_inter_group_bytes"] = float(own[INTER])
             record["runtime_intra_group_bytes"] = float(own[INTRA])
-        if sp.predicted_ms is None:
-            record["predicted_note"] = MISSING if probed else f"{MISSING} (and a probe of this machine)"
         out.append(record)
     for key, why in notes.items():
         out.append({"strategy": key, "label": LABELS[key], "skipped": why})
@@ -118,7 +114,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
     ]
     rows = [header]
     for r in ran:
-        pred = "n/a" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f}"
+        pred = f"{r['predicted_step_ms']:.1f}"
         rows.append(
             [
                 r["label"],
@@ -144,9 +140,6 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
     lines.append("bytes: the busiest rank's mean per step, sent, counted on the collectives (MB = 1e6 B)")
     for r in ran:
         lines.append(f"- {r['label']}: {r['plan']}")
-    missing = next((r["predicted_note"] for r in ran if "predicted_note" in r), None)
-    if missing:
-        lines.append(f"predicted: n/a, {missing}")
     for r in recs:
         if "skipped" in r and not r["skipped"].startswith("left out"):
             lines.append(f"{r['label']} skipped: {r['skipped']}")

@@ -31,7 +31,6 @@ from flexshard.bench import results
 from flexshard.bench.config import BenchConfig
 from flexshard.bench.data import BenchData, default_data, stats_data
 from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view, view_figures
-from flexshard.bench.predict import time_model_available
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
 from flexshard.progress import Progress
@@ -100,16 +99,12 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(cfg.threads)
     data = load_data(cfg, world)
-    machine = (
-        probed_view(cfg.groups, min(cfg.timeout_s, 120.0))
-        if (cfg.plan_for == "probed" or time_model_available())
-        else None
-    )
+    machine = probed_view(cfg.groups, min(cfg.timeout_s, 120.0))  # what the predictions are priced on
     planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
     shared: list[Any] = [None]
     if rank == 0:
-        shared = [make_plans(data, planned_for, machine, cfg.budget, not skipped)]
+        shared = [make_plans(data, planned_for, machine, cfg.budget, not skipped, cfg.objective)]
     dist.broadcast_object_list(shared, src=0)
     plans = shared[0]
     with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as tmp:
@@ -122,7 +117,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
         return None
     notes = {TORCHREC: skipped} if skipped else {}
     notes.update(failed)
-    recs = results.records(cfg, gathered, plans, notes, machine is not None)
+    recs = results.records(cfg, gathered, plans, notes)
     for r in recs:
         if "skipped" not in r:
             r["plan_view"] = view_figures(planned_for)

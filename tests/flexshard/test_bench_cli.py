@@ -11,7 +11,6 @@ import pytest
 
 from flexshard.bench import results
 from flexshard.bench.config import BenchConfig
-from flexshard.bench.predict import MISSING, time_model_available
 from flexshard.cli import main
 from flexshard.runtime.features import ERROR_WORDS
 from tests.flexshard.cli_helpers import fails
@@ -58,8 +57,7 @@ def test_one_record_per_strategy_with_the_keys(first):
         assert r["timed_steps"] == 2
         assert r["step_ms_median"] > 0 and r["step_ms_mean"] > 0
         assert r["inter_group_bytes"] > 0 and r["intra_group_bytes"] > 0
-        if not time_model_available():
-            assert r["predicted_step_ms"] is None and r["predicted_note"] == MISSING
+        assert r["predicted_step_ms"] > 0
 
 
 def test_collectives_per_step_repeat_and_match_the_runtime(first, second):

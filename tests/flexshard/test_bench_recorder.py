@@ -13,11 +13,12 @@ import torch.distributed as dist
 
 from flexshard.bench.data import default_data
 from flexshard.bench.plans import h100_view, make_plans
-from flexshard.bench.predict import MISSING, predicted_step_ms
+from flexshard.bench.predict import predicted_step_ms
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.local import run_on_ranks
+from solvers.time_model import step_time
 
 
 def _hand_counted(rank: int, world: int) -> tuple[dict, np.ndarray, np.ndarray, dict]:
@@ -65,7 +66,7 @@ def _runtime_steps(rank: int, world: int, docs: dict) -> dict:
 @pytest.fixture(scope="module")
 def runtime_steps() -> list[dict]:
     data = default_data(16, 0, 4)
-    plans = make_plans(data, h100_view(4, 2), None, 2.0, torchrec=False)
+    plans = make_plans(data, h100_view(4, 2), h100_view(4, 2), 2.0, torchrec=False, objective="bytes")
     assert "hot 0 " not in plans["flexshard"].summary  # the plan has replicas, so a replica sync
     return run_on_ranks(_runtime_steps, 4, {k: p.document for k, p in plans.items()}, timeout_s=300)
 
@@ -86,24 +87,7 @@ def test_collectives_of_each_runtime_step(runtime_steps):
         assert per_rank["flexshard"][0][2]["all_reduce"] > 0  # the replica sync
 
 
-def test_prediction_without_the_time_model():
-    try:
-        import solvers.time_model  # noqa: F401
-    except ImportError:
-        data = default_data(16, 0, 4)
-        view = h100_view(4, 2)
-        plans = make_plans(data, view, view, 2.0, torchrec=False)
-        assert all(p.predicted_ms is None for p in plans.values())
-        assert MISSING == "needs solvers.time_model"
-        return
-    pytest.skip("solvers.time_model is installed: test_prediction_with_the_time_model checks it")
-
-
 def test_prediction_with_the_time_model():
-    try:
-        from solvers.time_model import step_time
-    except ImportError:
-        pytest.skip("needs solvers.time_model")
     from solvers.planner import budget_bytes, make_plan
 
     data = default_data(16, 0, 4)

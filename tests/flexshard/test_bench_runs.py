@@ -99,13 +99,16 @@ def test_a_topology_file_plans_as_its_view(tmp_path, monkeypatch):
     write_json(h100_cluster(2, 2), str(path))
     out = io.StringIO()
     argv = ["bench", "--nproc", "4", "--groups", "2", "--steps", "1", "--rounds", "1", "--warmup", "0",
-            "--batch", "16", "--no-torchrec", "--plan-for", str(path), "--json"]  # fmt: skip
+            "--batch", "16", "--no-torchrec", "--plan-for", str(path), "--objective", "bytes",
+            "--json"]  # fmt: skip
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
     recs = json.loads(out.getvalue())[:3]
-    expected = make_plans(default_data(16, 0, 4), h100_view(4, 2), None, 2.0, torchrec=False)
+    expected = make_plans(
+        default_data(16, 0, 4), h100_view(4, 2), h100_view(4, 2), 2.0, torchrec=False, objective="bytes"
+    )
     assert [r["plan"] for r in recs] == [expected[r["strategy"]].summary for r in recs]
-    assert "warm" in recs[0]["plan"] and "hot 0 " not in recs[0]["plan"]  # replicas, as for the H100 shape
+    assert "warm" in recs[0]["plan"] and "hot 0 " not in recs[0]["plan"]  # replicas: the bytes objective
 
 
 def test_a_topology_file_of_another_shape_is_one_line(tmp_path, capsys, monkeypatch):
