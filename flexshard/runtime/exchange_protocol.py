@@ -152,7 +152,8 @@ class ExchangeProtocol:
                 ),
                 (other, lk.owner.index_select(0, other), False),
             )
-            index.append([]), send.append([])
+            index.append([])
+            send.append([])
             for sel, dest, ids in columns:
                 order = torch.argsort(dest, stable=True)
                 index[t].append(sel.index_select(0, order))
