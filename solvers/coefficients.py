@@ -143,10 +143,14 @@ def table_coefficients(
         volume = np.diff(mass.unique if dedup else mass.lookups)
         touched = np.diff(mass.touched)
         payload = wire.sync_payload(touched, rows, vec, sync)
+        mask = wire.sync_mask_bytes(rows, sync)  # hot and warm marks: one all-reduce over every rank
+        warm_mask = mask if view.num_groups > 1 else 0.0 * mask
         time_s = np.stack(
             [
-                lt.hot_sync * payload,
-                lt.lookup_s(vec, within_group=True) * volume + lt.warm_sync * payload,
+                lt.hot_sync * (payload + mask),
+                lt.lookup_s(vec, within_group=True) * volume
+                + lt.warm_sync * payload
+                + lt.hot_sync * warm_mask,
                 lt.lookup_s(vec, within_group=False) * volume,
             ]
         )

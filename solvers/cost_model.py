@@ -73,7 +73,7 @@ def group_lookup_traffic(
     view: ClusterView, share: np.ndarray, volume: float, group_volume: float, vector_bytes: int
 ) -> Traffic:
     """Expected bytes per rank of one tier's lookups in a group fetch
-    (:func:`solvers.wire.group_lookups_by_link`): ``volume`` lookups per GPU (per-rank dedup or not),
+    (:func:`solvers.wire.group_fetch_messages`): ``volume`` lookups per GPU (per-rank dedup or not),
     ``group_volume`` distinct rows per group, ``share[r]`` rank r's share of the tier's accesses."""
     out = Traffic.zeros(view.num_ranks)
     if volume <= 0 and group_volume <= 0:
@@ -81,10 +81,21 @@ def group_lookup_traffic(
     position = view.local_index
     position_share = np.bincount(position, weights=share)[position]
     gsize = view.group_size_of_rank().astype(np.float64)
-    asked, served = wire.group_lookups_by_link(
-        share, position_share, gsize, view.num_groups, volume, group_volume
+    messages = wire.group_fetch_messages(
+        share,
+        position_share,
+        view.group_share(share),
+        gsize,
+        view.num_ranks,
+        view.num_groups,
+        volume,
+        group_volume,
+        vector_bytes,
     )
-    return _priced(out, asked, served, vector_bytes)
+    for link, by_kind in messages.items():
+        for (component, direction), b in by_kind.items():
+            out.bytes[:, link, component, direction] += b
+    return out
 
 
 def _priced(out: Traffic, asked: dict, served: dict, vector_bytes: int) -> Traffic:
@@ -103,6 +114,14 @@ def hierarchical_allreduce_bytes(view: ClusterView, payload_bytes: float) -> np.
     g = view.group_size_of_rank().astype(np.float64)
     per_link = wire.hierarchical_allreduce_bytes(g, view.num_groups, payload_bytes)
     return np.stack([np.broadcast_to(per_link[link], g.shape) for link in LinkClass], axis=1)
+
+
+def sync_mask_rows(view: ClusterView, plan: Plan) -> int:
+    """Rows of the sparse sync's touched mask: every hot row when there are several ranks, and the whole
+    warm tier when there are several groups (one all-reduce over every rank)."""
+    hot = sum(tp.hot_rows for tp in plan.tables) if view.num_ranks > 1 else 0
+    warm = sum(tp.warm_rows for tp in plan.tables) if view.num_groups > 1 else 0
+    return int(hot + warm)
 
 
 def warm_sync_bytes(view: ClusterView, payload_bytes: np.ndarray | float) -> np.ndarray | float:
@@ -221,7 +240,8 @@ def evaluate_volumes(
         memory[:, 3] += routing_bytes(tp)
     uses = exchanges(plan)
     splits = split_bytes(view, len(workload.tables), uses)
-    hot_sync = hierarchical_allreduce_bytes(view, hot_payload)
+    mask = wire.sync_mask_bytes(sync_mask_rows(view, plan), plan.sync)  # priced as the hot rows' all-reduce
+    hot_sync = hierarchical_allreduce_bytes(view, hot_payload + mask)
     warm_sync = warm_sync_bytes(view, warm_payload)
     for link in LinkClass:
         traffic.add(link, Component.IDS, splits[:, link], splits[:, link])
@@ -271,8 +291,9 @@ def exchanges(plan: Plan) -> Exchanges:
 
 def split_bytes(view: ClusterView, num_tables: int, uses: Exchanges) -> np.ndarray:
     """Per-rank bytes [N, 2 links] (each direction) of the split sizes sent before each exchange
-    (:func:`solvers.wire.split_bytes`, every table in every exchange): warm to the peers of the group,
-    flat cold to every peer, group cold to the peers of the group and then to the rail peers."""
+    (:func:`solvers.wire.split_bytes`, every table in every column of the one ``meta`` message): warm to
+    the peers of the group, flat cold to every peer, group cold ids to the peers of the group and its
+    slots to the ranks of the other groups."""
     peers = view.layout.peers_by_link().astype(np.float64)  # [N, 2]: in the group, outside it
     out = np.zeros((view.num_ranks, 2))
     if uses.warm:
@@ -280,8 +301,7 @@ def split_bytes(view: ClusterView, num_tables: int, uses: Exchanges) -> np.ndarr
     if uses.cold_flat:
         out += wire.split_bytes(peers, num_tables)
     if uses.cold_group:
-        out[:, LinkClass.INTRA_GROUP] += wire.split_bytes(peers[:, LinkClass.INTRA_GROUP], num_tables)
-        out[:, LinkClass.INTER_GROUP] += wire.split_bytes(view.num_groups - 1.0, num_tables)
+        out += wire.split_bytes(peers, num_tables)
     return out
 
 

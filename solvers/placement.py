@@ -24,7 +24,14 @@ import pulp
 
 from core.vocabulary import Deal, Direction, FetchMode, LinkClass
 from solvers import dealing, wire
-from solvers.cost_model import evaluate, exchanges, hierarchical_allreduce_bytes, routing_bytes, split_bytes
+from solvers.cost_model import (
+    evaluate,
+    exchanges,
+    hierarchical_allreduce_bytes,
+    routing_bytes,
+    split_bytes,
+    sync_mask_rows,
+)
 from solvers.types import CostReport, Plan, Workload
 from solvers.volumes import TableMass, tier_volumes, view_mass
 from topology.views import ClusterView
@@ -65,7 +72,8 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
         mem_cold += t.row_bytes * tp.cold_rows
         mem_warm += t.row_bytes * tp.warm_rows
     fixed = split_bytes(view, len(workload.tables), exchanges(plan))
-    fixed += hierarchical_allreduce_bytes(view, hot_payload)  # [N, 2], each direction
+    mask = wire.sync_mask_bytes(sync_mask_rows(view, plan), plan.sync)  # every rank: no share in it
+    fixed += hierarchical_allreduce_bytes(view, hot_payload + mask)  # [N, 2], each direction
     mean_vector = {k: vector_volume[k] / volume[k] if volume[k] > 0 else 0.0 for k in volume}
 
     prob = pulp.LpProblem("flexshard_placement", pulp.LpMinimize)
@@ -90,18 +98,20 @@ def balance(workload: Workload, view: ClusterView, plan: Plan, budget_bytes: flo
         ]
         # the group fetch's NVLink hop (per-GPU volume) and fabric hop (per-group volume), each with
         # its own mean vector size (the function is linear and separable in the two volumes)
-        for key, per_gpu, per_group in (
-            ("group", volume["group"], 0.0),
-            ("group rows", 0.0, volume["group rows"]),
-        ):
-            asked, served = wire.group_lookups_by_link(
-                a[r], position_a[j], g, view.num_groups, per_gpu, per_group
-            )
-            lookups.append((asked, served, mean_vector[key]))
         for asked, served, vector_bytes in lookups:
             for link in LinkClass:
                 messages = wire.lookup_messages(asked[link], served[link], vector_bytes)
                 for (_, direction), nbytes in messages.items():
+                    (sent if direction is Direction.SEND else received)[link] += nbytes
+        for key, per_gpu, per_group in (
+            ("group", volume["group"], 0.0),
+            ("group rows", 0.0, volume["group rows"]),
+        ):
+            messages = wire.group_fetch_messages(
+                a[r], position_a[j], group_a[k], g, n, view.num_groups, per_gpu, per_group, mean_vector[key]
+            )
+            for link in LinkClass:
+                for (_, direction), nbytes in messages[link].items():
                     (sent if direction is Direction.SEND else received)[link] += nbytes
         warm_sync = wire.ring_allreduce_bytes(view.num_groups, warm_payload * br)
         sent[LinkClass.INTER_GROUP] += warm_sync

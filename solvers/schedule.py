@@ -24,7 +24,8 @@ sync (replicated rows, :class:`core.vocabulary.SyncMode`)
     slices back to every GPU of the group.
 
 A stage on a process group of one rank is a local copy and is left out. Groups of unequal size have no
-rail groups: the hot sync is then one world all-reduce (``sync_world``).
+rail groups: the hot sync is then one world all-reduce (``sync_world``; in half precision a
+reduce-scatter and an all-gather, ``sync_world_reduce`` and ``sync_world_gather``).
 """
 
 from __future__ import annotations
@@ -140,7 +141,13 @@ def shape_schedule(shape: StepShape, view: ClusterView) -> tuple[Stage, ...]:
         stages.append(Stage("sync_mask", sync, ar, Scope.WORLD))
     equal_groups = view.uniform_group_size is not None
     if shape.hot_sync and not equal_groups:
-        stages.append(Stage("sync_world", sync, ar, Scope.WORLD))
+        if shape.wire is WireDtype.FP32:
+            stages.append(Stage("sync_world", sync, ar, Scope.WORLD))
+        else:  # half precision: sums in float32 at the slice's rank, as on the rail
+            stages += [
+                Stage("sync_world_reduce", sync, a2a, Scope.WORLD),
+                Stage("sync_world_gather", sync, a2a, Scope.WORLD),
+            ]
         return tuple(stages)
     hierarchical_hot = shape.hot_sync and g > 1
     if hierarchical_hot:

@@ -10,13 +10,17 @@ Formulas (docs/cost_model.md, sections 2-4):
 
 * a remote lookup moves one id requester -> owner (``INDEX_BYTES``), one embedding owner -> requester
   and one gradient requester -> owner (``vector_bytes`` each); in a group fetch the same three travel
-  requester -> rail peer (NVLink) and, once per group, rail peer -> owner (the fabric);
-* before a tier's exchange every rank sends each peer of that exchange one int64 split size per table;
+  requester -> rail peer (NVLink), the embedding and gradient once per group between rail peer and
+  owner (the fabric), and the id, as a slot, from every requester straight to an owner in another group;
+* the split sizes of every exchange travel in one message: one int64 per table to each peer a column
+  reaches (warm and group-fetch ids: the group; flat cold: every rank; group-fetch slots: the other
+  groups);
 * a ring all-reduce of ``S`` bytes over ``k`` ranks sends (and receives) ``2 (k - 1) / k * S`` per rank;
   the hierarchical all-reduce of the hot rows is a reduce-scatter in the group, a ring all-reduce of each
   ``1/g`` slice across the ``G`` groups and an all-gather in the group;
-* a replica sync carries, per replica, the touched rows' vectors plus a one-byte touched mask per
-  replicated row (``sparse``), or every replicated row (``dense``).
+* a replica sync carries, per replica, the touched rows' vectors (``sparse``, after a one-byte touched
+  mask per hot row and per warm row of the whole tier, all-reduced over every rank), or every
+  replicated row (``dense``).
 """
 
 from __future__ import annotations
@@ -91,13 +95,13 @@ def group_lookups_by_link(
     volume: Any,
     group_volume: Any,
 ) -> tuple[dict[LinkClass, Any], dict[LinkClass, Any]]:
-    """Expected (asked, served) lookups per link class of one rank in a group fetch
-    (:attr:`core.vocabulary.FetchMode.GROUP`).
+    """Expected (asked, served) vectors per link class of one rank in a group fetch
+    (:attr:`core.vocabulary.FetchMode.GROUP`); its ids are :func:`group_ids_by_link`.
 
     Every rank looks up ``volume`` of the tier's rows per iteration and sends each id to the GPU of its
     own group at the owner's position (its rail peer), over NVLink. That GPU deduplicates the group's ids
-    and fetches each row owned at its position in another group once, from the owner, across the
-    fabric. ``share``: this rank's share of the tier's rows; ``position_share``: the share owned at this
+    and each row owned at its position in another group crosses the fabric once per group, from the
+    owner. ``share``: this rank's share of the tier's rows; ``position_share``: the share owned at this
     rank's position over all groups (this rank included); ``group_volume``: the distinct rows of the
     tier a whole group looks up per iteration.
 
@@ -105,7 +109,7 @@ def group_lookups_by_link(
       ``(group_size - 1) * volume * position_share`` (the peers' ids owned at this position);
     * fabric: asked ``group_volume * (position_share - share)`` (as the rail peer, the group's distinct
       ids owned at this position in other groups), served ``(num_groups - 1) * group_volume * share``
-      (as the owner, one request per other group).
+      (as the owner, one row per other group).
     """
     asked = {
         LinkClass.INTRA_GROUP: volume * (1 - position_share),
@@ -116,6 +120,51 @@ def group_lookups_by_link(
         LinkClass.INTER_GROUP: group_volume * share * (num_groups - 1),
     }
     return asked, served
+
+
+def group_ids_by_link(
+    share: Any, position_share: Any, group_share: Any, group_size: Any, num_ranks: int, volume: Any
+) -> tuple[dict[LinkClass, Any], dict[LinkClass, Any]]:
+    """Expected (asked, served) ids per link class of one rank in a group fetch: each of its ``volume``
+    lookups goes as an id to the rail peer (NVLink, as :func:`group_lookups_by_link`'s vectors) and, when
+    the owner is in another group, as a slot straight to the owner (the fabric): asked
+    ``volume * (1 - group_share)``, served ``(num_ranks - group_size) * volume * share`` (every rank of
+    the other groups). ``group_share``: the share owned in this rank's group."""
+    asked = {
+        LinkClass.INTRA_GROUP: volume * (1 - position_share),
+        LinkClass.INTER_GROUP: volume * (1 - group_share),
+    }
+    served = {
+        LinkClass.INTRA_GROUP: volume * position_share * (group_size - 1),
+        LinkClass.INTER_GROUP: volume * share * (num_ranks - group_size),
+    }
+    return asked, served
+
+
+def group_fetch_messages(
+    share: Any,
+    position_share: Any,
+    group_share: Any,
+    group_size: Any,
+    num_ranks: int,
+    num_groups: int,
+    volume: Any,
+    group_volume: Any,
+    vector_bytes: Any,
+) -> dict[LinkClass, dict[tuple[Component, Direction], Any]]:
+    """Bytes of a group fetch per link class, by (component, direction): ids of
+    :func:`group_ids_by_link`, embeddings and gradients of :func:`group_lookups_by_link`."""
+    asked, served = group_lookups_by_link(share, position_share, group_size, num_groups, volume, group_volume)
+    ids_asked, ids_served = group_ids_by_link(
+        share, position_share, group_share, group_size, num_ranks, volume
+    )
+    out = {}
+    for link in LinkClass:
+        messages = lookup_messages(asked[link], served[link], vector_bytes)
+        messages[(Component.IDS, Direction.SEND)] = ids_asked[link] * INDEX_BYTES
+        messages[(Component.IDS, Direction.RECV)] = ids_served[link] * INDEX_BYTES
+        out[link] = messages
+    return out
 
 
 def split_bytes(peers: Any, num_tables: int) -> Any:
@@ -141,8 +190,17 @@ def hierarchical_allreduce_bytes(
 
 
 def sync_payload(touched_rows: Any, rows: Any, vector_bytes: Any, sync: SyncMode | str) -> Any:
-    """Bytes one replica contributes to the gradient sync of ``rows`` replicated rows of which
-    ``touched_rows`` were touched somewhere this iteration."""
+    """Gradient bytes one replica contributes to the sync of ``rows`` replicated rows of which
+    ``touched_rows`` were touched somewhere this iteration (the touched mask: :func:`sync_mask_bytes`)."""
     if SyncMode(sync) is SyncMode.DENSE:
         return rows * vector_bytes
-    return touched_rows * vector_bytes + rows * MASK_BYTES_PER_ROW
+    return touched_rows * vector_bytes
+
+
+def sync_mask_bytes(rows: Any, sync: SyncMode | str) -> Any:
+    """Bytes of the sparse sync's touched mask over ``rows`` rows (the hot rows and the whole warm tier of
+    every table, one all-reduce over every rank, priced as :func:`hierarchical_allreduce_bytes`); none for
+    a dense sync."""
+    if SyncMode(sync) is SyncMode.DENSE:
+        return 0 * rows
+    return rows * MASK_BYTES_PER_ROW

@@ -3,11 +3,13 @@
 * ``sharded``: :class:`ShardedSequenceEmbedding`, the module;
 * ``features``: input checks, KeyedJaggedTensor input, jagged-to-padded views;
 * ``lookups``: the local part of a lookup (dedup, routing, hot rows);
-* ``exchange``: the flat lookup exchange (ids to owners, embeddings back, gradients back);
-* ``group_exchange``: cold rows fetched once per group through the rail peers; ``transfer``: what the
-  two exchanges share (all-to-alls of per-table columns, split sizes, bytes);
-* ``replicas``: gradient sync of replicated rows (hot: hierarchical); ``shards``: the rows a rank holds
-  and their optimizer;
+* ``exchange_protocol``: the lookup exchange's phases (input_dist: meta, ids; compute; output_dist:
+  rows, scatter; backward: grads, rail_grads), every table, tier and fetch mode in the same
+  collectives; ``exchange_bytes``: their bytes; ``transfer``: all-to-alls of per-table columns and the
+  wire dtype; ``awaitable``: the stages' awaitable results; ``collective_count``: counting a step's
+  collectives;
+* ``replicas``: the sync phase (touched mask, hot and warm gradients bucketed per level); ``shards``: the
+  rows a rank holds and their optimizer;
 * ``routing``: tier, owner and slot of every row id (exact and compact layouts);
 * ``groups``: the process groups of a plan; ``initializer``: rows built identically on every rank;
 * ``agreement``: errors agreed over the ranks; ``local``: spawn several local ranks (tests, experiments).

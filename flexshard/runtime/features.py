@@ -3,7 +3,7 @@ KeyedJaggedTensor), their checks, and jagged-to-padded views.
 
 A batch is checked on every rank before any data collective. A rank with bad input produces an error
 code (four int64s: code, table, value, extra) instead of lookups; the codes travel with the split sizes
-(:meth:`flexshard.runtime.exchange.FlatExchange.exchange_meta`), so every rank raises the same
+(:meth:`flexshard.runtime.exchange_protocol.ExchangeProtocol.meta`), so every rank raises the same
 :class:`~core.errors.BatchError` and none is left waiting in a collective.
 """
 

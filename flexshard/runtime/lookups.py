@@ -1,9 +1,8 @@
 """The local part of a forward pass: each table's ids (deduplicated per rank when the plan says so), the
 tier, owner and slot of every one, and the hot rows read from the local replica.
 
-The exchanges (:mod:`~flexshard.runtime.exchange` for flat lookups,
-:mod:`~flexshard.runtime.group_exchange` for cold rows fetched once per group) then fill the remote rows
-of :attr:`TableLookup.rows`; the module puts the rows back in input order.
+The exchange protocol (:mod:`~flexshard.runtime.exchange_protocol`) then fills the remote rows of
+:attr:`TableLookup.rows`; the module puts the rows back in input order.
 """
 
 from __future__ import annotations

@@ -3,14 +3,15 @@
 Every rank holds all hot rows of every table, its share of its group's warm rows and its share of the
 cluster's cold rows (plus their optimizer state, placed like the rows; :mod:`~flexshard.runtime.shards`).
 A forward pass checks its input (:mod:`~flexshard.runtime.features`), reads hot rows locally
-(:mod:`~flexshard.runtime.lookups`), exchanges the remote lookups with their owners and puts the rows back
-in input order. Warm lookups, and the cold lookups of tables fetched flat, go straight to their owners
-(:mod:`~flexshard.runtime.exchange`); the cold lookups of tables fetched per group go through the rail
-peers, once per group (:mod:`~flexshard.runtime.group_exchange`). Backward (through a
-``torch.autograd.Function``) sends the output gradients back along the same routes and sums them per row
-at the owner. :meth:`ShardedSequenceEmbedding.step` then synchronises replicas
-(:mod:`~flexshard.runtime.replicas`: hot gradients by a hierarchical all-reduce, warm shard gradients over
-the replica group) and applies row-wise SGD or row-wise Adagrad to the rows that received gradient.
+(:mod:`~flexshard.runtime.lookups`) and runs the exchange protocol
+(:mod:`~flexshard.runtime.exchange_protocol`): ``meta`` (error codes and every split size), ``ids``,
+the owners' and rail peers' local dedup and gathers, ``rows`` and, for cold rows fetched once per
+group, ``scatter``; every table and tier in the same collectives. Backward (through a
+``torch.autograd.Function``) runs ``grads`` and ``rail_grads``, summing per row at the rail peer and
+the owner. :meth:`ShardedSequenceEmbedding.step` then runs the ``sync`` phase
+(:mod:`~flexshard.runtime.replicas`: one touched-mask all-reduce, the hot and warm gradients bucketed per
+level) and applies row-wise SGD or row-wise Adagrad to the rows that received gradient. The stages are
+exactly :func:`solvers.schedule.step_schedule` of the plan (tests/runtime/test_collective_count.py).
 
 Gradient semantics: the gradient a row receives is the sum over all ranks of the gradient of that rank's
 loss (as if the global loss were the sum of the per-rank losses; divide the loss by the world size
@@ -23,13 +24,15 @@ with one :class:`~core.errors.PlanMismatchError`. Dedup and sync follow the plan
 with :meth:`flexshard.plan_file.PlanFile.with_overrides`.
 
 Traffic (bytes per rank per iteration) is a :class:`core.traffic.Traffic` record: lookups counted from
-the realised split sizes, sync bytes from the realised payload, both with :mod:`solvers.wire`'s formulas
-(vectors as ``dim`` elements of the plan's wire dtype, :func:`solvers.wire.vector_bytes`).
+the realised split sizes (:mod:`~flexshard.runtime.exchange_bytes`), sync bytes from the realised
+payload, both with :mod:`solvers.wire`'s formulas (vectors as ``dim`` elements of the plan's wire
+dtype, :func:`solvers.wire.vector_bytes`).
 
 Wire precision: embeddings and gradients cross every all-to-all and the replica sync as the plan's
 ``settings.wire`` (:class:`~core.vocabulary.WireDtype`; ``wire_dtype``, when given, must agree with it).
 Rows, optimizer state and every gradient sum stay float32: a vector is rounded when it is sent and
-widened when it arrives (:mod:`~flexshard.runtime.transfer`, :mod:`~flexshard.runtime.replicas`).
+widened when it arrives (:mod:`~flexshard.runtime.transfer`, :mod:`~flexshard.runtime.replicas`); on
+fp16 each sender scales its gradients by its own power of two and sends the exponent with them.
 """
 
 from __future__ import annotations
@@ -47,13 +50,12 @@ from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
 from flexshard.runtime.agreement import agreed_message
-from flexshard.runtime.exchange import FlatBatch, FlatExchange, FlatState
+from flexshard.runtime.exchange_protocol import Asked, ExchangeProtocol, Routed
 from flexshard.runtime.features import check_features, features_from_kjt, raise_input_error, to_padded
-from flexshard.runtime.group_exchange import GroupBatch, GroupExchange, GroupState
 from flexshard.runtime.groups import ProcessGroups, make_process_groups
 from flexshard.runtime.initializer import Initializer, seeded_initializer
 from flexshard.runtime.lookups import TableLookup, local_lookups
-from flexshard.runtime.replicas import hierarchical_all_reduce, ring_all_reduce, sync_gradients
+from flexshard.runtime.replicas import ReplicaSync
 from flexshard.runtime.routing import (
     LAYOUTS,
     CompactTableRouting,
@@ -62,8 +64,6 @@ from flexshard.runtime.routing import (
     build_routing,
 )
 from flexshard.runtime.shards import OPTIMIZERS, Shard
-from flexshard.runtime.transfer import gradient_scale
-from solvers import wire
 
 
 class _Lookup(torch.autograd.Function):
@@ -140,26 +140,31 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             for tp, name in zip(plan_file.plan.tables, self.table_names, strict=True)
         ]
         self.shards = self._init_shards(seeded_initializer(init) if isinstance(init, int) else init)
-        self.uses_warm = any(r.warm_rows > 0 for r in self.routing)
-        fetch = np.array([tp.fetch is FetchMode.GROUP for tp in plan_file.plan.tables])
+        plan = plan_file.plan
+        several = self.world_size > 1
+        group_fetch = np.array([tp.fetch is FetchMode.GROUP for tp in plan.tables])
         cold = np.array([r.cold_rows > 0 for r in self.routing])
-        flat_cold, group_cold = cold & ~fetch, cold & fetch
-        tiers = ([Tier.WARM] if self.uses_warm else []) + ([Tier.COLD] if flat_cold.any() else [])
-        takes = np.array([[tier is Tier.WARM or f for tier in tiers] for f in flat_cold], dtype=bool)
-        self.exchange = FlatExchange(
-            plan_file.layout, self.rank, tiers, takes, self.dims, self.shards, self.device, self.wire_dtype
+        uses_warm = any(r.warm_rows > 0 for r in self.routing)
+        uses = (uses_warm, bool((cold & ~group_fetch).any()), bool((cold & group_fetch).any()))
+        # on one rank the stages are local copies (no collective), as step_schedule says
+        self.remote = uses_warm or bool(cold.any())
+        self.group_fetch = uses[2]
+        self.protocol = ExchangeProtocol(
+            self.pg, group_fetch, self.routing, self.dims, self.shards, self.device, self.wire_dtype, uses
         )
-        self.group_exchange = (
-            GroupExchange(
-                self.pg, group_cold, self.routing, self.dims, self.shards, self.device, self.wire_dtype
-            )
-            if group_cold.any()
-            else None
-        )
-        self._hot_all_reduce = hierarchical_all_reduce(self.pg, self.wire_dtype)
-        replica = self.pg.replica_ranks
-        self._warm_all_reduce = ring_all_reduce(
-            self.pg.replica, len(replica), replica.index(self.rank), self.wire_dtype
+        g = int(plan_file.layout.group_sizes.max())
+        warm_sizes = np.zeros((len(self.routing), g), dtype=np.int64)
+        for t, r in enumerate(self.routing):
+            warm_sizes[t, : len(r.warm_rows_per_position)] = r.warm_rows_per_position
+        self.replica_sync = ReplicaSync(
+            self.pg,
+            self.shards,
+            len(self.dims),
+            warm_sizes,
+            self.sync,
+            self.wire_dtype,
+            hot_sync=several and any(r.hot_rows > 0 for r in self.routing),
+            warm_sync=uses_warm and self.pg.num_groups > 1,
         )
         self._anchor = torch.zeros((), requires_grad=True)
         self.traffic = Traffic.zeros()  # this iteration's bytes
@@ -223,58 +228,49 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             features = features_from_kjt(features)
         num_rows = [r.num_rows for r in self.routing]
         parsed, err = check_features(features, self.table_names, num_rows, self.device)
-        lookups = flat = None
-        if int(err[0]) == 0:
+        lookups = routed = None
+        if int(err[0]) == 0:  # input_dist, local part: dedup, routing, hot rows
             hot = self._tier_shards(Tier.HOT)
             lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device)
-            flat = self.exchange.prepare(lookups)
-        counts = flat.counts if flat is not None else self.exchange.empty_counts(len(self.dims))
-        recv_counts, codes = self.exchange.exchange_meta(err, counts)  # every rank's error code, too
+            routed = self.protocol.route(lookups)
+        counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
+        recv_counts, codes = self.protocol.meta(err, counts).wait()  # every rank's error code, too
         if any(int(e[0]) for e in codes):
             raise_input_error(codes, self.table_names, num_rows)
-        group = self.group_exchange.prepare(lookups) if self.group_exchange is not None else None
         self.traffic = Traffic.zeros()
-        outs = _Lookup.apply(self._anchor, self, (lookups, flat, recv_counts, group))
+        outs = _Lookup.apply(self._anchor, self, (routed, recv_counts))
         return dict(zip(self.table_names, outs, strict=True))
 
     def padded(self, jagged: torch.Tensor, lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
         """[batch, max_len, dim] view of one table's jagged output (see :func:`to_padded`)."""
         return to_padded(jagged, lengths, max_len)
 
-    def _forward_impl(
-        self,
-        lookups: list[TableLookup],
-        flat: FlatBatch,
-        recv_counts: np.ndarray,
-        group: GroupBatch | None,
-    ):
-        flat_state = (
-            self.exchange.forward(flat, recv_counts, lookups, self.traffic) if self.exchange.tiers else None
-        )
-        group_state = (
-            self.group_exchange.forward(group, lookups, self.traffic) if self.group_exchange else None
-        )
-        return [lk.output() for lk in lookups], (lookups, flat_state, group_state)
+    def _forward_impl(self, routed: Routed, recv_counts: np.ndarray):
+        """ids, compute, rows and scatter (each stage waited for at once)."""
+        lookups: list[TableLookup] = routed.lookups
+        asked = None
+        if self.remote:
+            p = self.protocol
+            asked = p.compute(p.ids(routed, recv_counts).wait(), recv_counts)
+            distinct = p.rows(routed, asked, self.traffic).wait()
+            if self.group_fetch:
+                p.scatter(routed, asked, distinct).wait()
+        return [lk.output() for lk in lookups], (routed, asked)
 
     # --- backward ----------------------------------------------------------------------------------
 
-    def _backward_impl(
-        self,
-        lookups: list[TableLookup],
-        flat_state: FlatState | None,
-        group_state: GroupState | None,
-        grads,
-    ) -> None:
+    def _backward_impl(self, routed: Routed, asked: Asked | None, grads) -> None:
         unique_grads = []
-        for t, (lk, g) in enumerate(zip(lookups, grads, strict=True)):
+        for t, (lk, g) in enumerate(zip(routed.lookups, grads, strict=True)):
             gu = lk.unique_gradient(g.to(device=self.device, dtype=torch.float32))
             self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
             unique_grads.append(gu)
-        scale = gradient_scale(unique_grads, self.wire_dtype, self.world_size, self.device)
-        if flat_state is not None:
-            self.exchange.backward(flat_state, unique_grads, self.traffic, scale)
-        if group_state is not None:
-            self.group_exchange.backward(group_state, unique_grads, self.traffic, scale)
+        if asked is None:
+            return
+        sums = self.protocol.grads(routed, asked, unique_grads).wait()
+        if self.group_fetch:
+            self.protocol.rail_grads(asked, sums).wait()
+        self.protocol.bytes.backward(self.traffic)
 
     # --- replica sync and optimizer step ----------------------------------------------------------
 
@@ -286,24 +282,10 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         return [self.shards[(t, tier)] for t in range(len(self.dims))]
 
     def step(self) -> None:
-        """Synchronise replica gradients, apply the optimizer to rows that received gradient, zero the
-        gradients. Collective."""
-        g_size = len(self.pg.intra_ranks)
-        n_groups = self.pg.num_groups
-        hot_shards = self._tier_shards(Tier.HOT)
-        scale = gradient_scale([s.grads for s in hot_shards], self.wire_dtype, self.world_size, self.device)
-        hot_payload = sync_gradients(hot_shards, self._hot_all_reduce, self.sync, self.wire_dtype, scale)
-        hot = wire.hierarchical_allreduce_bytes(g_size, n_groups, hot_payload)
-        for link in LinkClass:
-            self.traffic.add(link, Component.SYNC, hot[link], hot[link])
-        if self.uses_warm:
-            warm_shards = self._tier_shards(Tier.WARM)
-            scale = gradient_scale([s.grads for s in warm_shards], self.wire_dtype, n_groups, self.device)
-            warm_payload = sync_gradients(
-                warm_shards, self._warm_all_reduce, self.sync, self.wire_dtype, scale
-            )
-            warm = wire.ring_allreduce_bytes(n_groups, warm_payload)
-            self.traffic.add(LinkClass.INTER_GROUP, Component.SYNC, warm, warm)
+        """Synchronise replica gradients (the ``sync`` phase,
+        :class:`~flexshard.runtime.replicas.ReplicaSync`), apply the optimizer to rows that received
+        gradient, zero the gradients. Collective."""
+        self.replica_sync.step(self.traffic)
         for shard in self.shards.values():
             shard.apply(self.optimizer, self.lr, self.eps)
         self.traffic_total += self.traffic

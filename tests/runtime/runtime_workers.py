@@ -163,9 +163,11 @@ def expected_traffic(
     plan_file, batches: list[dict], dedup: bool, sync: str = "sparse", element_bytes: int = 4
 ) -> np.ndarray:
     """Bytes [N, 2 links, 4 components, 2 directions] of one iteration, from an independent routing, with
-    vectors of ``element_bytes`` per element on the wire. A
-    flat lookup goes from the requester to the owner; a group fetch from the requester to its rail peer
-    (the rank of its group at the owner's position), then once per group and row from there to the owner."""
+    vectors of ``element_bytes`` per element on the wire. A flat lookup goes from the requester to the
+    owner; a group fetch's id from the requester to its rail peer (the rank of its group at the owner's
+    position) and, as a slot, straight to an owner in another group; its row once per group and row
+    between the owner and the rail peer. The sparse sync's mask covers the hot rows and the whole warm
+    tier, all-reduced over every rank (priced as the hot rows' hierarchical all-reduce)."""
     world, groups = plan_file.world_size, plan_file.groups
     group_of = np.empty(world, dtype=np.int64)
     pos_of = np.empty(world, dtype=np.int64)
@@ -175,57 +177,66 @@ def expected_traffic(
     routes = owners(plan_file, make_orders())
     out = np.zeros((world, 2, 4, 2))
     n_tables = len(TABLES)
-    hot_payload, warm_payload = 0.0, np.zeros(world)
+    hot_payload, warm_payload, mask_rows = 0.0, np.zeros(world), 0
     for tp, (name, rows, dim) in zip(plan_file.plan.tables, TABLES, strict=True):
         tier, owner = routes[name]
         vec = dim * element_bytes
-        asked = np.zeros((world, world))  # [requester, owner or rail peer] lookups
+        asked = np.zeros((world, world))  # [requester, owner or rail peer] vectors
+        ids = np.zeros((world, world))  # [requester, owner or rail peer] ids
         fetched = [set() for _ in range(world)]  # the rows each rail peer fetches for its group
         touched = np.zeros(rows, dtype=bool)
         for r, feats in enumerate(batches):
-            ids = feats[name][0].numpy()
-            touched[ids] = True
-            ids = np.unique(ids) if dedup else ids
-            for i in ids:
+            looked = feats[name][0].numpy()
+            touched[looked] = True
+            looked = np.unique(looked) if dedup else looked
+            for i in looked:
                 if tier[i] == 1:
-                    asked[r, groups[group_of[r]][owner[i]]] += 1
+                    dest = groups[group_of[r]][owner[i]]
+                    asked[r, dest] += 1
+                    ids[r, dest] += 1
                 elif tier[i] == 2 and tp.fetch is FetchMode.GROUP:
                     peer = groups[group_of[r]][pos_of[owner[i]]]
                     asked[r, peer] += 1
+                    ids[r, peer] += 1
+                    if group_of[owner[i]] != group_of[r]:
+                        ids[r, owner[i]] += 1
                     fetched[peer].add(int(i))
                 elif tier[i] == 2:
                     asked[r, owner[i]] += 1
+                    ids[r, owner[i]] += 1
         for peer, distinct in enumerate(fetched):
             for i in distinct:
                 asked[peer, owner[i]] += 1
         np.fill_diagonal(asked, 0)
+        np.fill_diagonal(ids, 0)
         for r in range(world):
             for p in range(world):
                 li = 0 if group_of[p] == group_of[r] else 1
-                out[r, li, 0, 0] += asked[r, p] * INDEX_BYTES
-                out[r, li, 0, 1] += asked[p, r] * INDEX_BYTES
+                out[r, li, 0, 0] += ids[r, p] * INDEX_BYTES
+                out[r, li, 0, 1] += ids[p, r] * INDEX_BYTES
                 out[r, li, 1, 0] += asked[p, r] * vec
                 out[r, li, 1, 1] += asked[r, p] * vec
                 out[r, li, 2, 0] += asked[r, p] * vec
                 out[r, li, 2, 1] += asked[p, r] * vec
         if sync == "dense":
             touched[:] = True
-        mask_bytes = 1 if sync == "sparse" else 0
-        hot_payload += touched[tier == 0].sum() * vec + tp.hot_rows * mask_bytes
+        hot_payload += touched[tier == 0].sum() * vec
+        mask_rows += tp.hot_rows + (tp.warm_rows if len(groups) > 1 else 0)
         for r in range(world):
             mine = (tier == 1) & (owner == pos_of[r])
-            warm_payload[r] += touched[mine].sum() * vec + mine.sum() * mask_bytes
+            warm_payload[r] += touched[mine].sum() * vec
+    if sync == "sparse":
+        hot_payload += mask_rows
     tables = plan_file.plan.tables
     warm = any(tp.warm_rows for tp in tables)
     flat = any(tp.cold_rows and tp.fetch is FetchMode.FLAT for tp in tables)
     group = any(tp.cold_rows and tp.fetch is FetchMode.GROUP for tp in tables)
-    for r in range(world):  # split sizes: T int64 per peer per exchange stage that reaches it
+    for r in range(world):  # split sizes: T int64 per peer per column that reaches it, in one message
         for p in range(world):
             if p != r:
                 same = group_of[p] == group_of[r]
-                rail = bool(pos_of[p] == pos_of[r])
-                stages = int(warm) + int(flat) + int(group) if same else int(flat) + int(group and rail)
-                out[r, 0 if same else 1, 0, :] += n_tables * INDEX_BYTES * stages
+                columns = int(warm) + int(flat) + int(group) if same else int(flat) + int(group)
+                out[r, 0 if same else 1, 0, :] += n_tables * INDEX_BYTES * columns
     g, big_g = len(groups[0]), len(groups)
     out[:, 0, 3, :] += 2 * (g - 1) / g * hot_payload
     out[:, 1, 3, :] += (

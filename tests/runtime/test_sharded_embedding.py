@@ -120,7 +120,9 @@ def test_traffic_matches_independent_routing(request, which, run_key, sync):
 
 def test_traffic_equals_cost_model_on_a_balanced_batch(four):
     """Each rank looks up exactly V * share rows of every owner: the measured lookup bytes are the
-    cost model's ``lookup_traffic`` + ``split_bytes`` with those volumes, to the byte."""
+    cost model's ``lookup_traffic`` + ``split_bytes`` with those volumes, to the byte. The sparse sync's
+    mask (a byte per hot row and per row of the whole warm tier) is all-reduced over every rank, priced
+    as the hot rows' hierarchical all-reduce."""
     plan_file, results = four
     view = uniform_view(2, 2, 100e9, 10e9)
     v_warm, v_cold = sum(BALANCED_WARM), sum(BALANCED_COLD)
@@ -141,10 +143,10 @@ def test_traffic_equals_cost_model_on_a_balanced_batch(four):
         touched = np.zeros(rows, dtype=bool)
         for b in batches:
             touched[b[name][0].numpy()] = True
-        hot_payload += touched[tier == 0].sum() * vec + tp.hot_rows
+        hot_payload += touched[tier == 0].sum() * vec + tp.hot_rows + tp.warm_rows  # + the mask
         for r in range(4):
             mine = (tier == 1) & (owner == view.local_index[r])
-            warm_payload[r] += touched[mine].sum() * vec + mine.sum()
+            warm_payload[r] += touched[mine].sum() * vec
     want[:, :, 0, :] += split_bytes(view, len(TABLES), Exchanges(warm=True, cold_flat=True))[:, :, None]
     hot = hierarchical_allreduce_bytes(view, hot_payload)
     want[:, :, 3, :] += hot[:, :, None]

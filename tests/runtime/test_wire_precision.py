@@ -211,28 +211,29 @@ def test_half_precision_all_reduce_equals_its_emulation_on_every_rank():
 
 
 def _tiny_gradients(rank: int, world: int) -> dict:
-    """Gradients of about 1e-7 sent over fp16 to the other rank, with and without the scale."""
-    from flexshard.runtime.transfer import exchange_vectors, gradient_scale
+    """Gradients of about 1e-7 sent over fp16 to the other rank, with and without the sender's scale."""
+    from flexshard.runtime.transfer import exchange_vectors, gradient_exponent
 
     gen = torch.Generator().manual_seed(rank)
     grads = torch.randn(64, 4, generator=gen) * 1e-7 * (rank + 1)
     counts = np.array([[0], [64]] if rank == 0 else [[64], [0]])  # each sends the other 64 rows
-    scale = gradient_scale([grads], WireDtype.FP16, world, torch.device("cpu"))
-    out = {"scale": scale, "sent": grads}
-    for s in (1.0, scale):
-        (out[s],) = exchange_vectors([grads], counts, counts, np.array([4]), WireDtype.FP16, scale=s)
+    out = {"exponent": gradient_exponent([grads]), "sent": grads}
+    for scaled in (False, True):
+        pending = exchange_vectors("", [grads], counts, counts, np.array([4]), WireDtype.FP16, scaled=scaled)
+        (out[scaled],) = pending.wait()
     return out
 
 
 def test_fp16_gradients_are_scaled_by_a_power_of_two_out_of_the_subnormals():
+    """Each sender picks its own power of two (no collective) and sends the exponent with the rows."""
     results = run_function(_tiny_gradients, 2)
-    scale = results[0]["scale"]
-    assert scale == results[1]["scale"]
-    largest = max(float(r["sent"].abs().max()) for r in results)
-    assert scale == 2.0 ** np.floor(np.log2(2.0**14 / (largest * 2)))  # by hand: the largest sum under 2^14
+    for res in results:  # by hand: the sender's own largest |g| times 2^e just under 2^14
+        largest = float(res["sent"].abs().max())
+        assert res["exponent"] == np.floor(np.log2(2.0**14 / largest))
+    assert results[0]["exponent"] != results[1]["exponent"]  # rank 1 sends twice as large gradients
     for r, res in enumerate(results):
         want = results[1 - r]["sent"]
-        scaled = float(((res[scale] - want).abs() / want.abs()).max())
-        plain = float(((res[1.0] - want).abs() / want.abs()).max())
+        scaled = float(((res[True] - want).abs() / want.abs()).max())
+        plain = float(((res[False] - want).abs() / want.abs()).max())
         assert scaled <= 2.0**-11  # fp16's unit roundoff: full precision
         assert plain > 2.0**-6  # unscaled, 1e-7 is subnormal in fp16 and loses most of its bits

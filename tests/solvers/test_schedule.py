@@ -87,3 +87,37 @@ def test_participants_and_links_follow_the_scope():
     assert stages["rail_grads"].participants(view) == 4
     assert [lc.label for lc in stages["scatter"].link_classes(view)] == ["intra_group"]
     assert [lc.label for lc in stages["rail_grads"].link_classes(view)] == ["inter_group"]
+
+
+def _unequal_view():
+    """3 ranks in groups of 2 and 1: no rail groups."""
+    from core.ranks import RankLayout
+    from topology.views import ClusterView
+
+    n = 3
+    return ClusterView(
+        layout=RankLayout.of([[0, 1], [2]], n),
+        host_of_rank=("a", "a", "b"),
+        intra_bw_Bps=np.full(n, 450e9),
+        inter_bw_Bps=np.full(n, 50e9),
+        intra_latency_s=np.zeros(n),
+        inter_latency_s=np.zeros(n),
+        memory_bytes=np.full(n, 80 * 2**30, dtype=np.int64),
+    )
+
+
+@pytest.mark.parametrize(
+    ("wire", "sync_stages"),
+    [
+        (WireDtype.FP32, ["sync_world"]),
+        (WireDtype.FP16, ["sync_world_reduce", "sync_world_gather"]),
+        (WireDtype.BF16, ["sync_world_reduce", "sync_world_gather"]),
+    ],
+)
+def test_groups_of_unequal_size_sync_the_hot_rows_over_the_world(wire, sync_stages):
+    view = _unequal_view()
+    plan = _plan(view, 10, 0, wire=wire)
+    assert _names(plan, view) == ["meta", "ids", "rows", "grads", "sync_mask", *sync_stages]
+    kinds = {s.name: s.kind for s in step_schedule(plan, view)}
+    want = CollectiveKind.ALL_REDUCE if wire is WireDtype.FP32 else CollectiveKind.ALL_TO_ALL
+    assert all(kinds[name] is want for name in sync_stages)

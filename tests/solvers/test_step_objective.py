@@ -134,4 +134,4 @@ def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, d
     assert res.lower_bound_s <= st.total_s * (1 + 1e-9)
     replicated = _replicated(res.plan)
     # the cases cover plans with and without replicas
-    assert (replicated > 0) is (factor > 1.0 and (not dedup or latency_s == (0.0, 0.0)))
+    assert (replicated > 0) is (factor > 1.0)  # with room, the tiers pay here in every case

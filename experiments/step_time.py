@@ -1,0 +1,139 @@
+"""Step time, measured and modeled: the time model against measured gloo steps, then the model with the
+NCCL presets' figures on the embedded default at 64 and 512 GPUs.
+
+Part 1 (measured): ``flexshard bench`` on 4 and 8 local gloo ranks in 2 groups at batch 64 to 1024 per
+rank, plans made for this machine (a topology file from one quick probe, so every batch size plans for
+the same figures) and for the H100 shape, every strategy on the same batches in alternating rounds: the
+median step, collectives per step and the time model's prediction on the probed machine. Part 2
+(modeled): FlexShard, row-wise with dedup and TorchRec's default (row-wise without dedup) on the
+embedded default at 64 GPUs (8 H100 nodes) and 512 GPUs (64 nodes), the step split into collective
+latency, bandwidth and local work, unpipelined and pipelined, against the FlexShard paper's headline of
+about 6x lower communication latency than TorchRec's default. Writes docs/results/step_time.md. Run:
+    .venv/bin/python experiments/step_time.py [--quick] [--no-measure]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import study
+
+from flexshard import workloads
+from solvers.planner import budget_bytes, make_plan
+from solvers.time_model import step_time
+from topology import cluster_view, from_preset
+
+RANKS = (4, 8)
+BATCHES = (64, 256, 1024)
+QUICK_BATCHES = (64, 256)
+SCALES = (("h100:8", 64), ("h100:64", 512))  # preset, GPUs
+BUDGET_X = 2.0
+PAPER_RATIO = 6.0  # the FlexShard paper's abstract: about 6x lower communication latency than TorchRec's
+STRATEGIES = (  # (label, strategy, dedup)
+    ("FlexShard", "flexshard", True),
+    ("row-wise, dedup", "row_wise", True),
+    ("TorchRec default", "row_wise", False),
+)
+
+
+def _bench(nproc: int, batch: int, plan_for: str, quick: bool) -> list[dict]:
+    """``flexshard bench --json`` records of one configuration."""
+    steps, rounds = ("4", "2") if quick else ("8", "3")
+    cmd = [sys.executable, "-m", "flexshard.cli", "bench", "--nproc", str(nproc), "--groups", "2"]
+    cmd += ["--batch", str(batch), "--steps", steps, "--rounds", rounds, "--plan-for", plan_for, "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=study.cpu_job_env(), check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"step_time: {' '.join(cmd[2:])} failed: {out.stderr.strip().splitlines()[-1:]}")
+    return [r for r in json.loads(out.stdout) if "skipped" not in r]
+
+
+def measured(quick: bool) -> tuple[str, list[dict]]:
+    """Part 1's table and its rows (one per configuration and strategy)."""
+    rows, table = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for nproc in RANKS:
+            topo = str(Path(tmp) / f"probe{nproc}.json")
+            probe = [sys.executable, "-m", "flexshard.cli", "probe", "--quick", "--nproc", str(nproc)]
+            subprocess.run(
+                [*probe, "--groups", "2", "--out", topo],
+                capture_output=True, env=study.cpu_job_env(), check=True,
+            )  # fmt: skip
+            for batch in QUICK_BATCHES if quick else BATCHES:
+                for plan_for, label in ((topo, "probed"), ("h100", "h100")):
+                    recs = _bench(nproc, batch, plan_for, quick)
+                    base = next(r for r in recs if r["strategy"] == "row_wise")["step_ms_median"]
+                    torchrec = next((r["step_ms_median"] for r in recs if r["strategy"] == "torchrec"), None)
+                    for r in recs:
+                        error = r["predicted_step_ms"] / r["step_ms_median"] - 1
+                        rows.append({**r, "nproc": nproc, "batch": batch, "planned_for": label})
+                        table.append(
+                            [nproc, batch, label, r["label"], f"{r['step_ms_median']:.1f}"]
+                            + [f"{r['step_ms_median'] / base:.2f}"]
+                            + [f"{r['step_ms_median'] / torchrec:.2f}" if torchrec else "-"]
+                            + [
+                                f"{r['collectives_per_step']:g}",
+                                f"{r['predicted_step_ms']:.1f}",
+                                f"{error:+.0%}",
+                            ]
+                        )
+                    print(f"measured {nproc} ranks, batch {batch}, plans for {label}", file=sys.stderr)
+    header = ["ranks", "batch", "planned for", "strategy", "median step ms", "vs ablation", "vs TorchRec"]
+    header += ["collectives", "modeled ms", "model error"]
+    return study.md_table(header, table, "rrllrrrrrr"), rows
+
+
+def modeled() -> str:
+    """Part 2's table: the default workload at scale, every strategy's modeled step split."""
+    workload = workloads.default_workload()
+    table = []
+    for preset, gpus in SCALES:
+        view = cluster_view(from_preset(preset))
+        steps = {}
+        for label, strategy, dedup in STRATEGIES:
+            budget = budget_bytes(workload, view, BUDGET_X if strategy == "flexshard" else 1.0)
+            plan = make_plan(strategy, workload, view, budget, dedup=dedup).plan
+            steps[label] = (step_time(workload, view, plan), step_time(workload, view, plan, overlap=True))
+        ours = steps["FlexShard"][0]
+        for label, (plain, piped) in steps.items():
+            comm = plain.latency_s + plain.bandwidth_s
+            ours_comm = ours.latency_s + ours.bandwidth_s
+            table.append(
+                [
+                    gpus,
+                    label,
+                    plain.collectives,
+                    f"{plain.latency_s * 1e3:.3f}",
+                    f"{plain.bandwidth_s * 1e3:.3f}",
+                ]
+                + [f"{plain.local_s * 1e3:.3f}", f"{plain.total_s * 1e3:.3f}", f"{piped.total_s * 1e3:.3f}"]
+                + [f"{comm / ours_comm:.2f}x", f"{plain.total_s / ours.total_s:.2f}x"]
+            )
+    header = ["GPUs", "strategy", "collectives", "latency ms", "bandwidth ms", "local ms", "step ms"]
+    header += ["pipelined ms", "communication vs FlexShard", "step vs FlexShard"]
+    return study.md_table(header, table, "rlrrrrrrrr")
+
+
+def main() -> None:
+    args = study.arguments(__doc__, quick="two batch sizes, fewer steps")
+    args.add_argument("--no-measure", action="store_true", help="part 2 only (the model at scale)")
+    args = args.parse_args()
+    start = time.time()
+    parts = ["## 2. The model at scale (embedded default, NCCL presets)\n", modeled()]
+    if not args.no_measure:
+        table, _rows = measured(args.quick)
+        parts = ["## 1. Measured against modeled (gloo over loopback)\n", table, "", *parts]
+    text = "\n".join(parts)
+    print(text)
+    if not args.no_write:
+        cmd = study.command(__file__, *(["--quick"] if args.quick else []))
+        head = f"# Step time\n\n{study.generated(cmd, time.time() - start)}\n\n"
+        study.write_markdown(study.RESULTS / "step_time.md", head + text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""The exchange protocol of a sharded lookup: the phases every caller runs in this order (the runtime's
+forward and backward, a pipelined step, a TorchRec sharder), named after TorchRec's sharded-module
+contract. Each collective phase is one stage of :func:`solvers.schedule.step_schedule` and returns a
+:class:`~flexshard.runtime.awaitable.Pending`; every table and tier travels in the same collectives (a
+*column* per table and kind, zero-size blocks for the peers a column does not reach).
+
+``input_dist``
+    :meth:`ExchangeProtocol.route` (local): each table's remote lookups sorted by destination, in four
+    id columns: warm slots to their owner in the group, flat cold slots to their owner, group-fetch ids to
+    the *rail peer* (the rank of this group at the owner's position) and, for owners in other groups, the
+    same lookups' slots straight to the owner. :meth:`~ExchangeProtocol.meta` (``meta``, world
+    all-to-all, int64): every rank's input error code (to every rank) and the split sizes of every column
+    to the peers it reaches (warm and group ids: the group; flat: everyone; group slots: the other
+    groups). :meth:`~ExchangeProtocol.ids` (``ids``, world all-to-all): the columns.
+``compute`` (local)
+    :meth:`~ExchangeProtocol.compute`: owners gather the warm and flat rows asked of them. For the group
+    fetch the owner deduplicates the slots it received per requesting group (``torch.unique`` of
+    ``(rail peer, slot)``: sorted by the group's rail peer, then slot) and the rail peer deduplicates its
+    group's ids per owner (routing lookup, ``torch.unique`` of ``(owner, slot)``): both know the same
+    distinct rows in the same order without an exchange of sizes. Rows the rail peer owns itself are read
+    locally.
+``output_dist``
+    :meth:`~ExchangeProtocol.rows` (``rows``, world all-to-all): warm and flat rows back to the
+    requesters; each distinct group-fetch row once per group, owner to that group's rail peer.
+    :meth:`~ExchangeProtocol.scatter` (``scatter``, group all-to-all): the rail peer hands every id of its
+    group its row (inverse indices).
+backward
+    :meth:`~ExchangeProtocol.grads` (``grads``, world all-to-all): warm and flat gradients to the owners,
+    group-fetch gradients to the rail peer, which sums them per distinct row in float32;
+    :meth:`~ExchangeProtocol.rail_grads` (``rail_grads``, rail all-to-all): the sums to the owners.
+
+The replica ``sync`` phase is :mod:`~flexshard.runtime.sync`. A stage on a process group of one rank is a
+local copy. Embeddings and gradients travel as the plan's wire dtype; on an fp16 wire each sender scales
+its gradients by its own power of two and sends the exponent with them
+(:func:`~flexshard.runtime.transfer.exchange_vectors`). A block a rank keeps for itself is rounded like
+a sent one. Bytes: :mod:`~flexshard.runtime.exchange_bytes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core.traffic import Traffic
+from core.vocabulary import Tier, WireDtype
+from flexshard.runtime.awaitable import Pending
+from flexshard.runtime.exchange_bytes import ProtocolBytes
+from flexshard.runtime.features import ERROR_WORDS
+from flexshard.runtime.groups import ProcessGroups
+from flexshard.runtime.lookups import TableLookup
+from flexshard.runtime.shards import Shard
+from flexshard.runtime.transfer import exchange_columns_async, exchange_vectors, round_like_wire
+
+WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
+KINDS = 4
+ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's distinct rows in GIDS)
+
+
+@dataclass
+class Routed:
+    """This rank's remote lookups (``input_dist``'s local part). Per table and kind: positions among
+    the table's unique ids, and what is sent (slots, or row ids for ``GIDS``), sorted by destination."""
+
+    lookups: list[TableLookup]
+    index: list[list[torch.Tensor]]
+    send: list[list[torch.Tensor]]
+    counts: np.ndarray  # int64[world, tables, KINDS]: entries sent to each rank
+
+
+@dataclass
+class Asked:
+    """What the ``ids`` stage delivered to this rank, and the rows it serves (``compute``)."""
+
+    recv_counts: np.ndarray  # int64[world, tables, KINDS] received from each rank
+    slots: list[list[torch.Tensor]]  # per table, WARM / FLAT: slots asked of this rank, peer order
+    owner_slots: list[torch.Tensor]  # per table: distinct group-fetch slots served, by rail peer rank
+    owner_counts: np.ndarray  # int64[world, tables]: distinct rows served to each rail peer
+    inverse: list[torch.Tensor]  # per table: each received group id's position among the distinct rows
+    distinct_owner: list[torch.Tensor]  # per table: the owner rank of each distinct row (rail peer)
+    distinct_slot: list[torch.Tensor]  # per table: its slot at the owner
+    fetch_counts: np.ndarray  # int64[world, tables]: distinct rows this rail peer fetches from each owner
+
+
+class ExchangeProtocol:
+    """The lookup exchange of one rank (see the module docstring). ``group_fetch[t]``: table t's cold
+    rows are fetched once per group; ``routing``: every table's routing; ``shards``: this rank's rows."""
+
+    def __init__(
+        self,
+        pg: ProcessGroups,
+        group_fetch: np.ndarray,
+        routing: list,
+        dims: list[int],
+        shards: dict[tuple[int, Tier], Shard],
+        device: torch.device,
+        wire_dtype: WireDtype,
+        uses: tuple[bool, bool, bool],
+    ) -> None:
+        self.pg, self.routing, self.shards, self.device = pg, routing, shards, device
+        self.wire_dtype, self.dims = wire_dtype, np.asarray(dims, dtype=np.int64)
+        self.group_fetch = np.asarray(group_fetch, dtype=bool)
+        layout, me = pg.layout, pg.rank
+        self.me, self.world = me, layout.num_ranks
+        group_of, pos_of = layout.group_of_rank, layout.position_of_rank
+        mine = np.asarray(layout.group_of(me), dtype=np.int64)
+        same = group_of == group_of[me]
+        # rank -> the rank of this group at its position (a warm owner's / cold owner's rail peer)
+        self.warm_rank = torch.as_tensor(mine, device=device)
+        rail_peer = np.full(self.world, -1, dtype=np.int64)
+        ok = pos_of < mine.size
+        rail_peer[ok] = mine[pos_of[ok]]
+        self.rail_peer_of_owner = torch.as_tensor(rail_peer, device=device)
+        # requester rank -> the rank of its group at this rank's position (where its group's rows go)
+        my_pos = int(pos_of[me])
+        peer_of = np.array(
+            [layout.groups[k][my_pos] if my_pos < len(layout.groups[k]) else -1 for k in group_of]
+        )
+        self.rail_peer_of_requester = torch.as_tensor(peer_of, device=device)
+        self.same_group = torch.as_tensor(same, device=device)
+        warm, flat, group = uses
+        # active[p, k]: column k reaches rank p (its split sizes travel in ``meta``)
+        self.active = np.zeros((self.world, KINDS), dtype=bool)
+        self.active[:, WARM] = same & warm
+        self.active[:, FLAT] = flat
+        self.active[:, GIDS] = same & group
+        self.active[:, GSLOTS] = ~same & group
+        self.intra = np.asarray(pg.intra_ranks, dtype=np.int64)
+        self.rail = np.asarray(pg.replica_ranks, dtype=np.int64)
+        self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
+
+    # --- input_dist ----------------------------------------------------------------------------------
+
+    def route(self, lookups: list[TableLookup]) -> Routed:
+        """Every remote lookup in its column, sorted by destination rank. No collective."""
+        none = torch.zeros(0, dtype=torch.int64, device=self.device)
+        index, send, bins = [], [], []
+        for t, lk in enumerate(lookups):
+            cold = lk.positions(Tier.COLD)
+            grouped = bool(self.group_fetch[t])
+            warm = lk.positions(Tier.WARM)
+            owner = lk.owner.index_select(0, cold)
+            other = cold[~self.same_group.index_select(0, owner)] if grouped else none
+            columns = (  # (positions, destination rank, send row ids instead of slots)
+                (warm, self.warm_rank.index_select(0, lk.owner.index_select(0, warm)), False),
+                (none if grouped else cold, none if grouped else owner, False),
+                (
+                    cold if grouped else none,
+                    self.rail_peer_of_owner.index_select(0, owner) if grouped else none,
+                    True,
+                ),
+                (other, lk.owner.index_select(0, other), False),
+            )
+            index.append([])
+            send.append([])
+            for sel, dest, ids in columns:
+                order = torch.argsort(dest, stable=True)
+                index[t].append(sel.index_select(0, order))
+                send[t].append((lk.ids if ids else lk.slot).index_select(0, index[t][-1]))
+                bins.append(torch.bincount(dest, minlength=self.world))
+        n_t = len(lookups)
+        counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
+        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64))
+
+    def empty_counts(self, num_tables: int) -> np.ndarray:
+        """The split sizes of a rank whose batch failed its checks (it asks for nothing)."""
+        return np.zeros((self.world, num_tables, KINDS), np.int64)
+
+    def meta(self, err: torch.Tensor, counts: np.ndarray) -> Pending[tuple[np.ndarray, list[torch.Tensor]]]:
+        """``meta``: every rank's error code and the split sizes of the active columns. Waits to the
+        received counts ``[p, t, k]`` and every rank's error code."""
+        world, n_t, _ = counts.shape
+        err_np = err.cpu().numpy().astype(np.int64).reshape(-1)
+        sizes = [ERROR_WORDS + n_t * int(self.active[p].sum()) for p in range(world)]
+        send = np.concatenate(
+            [np.concatenate([err_np, counts[p][:, self.active[p]].reshape(-1)]) for p in range(world)]
+        )
+        sent = torch.from_numpy(send).to(self.device)
+        pending = exchange_columns_async(
+            "meta", [sent], np.array(sizes)[:, None], np.array(sizes)[:, None], np.ones(1), None
+        )
+
+        def finish() -> tuple[np.ndarray, list[torch.Tensor]]:
+            recv = pending.wait()[0][0].cpu().numpy()
+            recv_counts = np.zeros_like(counts)
+            codes, off = [], 0
+            for p in range(world):
+                codes.append(torch.from_numpy(recv[off : off + ERROR_WORDS].copy()))
+                m = sizes[p] - ERROR_WORDS
+                block = recv[off + ERROR_WORDS : off + ERROR_WORDS + m]
+                recv_counts[p][:, self.active[p]] = block.reshape(n_t, -1)
+                off += sizes[p]
+            return recv_counts, codes
+
+        return Pending([pending], finish)
+
+    def ids(self, routed: Routed, recv_counts: np.ndarray) -> Pending[list[list[torch.Tensor]]]:
+        """``ids``: every id column to its destination. Waits to the received columns per table and kind
+        (peer order)."""
+        n_t = len(routed.send)
+        columns = [routed.send[t][k] for t in range(n_t) for k in range(KINDS)]
+        c, rc = routed.counts.reshape(self.world, -1), recv_counts.reshape(self.world, -1)
+        pending = exchange_columns_async("ids", columns, c, rc, np.ones(c.shape[1], np.int64), None)
+        return Pending(
+            [pending], lambda: [pending.wait()[0][t * KINDS : (t + 1) * KINDS] for t in range(n_t)]
+        )
+
+    # --- compute ---------------------------------------------------------------------------------------
+
+    def compute(self, received: list[list[torch.Tensor]], recv_counts: np.ndarray) -> Asked:
+        """The owners' and rail peers' local work: dedup of the group fetch on both sides. No collective."""
+        n_t = len(received)
+        peers = torch.arange(self.world, device=self.device)
+        owner_slots, inverse, d_owner, d_slot = [], [], [], []
+        owner_bins, fetch_bins = [], []
+        for t in range(n_t):
+            rows = int(self.routing[t].num_rows)
+            # owner: slots from other groups, distinct per requesting group's rail peer
+            sender = peers.repeat_interleave(torch.as_tensor(recv_counts[:, t, GSLOTS], device=self.device))
+            key = self.rail_peer_of_requester.index_select(0, sender) * rows + received[t][GSLOTS]
+            distinct = torch.unique(key)
+            owner_slots.append(distinct % rows)
+            owner_bins.append(torch.bincount(distinct // rows, minlength=self.world))
+            # rail peer: the group's ids, distinct per owner
+            _tier, owner, slot = self.routing[t].lookup(received[t][GIDS])
+            distinct, inv = torch.unique(owner * rows + slot, return_inverse=True)
+            inverse.append(inv)
+            d_owner.append(distinct // rows)
+            d_slot.append(distinct % rows)
+            fetch_bins.append(torch.bincount(d_owner[-1][d_owner[-1] != self.me], minlength=self.world))
+        owner_counts = torch.stack(owner_bins).cpu().numpy().T.astype(np.int64) if n_t else None
+        fetch_counts = torch.stack(fetch_bins).cpu().numpy().T.astype(np.int64) if n_t else None
+        slots = [[received[t][WARM], received[t][FLAT]] for t in range(n_t)]
+        return Asked(
+            recv_counts,
+            slots,
+            owner_slots,
+            np.ascontiguousarray(owner_counts),
+            inverse,
+            d_owner,
+            d_slot,
+            np.ascontiguousarray(fetch_counts),
+        )
+
+    # --- output_dist -----------------------------------------------------------------------------------
+
+    def rows(self, routed: Routed, asked: Asked, traffic: Traffic) -> Pending[list[torch.Tensor]]:
+        """``rows``: warm and flat rows to the requesters (written into their lookups on wait), the group's
+        distinct rows to its rail peer. Waits to the rail peer's distinct rows per table (its own rows
+        read locally, rounded like the wire). Adds the ids and forward bytes to ``traffic``."""
+        n_t = len(routed.lookups)
+        cols, send_counts, recv_counts = [], [], []
+        for t in range(n_t):
+            cols.append(self.shards[(t, Tier.WARM)].weights.index_select(0, asked.slots[t][0]))
+            cols.append(self.shards[(t, Tier.COLD)].weights.index_select(0, asked.slots[t][1]))
+            cols.append(self.shards[(t, Tier.COLD)].weights.index_select(0, asked.owner_slots[t]))
+            send_counts.append(
+                np.stack(
+                    [asked.recv_counts[:, t, WARM], asked.recv_counts[:, t, FLAT], asked.owner_counts[:, t]],
+                    1,
+                )
+            )
+            recv_counts.append(
+                np.stack([routed.counts[:, t, WARM], routed.counts[:, t, FLAT], asked.fetch_counts[:, t]], 1)
+            )
+        sc, rc = np.concatenate(send_counts, 1), np.concatenate(recv_counts, 1)
+        widths = np.repeat(self.dims, len(ROW_KINDS))
+        pending = exchange_vectors("rows", cols, sc, rc, widths, self.wire_dtype)
+        self.bytes.forward(routed.counts, asked, traffic)
+
+        def finish() -> list[torch.Tensor]:
+            got = pending.wait()
+            out = []
+            for t, lk in enumerate(routed.lookups):
+                lk.rows.index_copy_(0, routed.index[t][WARM], got[3 * t])
+                lk.rows.index_copy_(0, routed.index[t][FLAT], got[3 * t + 1])
+                out.append(self._distinct_rows(t, asked, got[3 * t + 2]))
+            return out
+
+        return Pending([pending], finish)
+
+    def _distinct_rows(self, t: int, asked: Asked, fetched: torch.Tensor) -> torch.Tensor:
+        """The rail peer's distinct rows of table t: fetched ones, and its own read locally."""
+        local = asked.distinct_owner[t] == self.me
+        out = torch.empty(asked.distinct_owner[t].numel(), int(self.dims[t]), device=self.device)
+        out[~local] = fetched
+        own = self.shards[(t, Tier.COLD)].weights.index_select(0, asked.distinct_slot[t][local])
+        out[local] = round_like_wire(own, self.wire_dtype)
+        return out
+
+    def scatter(self, routed: Routed, asked: Asked, distinct: list[torch.Tensor]) -> Pending[None]:
+        """``scatter``: the rail peer gives every id of its group its row (group all-to-all); on wait the
+        rows are in the requesters' lookups."""
+        n_t = len(routed.lookups)
+        cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
+        sc = asked.recv_counts[self.intra][:, :, GIDS]
+        rc = routed.counts[self.intra][:, :, GIDS]
+        pending = exchange_vectors("scatter", cols, sc, rc, self.dims, self.wire_dtype, self.pg.intra)
+
+        def finish() -> None:
+            for t, got in enumerate(pending.wait()):
+                routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
+
+        return Pending([pending], finish)
+
+    # --- backward --------------------------------------------------------------------------------------
+
+    def grads(
+        self, routed: Routed, asked: Asked, unique_grads: list[torch.Tensor]
+    ) -> Pending[list[torch.Tensor]]:
+        """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
+        gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
+        n_t = len(unique_grads)
+        cols = [unique_grads[t].index_select(0, routed.index[t][k]) for t in range(n_t) for k in ROW_KINDS]
+        sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
+        rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
+        widths = np.repeat(self.dims, len(ROW_KINDS))
+        pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
+
+        def finish() -> list[torch.Tensor]:
+            got = pending.wait()
+            out = []
+            for t in range(n_t):
+                for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):
+                    if asked.slots[t][k].numel():
+                        self.shards[(t, tier)].add_gradient(asked.slots[t][k], got[3 * t + k])
+                total = torch.zeros(asked.distinct_owner[t].numel(), int(self.dims[t]), device=self.device)
+                out.append(total.index_add_(0, asked.inverse[t], got[3 * t + 2]))
+            return out
+
+        return Pending([pending], finish)
+
+    def rail_grads(self, asked: Asked, sums: list[torch.Tensor]) -> Pending[None]:
+        """``rail_grads``: the rail peer's sums to the owners in other groups (rail all-to-all), its own
+        rows' sums into its shard; on wait every owner has added its gradients."""
+        n_t = len(sums)
+        cols = []
+        for t in range(n_t):
+            local = asked.distinct_owner[t] == self.me
+            if bool(local.any()):
+                own = round_like_wire(sums[t][local], self.wire_dtype, scaled=True)
+                self.shards[(t, Tier.COLD)].add_gradient(asked.distinct_slot[t][local], own)
+            cols.append(sums[t][~local])
+        sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
+        pending = exchange_vectors(
+            "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
+        )
+
+        def finish() -> None:
+            for t, got in enumerate(pending.wait()):
+                if asked.owner_slots[t].numel():
+                    self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t], got)
+
+        return Pending([pending], finish)
