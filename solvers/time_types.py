@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +180,15 @@ class LocalRates:
 
     def save(self, path: str | os.PathLike) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+
+    def shared(self, ranks_per_core: float) -> LocalRates:
+        """These rates on a machine where ``ranks_per_core`` ranks share each core (more ranks than cores:
+        each rank's local work takes that many times longer); at most one rank per core, unchanged."""
+        factor = max(1.0, float(ranks_per_core))
+        if factor == 1.0:
+            return self
+        scaled = {name: getattr(self, name) * factor for name in self.FIELDS}
+        return replace(self, **scaled, source=f"{self.source}; x{factor:g} ({factor:g} ranks per core)")
 
 
 # experiments/calibrate_local.py --repeats 5 as printed on 2026-11-25 on the development machine (x86_64

@@ -24,6 +24,7 @@ from flexshard.bench.predict import predicted_step_ms
 from flexshard.plan_file import to_dict
 from solvers.planner import PlannedStrategy, budget_bytes, make_plan
 from solvers.tier_program import OptimizerConfig
+from solvers.time_types import LocalRates
 from topology import cluster_view
 from topology.presets import h100_cluster
 from topology.views import ClusterView
@@ -137,10 +138,11 @@ def make_plans(
     budget_x: float,
     torchrec: bool,
     objective: str = "step",
+    rates: LocalRates | None = None,
 ) -> dict[str, StrategyPlan]:
     """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine), in
     :data:`RUNTIME_STRATEGIES` order then TorchRec's; FlexShard's planner minimises ``objective`` (``step``
-    time or ``bytes``)."""
+    time or ``bytes``); ``rates``: the running machine's local-work rates (None: the view's)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
     made = {
@@ -161,7 +163,7 @@ def make_plans(
         document = None
         if key != TORCHREC:
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
-        predicted = predicted_step_ms(w, machine_view, planned.plan)
+        predicted = predicted_step_ms(w, machine_view, planned.plan, rates=rates)
         out[key] = StrategyPlan(
             key,
             document,

@@ -35,6 +35,7 @@ from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
 from flexshard.progress import Progress
 from flexshard.runtime.local import wait_for_ranks
+from solvers.time_types import LocalRates
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,14 @@ def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[l
     return [s for s in systems if s.key not in failed], failed
 
 
+def machine_rates(cfg: BenchConfig) -> LocalRates:
+    """The local-work rates of the ranks as they run here: this machine's, times the ranks that share a
+    core (this host's ranks x ``--threads`` over its cores; 4 ranks on 2 cores do their local work at half
+    speed). This host's ranks: torchrun's LOCAL_WORLD_SIZE, else ``--nproc`` (spawned here)."""
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
+    return LocalRates.default().shared(here * cfg.threads / (os.cpu_count() or 1))
+
+
 def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     """Run the benchmark on this rank of the initialised process group; rank 0 returns the records."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -104,7 +113,9 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
     shared: list[Any] = [None]
     if rank == 0:
-        shared = [make_plans(data, planned_for, machine, cfg.budget, not skipped, cfg.objective)]
+        shared = [
+            make_plans(data, planned_for, machine, cfg.budget, not skipped, cfg.objective, machine_rates(cfg))
+        ]
     dist.broadcast_object_list(shared, src=0)
     plans = shared[0]
     with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as tmp:

@@ -215,3 +215,12 @@ def test_dedup_prices_every_lookup_and_one_rank_has_no_collectives():
     # 3 lookups: dedup 3, route 6, gather 3 * 2 * 3 = 18, scatter-add 5 * 2 * 3 = 30; nothing served;
     # the 2.2 distinct rows of the batch updated: 7 * 2 * 2.2 = 30.8
     assert st1.total_s == pytest.approx(3.0 + 6.0 + 18.0 + 30.0 + 30.8, rel=REL)
+
+
+def test_rates_of_ranks_sharing_a_core_scale_every_piece():
+    base = LocalRates.default()
+    assert base.shared(0.5) is base and base.shared(1.0) is base  # a core each: unchanged
+    twice = base.shared(2.0)
+    for name in LocalRates.FIELDS:
+        assert getattr(twice, name) == pytest.approx(2.0 * getattr(base, name), rel=1e-15)
+    assert "2 ranks per core" in twice.source
