@@ -1,7 +1,8 @@
 """``train --pipeline on`` (flexshard.training.pipeline) computes what ``--pipeline off`` does, bit for bit:
 the same loss at every step and the same final checkpoint (every row of every shard of every rank, its
 optimizer state, the dense parameters and their optimizer state), fp32, with dedup on and off, with a
-FlexShard plan that has hot, warm and group-fetched cold rows and with a row-wise plan; ``--verify``
+FlexShard plan that has hot, warm and group-fetched cold rows, with a row-wise plan and with sample
+placement; ``--verify``
 passes with the pipeline; a bad batch under the pipeline is one error on every rank, at the same step as
 without it; a run resumed mid-way with the pipeline equals the uninterrupted one.
 
@@ -25,6 +26,7 @@ VARIANTS = {  # name: extra flags ({plan}: the plan file of _write_plan)
     "dedup": ["--plan", "{plan}"],
     "no_dedup": ["--plan", "{plan}", "--no-dedup", "--override-plan", "--optimizer", "sgd"],
     "row_wise": ["--strategy", "row_wise"],
+    "placement": ["--plan", "{plan}", "--sample-placement", "owner"],  # samples moved when prefetched
 }
 
 
@@ -124,6 +126,7 @@ def test_pipelined_run_equals_unpipelined_bit_for_bit(runs, variant):
         hot_warm = re.findall(r"hot/warm/cold (\d+)/(\d+)/", plan_line)
         assert any(int(h) > 0 for h, _w in hot_warm) and any(int(w) > 0 for _h, w in hot_warm)
     assert f"dedup {'off' if variant == 'no_dedup' else 'on'}" in plan_line
+    assert f"sample placement {'owner' if variant == 'placement' else 'off'}" in plan_line
     assert f"verify: OK ({STEPS} steps, all rows of all copies match)" in on[0]["out"].splitlines()
     root = runs["root"]
     a, b = root / f"{variant}_off", root / f"{variant}_on"
