@@ -6,7 +6,7 @@ waits for ``ids`` and gives the :class:`Prepared` batch that ``forward`` takes. 
 that training changes: ``forward`` reads the hot rows again, and every remote row in its own stages.
 
 A batch that fails its checks is one error on every rank: its code travels in ``meta``, no rank issues
-its ``ids``, and :meth:`PendingInput.wait` raises the same :class:`~core.errors.InputError` everywhere.
+its ``ids``, and :meth:`PendingInput.wait` raises the same :class:`~core.errors.BatchError` everywhere.
 """
 
 from __future__ import annotations

@@ -113,8 +113,8 @@ class TrainConfig:
     pipeline: str = field(
         default="on",
         metadata=_flag(
-            "pipelined step: the next batch's input check, routing and id exchange run during this "
-            "step's dense forward, backward and replica sync (same results bit for bit)",
+            "pipelined step (default on): the next batch's id exchange runs during this step's dense "
+            "forward, backward and replica sync, on a second process group; the same results bit for bit",
             choices=PIPELINE_MODES,
         ),
     )
