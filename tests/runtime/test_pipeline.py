@@ -4,7 +4,8 @@ optimizer state, the dense parameters and their optimizer state), fp32, with ded
 FlexShard plan that has hot, warm and group-fetched cold rows, with a row-wise plan and with sample
 placement; ``--verify``
 passes with the pipeline; a bad batch under the pipeline is one error on every rank, at the same step as
-without it; a run resumed mid-way with the pipeline equals the uninterrupted one.
+without it; a run resumed mid-way with the pipeline equals the uninterrupted one, also when the first
+half ran without it.
 
 4 spawned gloo ranks in 2 groups of 2 (train_workers.py)."""
 
@@ -70,9 +71,13 @@ def runs(tmp_path_factory):
     calls.append((_run(root, "resumed", "on", ["--checkpoint-every", "3"], 3), None))
     for mode in ("off", "on"):  # rank 2's batch of step 3 is bad
         calls.append(([*FOUR, "--steps", "5", "--pipeline", mode], "bad_batch_at_step_3"))
+    # 3 steps unpipelined, resumed to 6 with the pipeline (one folder: the resume switches the mode)
+    calls.append((_run(root, "switched", "off", ["--checkpoint-every", "3"], 3), None))
     first = run_main(4, calls, root / "run1", timeout_s=600.0)
     resume = _run(root, "resumed", "on", ["--checkpoint-every", "3", "--resume"], 6)
-    second = run_main(4, [(resume, None)], root / "run2", timeout_s=120.0)
+    switched = _run(root, "switched", "off", ["--checkpoint-every", "3", "--resume"], 6)
+    switched[switched.index("--pipeline") + 1] = "on"
+    second = run_main(4, [(resume, None), (switched, None)], root / "run2", timeout_s=120.0)
     return {"root": root, "first": first, "second": second}
 
 
@@ -149,6 +154,19 @@ def test_resume_with_the_pipeline_equals_the_uninterrupted_run(runs):
     assert _losses(a) == _losses(b) and len(_losses(a)) == 6  # the resumed log appends steps 4-6
     for step in (3, 6):
         _assert_same_checkpoint(a / "ckpt", b / "ckpt", step)
+
+
+@pytest.mark.slow
+def test_a_run_resumes_with_the_other_pipeline_setting(runs):
+    first_half = _calls(runs["first"], 2 * len(VARIANTS) + 4)
+    resumed = _calls(runs["second"], 1)
+    for calls in (first_half, resumed):
+        assert [c["rc"] for c in calls] == [0, 0, 0, 0], [c["err"] for c in calls]
+    assert "pipeline off" in first_half[0]["err"] and "pipeline on" in resumed[0]["err"]
+    assert "resume:" in resumed[0]["err"] and "(step 3)" in resumed[0]["err"]
+    a, b = runs["root"] / "straight_on", runs["root"] / "switched_off"
+    assert _losses(a) == _losses(b)
+    _assert_same_checkpoint(a / "ckpt", b / "ckpt", 6)
 
 
 @pytest.mark.slow
