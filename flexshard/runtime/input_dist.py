@@ -33,8 +33,9 @@ class Prepared:
 
 class PendingInput(Pending[Prepared]):
     """``input_dist`` of one batch with ``meta`` issued (see the module docstring). ``group``: the
-    process group its stages go on (None: the default group). :meth:`wait` gives the :class:`Prepared`
-    batch, or raises the batch's input error (every rank the same) on every call."""
+    process group its stages go on (None: the default group); ``tables``: the table names and row counts
+    (for the error message). :meth:`wait` gives the :class:`Prepared` batch, or raises the batch's
+    input error (every rank the same) on every call."""
 
     def __init__(
         self,
@@ -43,11 +44,11 @@ class PendingInput(Pending[Prepared]):
         meta: Pending,
         group,
         remote: bool,
-        problem: tuple[list[str], list[int]],
+        tables: tuple[list[str], list[int]],
     ) -> None:
         super().__init__([], self._finish)
         self._protocol, self._routed, self._meta, self._group = protocol, routed, meta, group
-        self._remote, self._problem = remote, problem
+        self._remote, self._tables = remote, tables
         self._ids: Pending | None = None
         self._recv_counts: np.ndarray | None = None
         self._codes: list[torch.Tensor] | None = None
@@ -68,6 +69,6 @@ class PendingInput(Pending[Prepared]):
     def _finish(self) -> Prepared:
         self.advance()
         if self._failed():
-            raise_input_error(self._codes, *self._problem)
+            raise_input_error(self._codes, *self._tables)
         received = self._ids.wait() if self._ids is not None else None
         return Prepared(self._routed, self._recv_counts, received)
