@@ -50,10 +50,12 @@ from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
 from flexshard.runtime.agreement import agreed_message
+from flexshard.runtime.awaitable import issued_on
 from flexshard.runtime.exchange_protocol import Asked, ExchangeProtocol, Routed
-from flexshard.runtime.features import check_features, features_from_kjt, raise_input_error, to_padded
+from flexshard.runtime.features import check_features, features_from_kjt, to_padded
 from flexshard.runtime.groups import ProcessGroups, make_process_groups
 from flexshard.runtime.initializer import Initializer, seeded_initializer
+from flexshard.runtime.input_dist import PendingInput, Prepared
 from flexshard.runtime.lookups import TableLookup, local_lookups
 from flexshard.runtime.replicas import ReplicaSync
 from flexshard.runtime.routing import (
@@ -222,36 +224,55 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     def forward(self, features) -> dict[str, torch.Tensor]:
         """Jagged embeddings ``[sum(lengths), dim]`` per table, in input order. ``features``: per
-        table ``(values, lengths)``, or a TorchRec KeyedJaggedTensor (keys = table names). Collective:
-        every rank calls it (and, when training, backward) the same number of times."""
+        table ``(values, lengths)``, a TorchRec KeyedJaggedTensor (keys = table names), or a
+        :class:`~flexshard.runtime.input_dist.Prepared` batch from :meth:`input_dist` (its hot rows are
+        read again here, after any update since). Collective: every rank calls it (and, when training,
+        backward) the same number of times."""
+        if isinstance(features, Prepared):
+            prepared = features
+            self._read_hot(prepared.routed.lookups)
+        else:
+            prepared = self.input_dist(features).wait()
+        self.traffic = Traffic.zeros()
+        outs = _Lookup.apply(self._anchor, self, (prepared.routed, prepared.recv_counts, prepared.received))
+        return dict(zip(self.table_names, outs, strict=True))
+
+    def input_dist(self, features, group=None) -> PendingInput:
+        """The weight-free part of :meth:`forward` for ``features``: the input check, dedup and local
+        routing, then ``meta`` issued on ``group`` (a process group of every rank in rank order; None:
+        the default group); ``ids`` follows on :meth:`PendingInput.advance` or ``wait``. Collective:
+        every rank calls it, on the same group, in the same order as its other stages there."""
         if not isinstance(features, dict):
             features = features_from_kjt(features)
         num_rows = [r.num_rows for r in self.routing]
         parsed, err = check_features(features, self.table_names, num_rows, self.device)
-        lookups = routed = None
+        routed = None
         if int(err[0]) == 0:  # input_dist, local part: dedup, routing, hot rows
             hot = self._tier_shards(Tier.HOT)
             lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device)
             routed = self.protocol.route(lookups)
         counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
-        recv_counts, codes = self.protocol.meta(err, counts).wait()  # every rank's error code, too
-        if any(int(e[0]) for e in codes):
-            raise_input_error(codes, self.table_names, num_rows)
-        self.traffic = Traffic.zeros()
-        outs = _Lookup.apply(self._anchor, self, (routed, recv_counts))
-        return dict(zip(self.table_names, outs, strict=True))
+        with issued_on(group):
+            meta = self.protocol.meta(err, counts)  # every rank's error code, too
+        return PendingInput(self.protocol, routed, meta, group, self.remote, (self.table_names, num_rows))
+
+    def _read_hot(self, lookups: list[TableLookup]) -> None:
+        """The hot rows of ``lookups`` read from the local replica (as they are now)."""
+        for t, lk in enumerate(lookups):
+            hot = self.shards[(t, Tier.HOT)].weights.index_select(0, lk.hot_slot)
+            lk.rows.index_copy_(0, lk.hot_index, hot)
 
     def padded(self, jagged: torch.Tensor, lengths: torch.Tensor, max_len: int | None = None) -> torch.Tensor:
         """[batch, max_len, dim] view of one table's jagged output (see :func:`to_padded`)."""
         return to_padded(jagged, lengths, max_len)
 
-    def _forward_impl(self, routed: Routed, recv_counts: np.ndarray):
-        """ids, compute, rows and scatter (each stage waited for at once)."""
+    def _forward_impl(self, routed: Routed, recv_counts: np.ndarray, received):
+        """compute, rows and scatter of a batch past ``ids`` (each stage waited for at once)."""
         lookups: list[TableLookup] = routed.lookups
         asked = None
         if self.remote:
             p = self.protocol
-            asked = p.compute(p.ids(routed, recv_counts).wait(), recv_counts)
+            asked = p.compute(received, recv_counts)
             distinct = p.rows(routed, asked, self.traffic).wait()
             if self.group_fetch:
                 p.scatter(routed, asked, distinct).wait()

@@ -23,6 +23,8 @@ from flexshard.training.distributed import DEFAULT_TIMEOUT_S
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
 from solvers.planner import STRATEGIES
 
+PIPELINE_MODES = ("on", "off")  # --pipeline (flexshard.training.pipeline)
+
 DEFAULT_DIM = 16  # embedding dim when neither --dim nor a --plan says (small: CPU runs)
 MAX_SEED = 2**32 - 1  # seeds are 32-bit: numpy's legacy range, and torch.manual_seed's without wrapping
 
@@ -106,6 +108,14 @@ class TrainConfig:
             "which rank trains on which sample of each global batch: off, regroup (samples sharing cold "
             "rows meet in a group) or owner (samples go to the group owning their cold rows)",
             choices=[m.value for m in SamplePlacement],
+        ),
+    )
+    pipeline: str = field(
+        default="on",
+        metadata=_flag(
+            "pipelined step (default on): the next batch's id exchange runs during this step's dense "
+            "forward, backward and replica sync, on a second process group; the same results bit for bit",
+            choices=PIPELINE_MODES,
         ),
     )
     override_plan: bool = field(

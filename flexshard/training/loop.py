@@ -39,7 +39,7 @@ from core.vocabulary import Component, FetchMode, LinkClass
 from flexshard import checkpoint, checkpoint_reshard
 from flexshard.batching import SamplePlacer
 from flexshard.cli_common import first_line
-from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits, lookup_features
+from flexshard.model import DenseOptimizer, SequenceRecModel, batch_logits
 from flexshard.plan_file import PlanFile, read_plan
 from flexshard.progress import duration
 from flexshard.runtime import ShardedSequenceEmbedding, seeded_initializer
@@ -49,6 +49,7 @@ from flexshard.training.config import TrainConfig
 from flexshard.training.data import data_options, make_source, table_shape
 from flexshard.training.distributed import Phase, allreduce_dense_grads, device
 from flexshard.training.limits import check_step_memory
+from flexshard.training.pipeline import InputPipeline
 from flexshard.training.planning import batch_size, check_plan, check_vocabulary, model_dim, plan_on_the_fly
 from flexshard.training.reference import Reference
 from flexshard.training.resume import claim_directory, fallback_hint, identity_mismatch, prune, run_identity
@@ -118,7 +119,7 @@ def _describe(config: TrainConfig, world: int, dev: torch.device, source, plan_f
         + f"; optimizer {config.optimizer}, lr {config.lr}, dedup {'on' if plan.dedup else 'off'}, "
         f"{plan.sync.value} sync, batch {plan_file.batch_size_per_gpu} per rank, "
         f"objective {config.objective}, layout {config.layout}, wire {plan.wire}, "
-        f"sample placement {config.sample_placement}",
+        f"sample placement {config.sample_placement}, pipeline {config.pipeline}",
     ]
 
 
@@ -174,6 +175,9 @@ class TrainingRun:
             timeout_s=config.timeout,
         )
         self.placer = SamplePlacer(config.sample_placement, self.module, self.source.user_table)
+        self.inputs = InputPipeline(
+            self.module, self.placer, self.source, dev, config.pipeline == "on", config.timeout
+        )
         self.identity = run_identity(config, self.source, self.plan_file, self.module)
         self.start, resumed_from = self._resume()
         for line in [*_describe(config, self.world, dev, self.source, self.plan_file), *notes]:
@@ -274,11 +278,14 @@ class TrainingRun:
         )  # fmt: skip
         t0 = time.perf_counter()
         phase.step = step + 1
-        phase.at(f"step {step + 1}: sample placement")
-        batch = self.placer.place(self.source.batch(step, self.rank))
+        phase.at(f"step {step + 1}: sample placement and input_dist")
+        batch, placement, prepared = self.inputs.take(step)
         phase.at(f"step {step + 1}: forward")
-        emb = module(lookup_features(batch, self.source.user_table, dev))
-        module.traffic += self.placer.traffic  # the samples' move is part of the step's ids
+        emb = module(prepared)
+        module.traffic += placement  # the samples' move is part of the step's ids
+        phase.at(f"step {step + 1}: input_dist of the next batch")
+        self.inputs.prefetch(step + 1, config.steps)  # runs during the dense forward and backward
+        phase.at(f"step {step + 1}: forward")
         logits = batch_logits(dense, emb, batch, self.source.user_table)
         loss = dense.loss(logits) / world
         self.dense_opt.zero_grad()
@@ -287,6 +294,8 @@ class TrainingRun:
         allreduce_dense_grads(dense, world)
         dense_grads = [p.grad.detach().clone() for p in dense.parameters()] if self.verifier else []
         self.dense_opt.step()
+        phase.at(f"step {step + 1}: input_dist of the next batch")
+        self.inputs.advance()  # its ids run during the replica sync
         phase.at(f"step {step + 1}: replica sync")
         module.step()
         if dev.type == "cuda":

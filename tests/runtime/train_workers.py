@@ -99,7 +99,37 @@ def _dump_resharded_load():
         checkpoint_reshard.load_resharded = original
 
 
+@contextlib.contextmanager
+def _bad_batch_at_step_3():
+    """Rank 2's batch of step 3 (index 2) asks for an id past its first table's rows."""
+    from flexshard.training import loop
+
+    original = loop.make_source
+
+    def make_source(*args, **kwargs):
+        source = original(*args, **kwargs)
+        batch = source.batch
+
+        def bad(step, rank):
+            b = batch(step, rank)
+            if step == 2 and rank == 2:
+                name = next(iter(b.history))
+                b.history = {**b.history, name: b.history[name].copy()}
+                b.history[name][0] = 10**9
+            return b
+
+        source.batch = bad
+        return source
+
+    loop.make_source = make_source
+    try:
+        yield
+    finally:
+        loop.make_source = original
+
+
 PATCHES = {
+    "bad_batch_at_step_3": _bad_batch_at_step_3,
     None: contextlib.nullcontext,
     "dump_resharded_load": _dump_resharded_load,
     "stall_rank_1": lambda: _patched_step(_stall_rank_1),
