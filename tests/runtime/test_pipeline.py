@@ -39,12 +39,15 @@ def _write_plan(path: Path) -> None:
     from flexshard.training.data import SyntheticSource
     from flexshard.workloads import DEFAULT_NEGATIVES, DEFAULT_WINDOW, fingerprint
     from solvers.planner import budget_bytes, make_plan
+    from solvers.tier_program import OptimizerConfig
     from topology.presets import h100_cluster
     from topology.views import cluster_view
 
     source = SyntheticSource(DEFAULT_DIM, DEFAULT_WINDOW, DEFAULT_NEGATIVES, 32, 0)
     workload, view = source.workload(), cluster_view(h100_cluster(2, 2))
-    planned = make_plan("flexshard", workload, view, budget_bytes(workload, view, 2.0), True, "sparse")
+    budget = budget_bytes(workload, view, 2.0)
+    bytes_objective = OptimizerConfig(step_time=False)  # as train plans on the fly (training/planning.py)
+    planned = make_plan("flexshard", workload, view, budget, True, "sparse", bytes_objective)
     doc = to_dict(planned.plan, workload, view, planned.report, fingerprint(workload), source.orders)
     write_plan(path, doc)
 
