@@ -167,9 +167,12 @@ class ExchangeProtocol:
         """The split sizes of a rank whose batch failed its checks (it asks for nothing)."""
         return np.zeros((self.world, num_tables, KINDS), np.int64)
 
-    def meta(self, err: torch.Tensor, counts: np.ndarray) -> Pending[tuple[np.ndarray, list[torch.Tensor]]]:
-        """``meta``: every rank's error code and the split sizes of the active columns. Waits to the
-        received counts ``[p, t, k]`` and every rank's error code."""
+    def meta(
+        self, err: torch.Tensor, counts: np.ndarray, group=None
+    ) -> Pending[tuple[np.ndarray, list[torch.Tensor]]]:
+        """``meta``: every rank's error code and the split sizes of the active columns, on ``group`` (a
+        process group of every rank in rank order; None: the default group). Waits to the received
+        counts ``[p, t, k]`` and every rank's error code."""
         world, n_t, _ = counts.shape
         err_np = err.cpu().numpy().astype(np.int64).reshape(-1)
         sizes = [ERROR_WORDS + n_t * int(self.active[p].sum()) for p in range(world)]
@@ -178,7 +181,7 @@ class ExchangeProtocol:
         )
         sent = torch.from_numpy(send).to(self.device)
         pending = exchange_columns_async(
-            "meta", [sent], np.array(sizes)[:, None], np.array(sizes)[:, None], np.ones(1), None
+            "meta", [sent], np.array(sizes)[:, None], np.array(sizes)[:, None], np.ones(1), group
         )
 
         def finish() -> tuple[np.ndarray, list[torch.Tensor]]:
@@ -195,13 +198,13 @@ class ExchangeProtocol:
 
         return Pending([pending], finish)
 
-    def ids(self, routed: Routed, recv_counts: np.ndarray) -> Pending[list[list[torch.Tensor]]]:
-        """``ids``: every id column to its destination. Waits to the received columns per table and kind
-        (peer order)."""
+    def ids(self, routed: Routed, recv_counts: np.ndarray, group=None) -> Pending[list[list[torch.Tensor]]]:
+        """``ids``: every id column to its destination, on ``group`` (as :meth:`meta`). Waits to the
+        received columns per table and kind (peer order)."""
         n_t = len(routed.send)
         columns = [routed.send[t][k] for t in range(n_t) for k in range(KINDS)]
         c, rc = routed.counts.reshape(self.world, -1), recv_counts.reshape(self.world, -1)
-        pending = exchange_columns_async("ids", columns, c, rc, np.ones(c.shape[1], np.int64), None)
+        pending = exchange_columns_async("ids", columns, c, rc, np.ones(c.shape[1], np.int64), group)
         return Pending(
             [pending], lambda: [pending.wait()[0][t * KINDS : (t + 1) * KINDS] for t in range(n_t)]
         )

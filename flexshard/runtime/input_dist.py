@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flexshard.runtime.awaitable import Pending, issued_on
+from flexshard.runtime.awaitable import Pending
 from flexshard.runtime.exchange_protocol import ExchangeProtocol, Routed
 from flexshard.runtime.features import raise_input_error
 
@@ -60,8 +60,7 @@ class PendingInput(Pending[Prepared]):
         self._recv_counts, self._codes = self._meta.wait()
         if self._failed() or not self._remote:
             return
-        with issued_on(self._group):
-            self._ids = self._protocol.ids(self._routed, self._recv_counts)
+        self._ids = self._protocol.ids(self._routed, self._recv_counts, self._group)
 
     def _failed(self) -> bool:
         return any(int(code[0]) for code in self._codes or [])

@@ -50,7 +50,6 @@ from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
 from flexshard.runtime.agreement import agreed_message
-from flexshard.runtime.awaitable import issued_on
 from flexshard.runtime.exchange_protocol import Asked, ExchangeProtocol, Routed
 from flexshard.runtime.features import check_features, features_from_kjt, to_padded
 from flexshard.runtime.groups import ProcessGroups, make_process_groups
@@ -252,8 +251,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device)
             routed = self.protocol.route(lookups)
         counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
-        with issued_on(group):
-            meta = self.protocol.meta(err, counts)  # every rank's error code, too
+        meta = self.protocol.meta(err, counts, group)  # every rank's error code, too
         return PendingInput(self.protocol, routed, meta, group, self.remote, (self.table_names, num_rows))
 
     def _read_hot(self, lookups: list[TableLookup]) -> None:
