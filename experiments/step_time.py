@@ -67,7 +67,8 @@ def measured(quick: bool) -> tuple[str, list[dict]]:
                 for plan_for, label in ((topo, "probed"), ("h100", "h100")):
                     recs = _bench(nproc, batch, plan_for, quick)
                     base = next(r for r in recs if r["strategy"] == "row_wise")["step_ms_median"]
-                    torchrec = next((r["step_ms_median"] for r in recs if r["strategy"] == "torchrec"), None)
+                    medians = {r["strategy"]: r["step_ms_median"] for r in recs}
+                    torchrec = medians.get("torchrec_row_wise")
                     for r in recs:
                         error = r["predicted_step_ms"] / r["step_ms_median"] - 1
                         rows.append({**r, "nproc": nproc, "batch": batch, "planned_for": label})

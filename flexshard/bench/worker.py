@@ -151,8 +151,8 @@ def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: 
                 dist.barrier()
                 s.step(inputs[s.key][i])
                 bar.advance(f"warm-up {s.key}")
-        for r in range(cfg.rounds):
-            for s in systems:
+        for r in range(cfg.rounds):  # each round starts one strategy later: none always runs first
+            for s in systems[r % len(systems) :] + systems[: r % len(systems)]:
                 got = out[s.key]
                 got["blocks"].append(len(order))
                 order.append(s.key)
