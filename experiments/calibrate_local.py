@@ -4,13 +4,24 @@ machine and fits the seconds per unit that :class:`solvers.time_types.LocalRates
 Pieces (as the runtime does them): ``dedup`` (``torch.unique(ids, return_inverse=True)``), ``route``
 (the tier test by ``searchsorted`` over the sorted replicated ids, the owner by arithmetic, the sort into
 destination order), ``gather`` (``index_select`` of rows), ``scatter_add`` (``index_add_`` of gradients),
-``update`` (row-wise Adagrad on the touched rows: state, scale, write back) and ``collective_call`` (an
-8-byte ``all_reduce`` on a gloo group of one rank: the host's cost of issuing a collective).
+``update`` (row-wise Adagrad on the touched rows: state, scale, write back), ``collective_call`` (an
+8-byte ``all_reduce`` on a gloo group of one rank: the host's cost of issuing a collective), ``output``
+(the benchmark's loss ``0.5 sum(v^2)`` and its backward, per output element), ``pack`` (the runtime's
+own :func:`~flexshard.runtime.transfer.exchange_columns_async` on one peer, 3 tables of 64-dim vectors:
+each value is copied once into the send buffer and once out of the receive buffer, units = 2 x values).
+
+``host`` (``--host``): the runtime's own host work, measured on ``--ranks`` spawned gloo ranks in 2 groups
+(the benchmark's set-up) at 2 samples per rank, where values cost nothing: the median step of the
+benchmark's row-wise, row_wise_group_dedup and FlexShard plans (3 tables; 4, 6 and 10 collectives),
+less each collective's bare latency measured on the same ranks (a tiny all-to-all or all-reduce, back to
+back) and the modeled value work, fitted as ``step_s + table_stage_s x tables x collectives`` and divided
+by the ranks per core (the bench multiplies it back, :meth:`LocalRates.shared`).
 
 Sizes: batches of 64..1024 samples per rank at the default workload's ~158 ids per sample (item-side
 tables), dims 32, 64 and 128 (the default tables' widths), ids drawn Zipf-like (alpha 0.87) from a
-200,000-row table. Each point is the median of ``--repeats`` runs; a rate is the least-squares slope of
-time over lookups (dedup, route) or over values moved (rows x dim: gather, scatter_add, update).
+200,000-row table. Each point is the median of ``--repeats`` runs; a rate is the slope of time over
+lookups (dedup, route) or over values moved (rows x dim: gather, scatter_add, update, output, pack),
+fitted in relative error (:func:`_slope`).
 One thread (``torch.set_num_threads(1)``), as each gloo rank of the runtime's tests runs. Run:
 
     nice .venv/bin/python experiments/calibrate_local.py [--out rates.json] [--repeats 5]
@@ -34,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flexshard.runtime.transfer import exchange_columns_async  # noqa: E402
 from solvers.time_types import LocalRates  # noqa: E402
 
 IDS_PER_SAMPLE = 158
@@ -72,10 +84,26 @@ def _adagrad(weight: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grad
     weight.index_copy_(0, rows, weight.index_select(0, rows) - 0.01 * grads / (s.sqrt() + 1e-10).unsqueeze(1))
 
 
+def _output(out: torch.Tensor) -> None:
+    """The benchmark's loss ``0.5 sum(v^2)`` over an output and its backward to the output's gradient."""
+    v = out.detach().requires_grad_()
+    (0.5 * v.pow(2).sum()).backward()
+
+
+def _exchange(tables: int, rows: int, dim: int) -> None:
+    """The runtime's packing of ``tables`` columns of ``rows`` vectors into one all-to-all's send buffer
+    and out of its receive buffer (:func:`flexshard.runtime.transfer.exchange_columns_async`, one peer)."""
+    columns = [torch.ones(rows, dim) for _ in range(tables)]
+    counts = np.full((1, tables), rows)
+    exchange_columns_async("rows", columns, counts, counts, np.full(tables, dim)).wait()
+
+
 def _slope(x: list[float], y: list[float]) -> tuple[float, float]:
-    """Least-squares (slope, intercept) of y over x."""
-    a = np.stack([np.asarray(x), np.ones(len(x))], axis=1)
-    (slope, intercept), *_ = np.linalg.lstsq(a, np.asarray(y), rcond=None)
+    """Least-squares (slope, intercept) of y over x in relative error (each point weighted by 1/y), so
+    that the largest sizes, past the caches and into page faults, do not set the rate of every size."""
+    w = 1.0 / np.asarray(y)
+    a = np.stack([np.asarray(x), np.ones(len(x))], axis=1) * w[:, None]
+    (slope, intercept), *_ = np.linalg.lstsq(a, np.asarray(y) * w, rcond=None)
     return float(slope), float(intercept)
 
 
@@ -102,6 +130,14 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
             }
             for piece, (units, fn) in timed.items():
                 points.append((piece, batch, dim, units, _median_s(fn, repeats)))
+    for batch in BATCHES:  # the loss and its gradient over the step's output (the benchmark's loss)
+        for dim in DIMS:
+            out = torch.randn(batch * IDS_PER_SAMPLE, dim)
+            points.append(("output", batch, dim, out.numel(), _median_s(partial(_output, out), repeats)))
+    for batch in BATCHES:  # the runtime's own packing (one peer: its local-copy path, no collective)
+        rows = batch * IDS_PER_SAMPLE // 3
+        seconds = _median_s(partial(_exchange, 3, rows, 64), repeats)
+        points.append(("pack", batch, 64, 2 * 3 * rows * 64, seconds))  # each value copied in and out
     with tempfile.TemporaryDirectory() as tmp:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
@@ -109,7 +145,7 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
         call = _median_s(lambda: [dist.all_reduce(x) for _ in range(100)], repeats) / 100
         dist.destroy_process_group()
     fitted = {}
-    for piece in ("dedup", "route", "gather", "scatter_add", "update"):
+    for piece in ("dedup", "route", "gather", "scatter_add", "update", "output", "pack"):
         rows = [p for p in points if p[0] == piece]
         fitted[piece] = _slope([p[3] for p in rows], [p[4] for p in rows])[0]
     rates = LocalRates(
@@ -119,6 +155,8 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
         scatter_add_s_per_value=max(fitted["scatter_add"], 0.0),
         update_s_per_value=max(fitted["update"], 0.0),
         collective_call_s=call,
+        pack_s_per_value=max(fitted["pack"], 0.0),
+        output_s_per_value=max(fitted["output"], 0.0),
         source=f"experiments/calibrate_local.py, {time.strftime('%Y-%m-%d')}, {platform.machine()} "
         f"{platform.processor() or platform.platform()}, torch {torch.__version__}, 1 thread",
     )
@@ -129,8 +167,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="write the rates JSON here (LocalRates.load reads it)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--host", action="store_true", help="also measure the runtime's host work (spawns ranks)")
+    ap.add_argument("--ranks", type=int, default=4, help="ranks of the --host run, in 2 groups (default 4)")
     args = ap.parse_args()
     rates, points = measure(args.repeats)
+    if args.host:
+        from calibrate_host import measure_host
+
+        rates, rows = measure_host(rates, args.ranks)
+        print(f"host ({args.ranks} ranks, 2 samples each): strategy, collectives, step ms, bare ms, model ms")
+        for key, collectives, step, bare, model in rows:
+            print(f"  {key:<22} {collectives:>3} {step * 1e3:8.2f} {bare * 1e3:8.2f} {model * 1e3:8.2f}")
     print(f"{'piece':<12} {'batch':>6} {'dim':>4} {'units':>10} {'ms':>9} {'ns/unit':>8}")
     for piece, batch, dim, units, seconds in points:
         per_unit_ns = seconds / units * 1e9

@@ -8,9 +8,11 @@ per-tier coefficients. ``tests/solvers/test_optimizer.py`` checks that these sum
 With :class:`~solvers.time_types.LocalRates`, each row also carries its local work
 (:func:`solvers.time_model.local_work` at even shares): a served row (warm, cold) costs its owner a
 gather, a scatter-add and an update per requesting rank (per group in a group fetch, plus the rail peer's
-dedup, forward and sum of each lookup); a replicated row costs every replica the pack, unpack and update
-of its sync. Work that every plan does (each lookup's dedup, routing, gather and scatter-add) and the
-collectives' host calls are a fixed cost (:func:`fixed_local_s`), their latency another
+dedup, forward and sum of each lookup), and every exchanged row is copied into and out of the all-to-all
+buffers by its requester, its owner and a rail peer; a replicated row costs every replica the pack, unpack
+and update of its sync. Work that every plan does (each lookup's dedup, routing, gather and scatter-add,
+the loss over its output) and the collectives' host calls and the runtime's host work are a fixed cost
+(:func:`fixed_local_s`), their latency another
 (:func:`fixed_time_s` with ``include_latency``).
 """
 
@@ -165,6 +167,8 @@ def table_coefficients(
             else:  # a warm tier on one group is never used; priced as served rows
                 time_s[1] += per_row * volume
             time_s[2] += per_row * volume
+            pack = rates.pack_s_per_value * t.dim * 2  # one value in and out of the buffers, both ways
+            time_s[1:] += pack * 2 * volume  # its own lookups' and the lookups it serves (even shares)
         memory = np.stack(
             [rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n]
         )
@@ -175,6 +179,7 @@ def table_coefficients(
             if rates is not None:  # rows served once per group; the rail peer dedups, forwards and sums
                 relay = (rates.dedup_s_per_lookup if dedup else 0.0) + t.dim * move
                 cold_group = cold_group + per_row * np.diff(mass.group) / g + relay * volume
+                cold_group = cold_group + pack * (2 * volume + np.diff(mass.group) / g)  # + the relay's
         out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows), cold_group))
     return out
 
@@ -223,11 +228,13 @@ def fixed_local_s(
     dedup, routing, gather into the output and scatter-add of its gradient, the collectives' host calls
     and, on one rank, the update of the rows its batch touched (:func:`solvers.time_model.local_work`)."""
     move = rates.gather_s_per_value + rates.scatter_add_s_per_value
-    total = rates.collective_call_s * len(shape_schedule(shape, view))
+    schedule = shape_schedule(shape, view)
+    total = rates.collective_call_s * len(schedule)
+    total += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     for t in workload.tables:
         lookups = workload.lookups_per_gpu(t)
         total += lookups * (rates.route_s_per_lookup + (rates.dedup_s_per_lookup if dedup else 0.0))
-        total += lookups * t.dim * move
+        total += lookups * t.dim * (move + rates.output_s_per_value)
         if view.num_ranks == 1:
             mass = view_mass(workload, view, t)
             total += rates.update_s_per_value * t.dim * (mass.unique if dedup else mass.lookups)[-1]

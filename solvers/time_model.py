@@ -18,8 +18,14 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   and the row updated; a group fetch's rail peer deduplicates, forwards and sums its group's requests;
   every replicated row synced (touched ones with the sparse sync) is packed, unpacked and updated on every
   replica (a single rank updates the rows its batch touched); each collective costs
-  ``collective_call_s`` on the host. A hot lookup has no owner-side work, no bytes and no stage of its
-  own: that is where replication pays.
+  ``collective_call_s`` on the host. Around the exchange: every vector element a rank sends or receives
+  in an all-to-all (its warm and cold lookups' rows and gradients, the rows it serves and their
+  gradients, a rail peer's relayed rows) is copied into a send buffer or out of a receive buffer
+  (``pack_s_per_value``, twice per exchanged lookup: forward and backward); every looked-up output
+  element carries the loss and its gradient (``output_s_per_value``); the runtime's host work (Python,
+  small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per collective.
+  A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
+  pays.
 * ``total_s = latency_s + bandwidth_s + local_s``. With ``overlap`` (the pipelined step, off until the
   runtime pipelines), the next batch's input distribution (``meta`` and ``ids``: latency, bytes, dedup
   and routing) runs beside the replica sync (sync stages, bytes and synced-row work), and the step pays
@@ -39,7 +45,7 @@ from solvers.volumes import dealt_volumes, tier_volumes, view_mass
 from topology.views import ClusterView
 
 __all__ = ["LatencyTable", "LocalRates", "StepTime", "local_work", "stage_latency_s", "step_time"]
-PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls")
+PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls", "pack", "output", "host")
 INPUT_STAGES = ("meta", "ids")
 
 
@@ -81,9 +87,14 @@ def local_work(
         out["scatter_add"] += rates.scatter_add_s_per_value * t.dim * (lookups + served + relay + synced)
         own = 0.0 if n > 1 else (mass.unique if plan.dedup else mass.lookups)[-1]  # one rank updates its rows
         out["update"] += rates.update_s_per_value * t.dim * (served + synced + own)
+        requested = vol.warm_volume + vol.cold_volume if n > 1 else 0.0  # its own rows and gradients
+        out["pack"] += rates.pack_s_per_value * t.dim * 2 * (requested + served + relay)
+        out["output"] += rates.output_s_per_value * t.dim * lookups
         synced_s += (move + rates.update_s_per_value) * t.dim * synced
         input_s += dedup + rates.route_s_per_lookup * lookups
-    out["calls"] += rates.collective_call_s * len(step_schedule(plan, view))
+    schedule = step_schedule(plan, view)
+    out["calls"] += rates.collective_call_s * len(schedule)
+    out["host"] += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     out["synced"] = synced_s
     out["input"] = input_s
     return out

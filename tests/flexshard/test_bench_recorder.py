@@ -4,6 +4,7 @@ runtime steps against the runtime's own traffic counter."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 
 import numpy as np
@@ -19,6 +20,7 @@ from flexshard.bench.systems import RuntimeSystem
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.local import run_on_ranks
 from solvers.time_model import step_time
+from solvers.time_types import LocalRates
 
 
 def _hand_counted(rank: int, world: int) -> tuple[dict, np.ndarray, np.ndarray, dict]:
@@ -96,3 +98,24 @@ def test_prediction_with_the_time_model():
     expected = step_time(data.workload, view, planned.plan).total_s * 1e3
     assert predicted_step_ms(data.workload, view, planned.plan) == pytest.approx(expected, rel=1e-12)
     assert expected > 0
+
+
+def test_prediction_prices_the_work_around_the_exchange_at_the_ranks_share_of_a_core():
+    from dataclasses import replace
+
+    from flexshard.bench.config import BenchConfig
+    from flexshard.bench.worker import machine_rates
+    from solvers.planner import budget_bytes, make_plan
+
+    rates = machine_rates(BenchConfig(nproc=4, groups=2))
+    factor = max(1.0, 4 / (os.cpu_count() or 1))
+    for name in ("pack_s_per_value", "output_s_per_value", "table_stage_s", "step_s"):
+        assert getattr(LocalRates.default(), name) > 0
+        assert getattr(rates, name) == pytest.approx(factor * getattr(LocalRates.default(), name), rel=1e-12)
+    data = default_data(16, 0, 4)
+    view = h100_view(4, 2)
+    planned = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0))
+    without = replace(rates, table_stage_s=0.0, step_s=0.0)
+    host_ms = (rates.step_s + rates.table_stage_s * len(data.workload.tables) * 4) * 1e3  # 4 collectives
+    got = predicted_step_ms(data.workload, view, planned.plan, rates=rates)
+    assert got - predicted_step_ms(data.workload, view, planned.plan, rates=without) == pytest.approx(host_ms)

@@ -5,6 +5,7 @@ replicates exactly when latency and local work let replicas pay."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from functools import cache
 
 import numpy as np
@@ -115,10 +116,17 @@ def _zipf(name: str, rows: int, s: float, dim: int, ids: float) -> TableSpec:
     )
 
 
-@pytest.mark.parametrize("latency_s", [(2e-6, 1e-5), (0.0, 0.0)])
+# the work around the exchange priced too (buffers, the loss over the output, the runtime's host work)
+FULL_RATES = replace(RATES, pack_s_per_value=4e-10, output_s_per_value=5e-10, table_stage_s=2e-5, step_s=1e-4)
+
+
+@pytest.mark.parametrize(
+    "latency_s, rates",
+    [((2e-6, 1e-5), RATES), ((0.0, 0.0), RATES), ((2e-6, 1e-5), FULL_RATES), ((0.0, 0.0), FULL_RATES)],
+)
 @pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("factor", [1.0, 1.3])
-def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, dedup, factor):
+def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, rates, dedup, factor):
     """The optimizer's objective (coefficients + fixed costs) equals step_time of the plan it returns at
     even shares, whatever tiers and fetch modes it picked (here all cold, partial hot and warm tiers, every
     table fetched once per group): the linear form and the model agree."""
@@ -128,10 +136,12 @@ def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, d
     )
     budget = factor * sum(t.num_rows * t.row_bytes / view.num_ranks for t in workload.tables)
     latency = LatencyTable.from_view(view)
-    res = optimize_tiers(workload, view, budget, _config(latency, RATES, dedup))
-    st = step_time(workload, view, res.plan, latency, RATES, dealt=False)
+    res = optimize_tiers(workload, view, budget, _config(latency, rates, dedup))
+    st = step_time(workload, view, res.plan, latency, rates, dealt=False)
     assert res.objective_s == pytest.approx(st.total_s, rel=1e-9)
     assert res.lower_bound_s <= st.total_s * (1 + 1e-9)
     replicated = _replicated(res.plan)
-    # the cases cover plans with and without replicas
-    assert (replicated > 0) is (factor > 1.0)  # with room, the tiers pay here in every case
+    # the cases cover plans with and without replicas (with the host work around every extra collective
+    # priced, replicas may not pay: then the objective's equality is what is checked)
+    if rates is RATES:
+        assert (replicated > 0) is (factor > 1.0)  # with room, the tiers pay here in every case

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -164,9 +165,30 @@ def test_all_cold_step_by_hand():
     # local: 3 lookups routed (2 s each); 3 rows served (share 1/4 of 3 lookups from 4 ranks);
     # gather and scatter-add of 3 + 3 rows of 2 values, update of the 3 served rows, 4 calls
     pieces = {"dedup": 0.0, "route": 6.0, "gather": 36.0, "scatter_add": 60.0, "update": 42.0, "calls": 44.0}
+    pieces |= {"pack": 0.0, "output": 0.0, "host": 0.0}  # rates of the work around the exchange: 0 here
     assert st.local_by_piece == pytest.approx(pieces, rel=REL)
     assert st.local_s == pytest.approx(188.0, rel=REL)
     assert st.total_s == pytest.approx(4.0 + 5.46 + 188.0, rel=REL)
+
+
+def test_work_around_the_exchange_by_hand():
+    # only the pieces around the exchange priced: a value packed 1 s, an output value 10 s, a table's
+    # host work per collective 100 s, a step's 1000 s
+    rates = LocalRates(0, 0, 0, 0, 0, 0, pack_s_per_value=1.0, output_s_per_value=10.0)
+    rates = replace(rates, table_stage_s=100.0, step_s=1000.0)
+    st = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, rates, dealt=False)
+    # all cold, no dedup: 3 lookups requested and 3 served (share 1/4 of 3 from 4 ranks), 2 values each,
+    # into and out of the buffers both ways: 2 x 2 x (3 + 3); the loss over 3 x 2 output values; one
+    # table in 4 collectives (meta, ids, rows, grads)
+    assert st.local_by_piece["pack"] == pytest.approx(24.0, rel=REL)
+    assert st.local_by_piece["output"] == pytest.approx(60.0, rel=REL)
+    assert st.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 4, rel=REL)
+    assert st.local_s == pytest.approx(1484.0, rel=REL)
+    # one hot row: its lookups (3 x 0.4) are neither requested nor served; 8 collectives
+    hot = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, rates, dealt=False)
+    assert hot.local_by_piece["pack"] == pytest.approx(2 * 2 * (1.8 + 1.8), rel=REL)
+    assert hot.local_by_piece["output"] == pytest.approx(60.0, rel=REL)
+    assert hot.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 8, rel=REL)
 
 
 def test_one_hot_row_step_by_hand():

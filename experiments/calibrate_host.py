@@ -1,0 +1,118 @@
+"""The runtime's host work per step and per table per collective, measured on spawned gloo ranks (used by
+``experiments/calibrate_local.py --host``; its docstring says how)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from solvers.time_types import LatencyTable, LocalRates  # noqa: E402
+
+BATCH = 2  # samples per rank: the values' work is negligible
+STRATEGIES = ("row_wise", "row_wise_group_dedup", "flexshard")
+
+
+def _median_call_s(fn, calls: int = 50) -> float:
+    dist.barrier()
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _rank(rank: int, ranks: int, groups: int, steps: int, rates: LocalRates, out: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=ranks)
+    torch.set_num_threads(1)
+    from flexshard.bench.data import default_data
+    from flexshard.bench.plans import h100_view
+    from flexshard.bench.systems import RuntimeSystem
+    from flexshard.plan_file import to_dict
+    from solvers.planner import budget_bytes, make_plan
+    from solvers.tier_program import OptimizerConfig
+    from solvers.time_model import step_time
+
+    data = default_data(BATCH, 0, ranks)
+    w, view = data.workload, h100_view(ranks, groups)
+    shared: list = [None]
+    if rank == 0:
+        made = {}
+        for key in STRATEGIES:
+            budget = budget_bytes(w, view, 2.0 if key == "flexshard" else 1.0)
+            config = OptimizerConfig(step_time=False) if key == "flexshard" else None
+            made[key] = make_plan(key, w, view, budget, dedup=True, config=config)
+        docs = {k: to_dict(p.plan, w, view, p.report, "calibrate", data.orders) for k, p in made.items()}
+        shared = [({k: p.plan for k, p in made.items()}, docs)]
+    dist.broadcast_object_list(shared, src=0)
+    plans, docs = shared[0]
+    systems = []
+    for key in STRATEGIES:
+        path = Path(out) / f"plan_{key}_{rank}.json"
+        path.write_text(json.dumps(docs[key]))
+        systems.append(RuntimeSystem(key, str(path), data.tables, data.orders, 0, 0.01))
+    batches = [data.make_batch(s, rank) for s in range(3 + steps)]
+    times: dict[str, list[float]] = {s.key: [] for s in systems}
+    for s in systems:
+        for b in batches[:3]:
+            s.step(b)
+    for r in range(steps):  # alternating, as the benchmark runs them
+        for s in systems:
+            dist.barrier()
+            t0 = time.perf_counter()
+            s.step(batches[3 + r])
+            times[s.key].append(time.perf_counter() - t0)
+    x = torch.zeros(ranks)
+    a2a = _median_call_s(lambda: dist.all_to_all_single(torch.empty_like(x), x))
+    ar = _median_call_s(lambda: dist.all_reduce(x))
+    every: list = [None] * ranks
+    dist.all_gather_object(every, times)
+    if rank == 0:
+        rows = []
+        for key in STRATEGIES:
+            step = float(np.median(np.max([e[key] for e in every], axis=0)))  # slowest rank per step
+            st = step_time(w, view, plans[key], LatencyTable(), rates)
+            kinds = [s.kind for s in st.stages]
+            bare = kinds.count("all_to_all") * a2a + kinds.count("all_reduce") * ar
+            rows.append((key, st.collectives, step, bare, st.total_s))
+        Path(out, "host.json").write_text(json.dumps({"rows": rows, "a2a": a2a, "ar": ar}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def measure_host(
+    rates: LocalRates, ranks: int = 4, groups: int = 2, steps: int = 20
+) -> tuple[LocalRates, list]:
+    """``rates`` with ``step_s`` and ``table_stage_s`` measured (module docstring), and the table of
+    (strategy, collectives, median step s, bare collectives s, modeled value work s)."""
+    factor = max(1.0, ranks / (os.cpu_count() or 1))
+    base = replace(rates, step_s=0.0, table_stage_s=0.0)
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(
+            _rank, args=(ranks, groups, steps, base.shared(factor), out), nprocs=ranks, start_method="spawn"
+        )
+        got = json.loads(Path(out, "host.json").read_text())
+    return fit_host(rates, got["rows"], 3, factor), got["rows"]
+
+
+def fit_host(rates: LocalRates, rows: list, tables: int, factor: float) -> LocalRates:
+    """``rates`` with ``step_s`` and ``table_stage_s`` fitted by least squares to ``rows`` (strategy,
+    collectives, median step s, bare collectives s, modeled value work s) of a run of ``tables`` tables:
+    ``step - bare - modeled = step_s + table_stage_s x tables x collectives``, divided by ``factor`` (the
+    ranks per core of the run)."""
+    a = np.array([[1.0, tables * c] for _k, c, _s, _b, _m in rows])
+    host = np.array([s - b - m for _k, _c, s, b, m in rows])
+    (step_s, table_stage_s), *_ = np.linalg.lstsq(a, host, rcond=None)
+    return replace(rates, step_s=max(step_s, 0.0) / factor, table_stage_s=max(table_stage_s, 0.0) / factor)

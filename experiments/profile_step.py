@@ -1,0 +1,183 @@
+"""Where a benchmark step's time goes: runs ``flexshard bench``'s strategies on spawned gloo ranks and
+profiles rank 0's timed steps with ``torch.profiler`` (self CPU time per op, grouped into the pieces of
+the time model), beside the time model's pieces for the same plan.
+
+    nice .venv/bin/python experiments/profile_step.py [--nproc 4] [--groups 2] [--batch 128] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from core.osutil import free_port  # noqa: E402
+
+# op name substring -> piece (first match wins); everything else is "other"
+GROUPS = (
+    ("_Lookup", "collectives (wait, in the exchange's autograd function)"),
+    ("c10d::", "collectives (wait, in the exchange's autograd function)"),
+    ("unique", "dedup"),
+    ("searchsorted", "route"),
+    ("sort", "route"),
+    ("index_select", "gather"),
+    ("embedding", "gather"),
+    ("scatter_add", "scatter_add"),
+    ("index_add", "scatter_add"),
+    ("index_copy", "update"),
+    ("sqrt", "update"),
+    ("div", "update"),
+    ("pow", "output (loss)"),
+    ("mul", "output (loss)"),
+    ("sum", "output (loss)"),
+    ("cat", "pack"),
+    ("split", "pack"),
+    ("copy_", "pack"),
+)
+
+
+def _piece(name: str) -> str:
+    for key, piece in GROUPS:
+        if key in name:
+            return piece
+    return "other ops and Python (host)"
+
+
+def _rank(rank: int, args, port: int, out: str) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.nproc))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.nproc)
+    torch.set_num_threads(1)
+    from flexshard.bench.config import BenchConfig
+    from flexshard.bench.plans import make_plans, plan_view, probed_view
+    from flexshard.bench.worker import _build, load_data, machine_rates
+
+    cfg = BenchConfig(
+        nproc=args.nproc,
+        groups=args.groups,
+        batch=args.batch,
+        plan_for="h100",
+        objective=args.objective,
+        torchrec=False,
+    )
+    data = load_data(cfg, args.nproc)
+    machine = probed_view(cfg.groups, 60.0)
+    planned_for = plan_view("h100", machine, args.nproc, args.groups)
+    import flexshard.bench.plans as plans_mod
+    from flexshard.runtime import awaitable
+    from solvers.time_model import step_time
+
+    models = {}
+
+    def capture(w, view, plan, latency=None, rates=None):
+        st = step_time(w, view, plan, latency=latency, rates=rates)
+        models[len(models)] = st
+        return st.total_s * 1e3
+
+    plans_mod.predicted_step_ms = capture
+    clock = defaultdict(float)
+
+    def wait(self):
+        if not self._done:
+            t0 = time.perf_counter()
+            for work in self._works:
+                if work is not None:
+                    work.wait()
+            clock["wait"] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            self._value, self._done = self._finish(), True
+            clock["finish"] += time.perf_counter() - t0
+            self._works = []
+        return self._value
+
+    awaitable.Pending.wait = wait
+    plans = make_plans(data, planned_for, machine, cfg.budget, False, cfg.objective, machine_rates(cfg))
+    with tempfile.TemporaryDirectory() as tmp:
+        systems, _ = _build(cfg, data, plans, Path(tmp))
+    batches = [data.make_batch(s, rank) for s in range(3 + args.steps)]
+    lines = []
+    for s in systems:
+        for b in batches[:3]:
+            dist.barrier()
+            s.step(b)
+        times = []
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if rank == 0 else None
+        if prof:
+            prof.__enter__()
+        clock.clear()
+        for b in batches[3:]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            embedded = s.model(b)
+            t1 = time.perf_counter()
+            loss = sum(0.5 * v.pow(2).sum() for v in embedded.values())
+            t2 = time.perf_counter()
+            loss.backward()
+            t3 = time.perf_counter()
+            s.model.step()
+            t4 = time.perf_counter()
+            times.append(t4 - t0)
+            for k, v in (
+                ("forward", t1 - t0),
+                ("loss", t2 - t1),
+                ("backward", t3 - t2),
+                ("opt_step", t4 - t3),
+            ):
+                clock[k] += v
+        if prof:
+            prof.__exit__(None, None, None)
+            by = defaultdict(float)
+            for ev in prof.key_averages():
+                by[_piece(ev.key)] += ev.self_cpu_time_total / 1e3 / args.steps
+            top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:14]
+            lines.append(f"== {s.key}: step median {sorted(times)[len(times) // 2] * 1e3:.1f} ms (profiled)")
+            by["other ops and Python (host)"] += sorted(times)[len(times) // 2] * 1e3 - sum(by.values())
+            lines.append("  measured ms/step: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(by.items())))
+            lines.append(
+                "  phases ms/step: " + ", ".join(f"{k} {v * 1e3 / args.steps:.2f}" for k, v in clock.items())
+            )
+            lines.append(
+                "  top ops: "
+                + "; ".join(
+                    f"{e.key} {e.self_cpu_time_total / 1e3 / args.steps:.2f} x{e.count // args.steps}"
+                    for e in top
+                )
+            )
+    if rank == 0:
+        for key, sp in plans.items():
+            st = models[list(plans).index(key)]
+            lines.append(
+                f"-- model {key}: predicted {sp.predicted_ms:.1f} ms: latency {st.latency_s * 1e3:.2f}, "
+                f"bandwidth "
+                f"{st.bandwidth_s * 1e3:.2f}, local "
+                + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in st.local_by_piece.items())
+            )
+        Path(out, "profile.txt").write_text("\n".join(lines) + "\n")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--objective", default="bytes")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_rank, args=(args, free_port(), out), nprocs=args.nproc, start_method="spawn")
+        print(Path(out, "profile.txt").read_text())
+
+
+if __name__ == "__main__":
+    main()
