@@ -41,6 +41,28 @@ STRATEGIES = (  # (label, strategy, dedup)
 )
 
 
+METHOD = """Part 1 runs `flexshard bench --json` for each row's ranks (2 groups), batch per rank and plans
+(`probed`: a topology file from one `flexshard probe --quick` of this machine, so every batch plans for
+the same figures; `h100`: the H100 preset shape of the same ranks and groups), every strategy on the same
+batches in rounds that each start one strategy later. "median step" is the median over timed steps of
+the slowest rank's step (the embedding forward, a sum loss, backward and the optimizer step; no dense
+model); "vs ablation" divides by the row-wise ablation's (FlexShard's runtime on the row-wise plan with
+per-rank dedup), "vs TorchRec" by TorchRec 1.8's row-wise `EmbeddingCollection` on the same batches.
+"modeled ms" is the time model on the probed machine (its measured collective latencies, this machine's
+local rates at the ranks' share of its cores); "model error" is modeled over measured, minus one. CPU
+timings on 2 shared cores are not GPU timings, and loopback has no slower link between groups, so plans
+that save inter-group bytes cannot gain here. FlexShard's plans are the planner's under the step
+objective: where they equal the ablation's plan, the two rows measure the same work.
+
+Part 2 prices the embedded default with the model alone, on the h100 presets (8 GPUs per node, their
+NCCL latency figures and the HBM-roofline local rates of docs/cost_model.md section 10; neither measured
+on a GPU here): FlexShard at 2x, row-wise with per-rank dedup and TorchRec's default (row-wise without
+dedup, its rows dealt as contiguous id ranges over random orders), unpipelined and pipelined. The
+model's step has no dense model, so the pipelined step gains only where a replica sync overlaps the next
+batch's id exchange. "communication" is latency plus bandwidth, the part the FlexShard paper's headline
+(about 6x lower communication latency than TorchRec's default) speaks of."""
+
+
 def _bench(nproc: int, batch: int, plan_for: str, quick: bool) -> list[dict]:
     """``flexshard bench --json`` records of one configuration."""
     steps, rounds = ("4", "2") if quick else ("8", "3")
@@ -132,7 +154,7 @@ def main() -> None:
     print(text)
     if not args.no_write:
         cmd = study.command(__file__, *(["--quick"] if args.quick else []))
-        head = f"# Step time\n\n{study.generated(cmd, time.time() - start)}\n\n"
+        head = f"# Step time\n\n{study.generated(cmd, time.time() - start)}\n\n{METHOD}\n\n"
         study.write_markdown(study.RESULTS / "step_time.md", head + text)
 
 
