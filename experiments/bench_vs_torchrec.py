@@ -83,6 +83,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from core.osutil import free_port
+from flexshard.bench.data import orders_by_count
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import TorchRecRowWise
 from flexshard.runtime.local import wait_for_ranks
@@ -185,11 +186,7 @@ def counted_orders(cfg: Config, dists: list[TableDistribution]) -> dict[str, np.
         for r in range(cfg.world):
             for name, (values, _l) in make_batch(cfg, dists, 1_000_000 + k, r).items():
                 counts[name] += np.bincount(values.numpy(), minlength=counts[name].size)
-    orders = {}
-    for name, c in counts.items():
-        touched = np.flatnonzero(c)
-        orders[name] = touched[np.argsort(-c[touched], kind="stable")]
-    return orders
+    return orders_by_count(counts)
 
 
 # --- plan --------------------------------------------------------------------------------------------

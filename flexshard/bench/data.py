@@ -105,6 +105,11 @@ def counted_orders(data: BenchData, ranks: int) -> dict[str, np.ndarray]:
         for r in range(ranks):
             for name, (values, _lengths) in data.make_batch(PROFILE_STEP0 + k, r).items():
                 counts[name] += np.bincount(values.numpy(), minlength=counts[name].size)
+    return orders_by_count(counts)
+
+
+def orders_by_count(counts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Per table the ids with a non-zero count (``counts[name][id]``), most counted first (ties by id)."""
     orders = {}
     for name, c in counts.items():
         touched = np.flatnonzero(c)
