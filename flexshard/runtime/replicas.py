@@ -117,25 +117,47 @@ def ring_all_reduce(
     return reduce
 
 
+def levels_all_reduce(
+    pg: ProcessGroups,
+    rail: AllReduce | None,
+    x: torch.Tensor,
+    rail_only: torch.Tensor,
+    op: dist.ReduceOp,
+    wire_dtype: WireDtype,
+    split: bool,
+) -> torch.Tensor:
+    """``x`` (in place) reduced over every rank of equal groups, level by level: with ``split`` a
+    reduce-scatter inside the group (``sync_group_reduce``), then ``rail`` (the all-reduce across the
+    groups) of this rank's slice bucketed with ``rail_only`` (reduced over the rail group alone), then
+    with ``split`` an all-gather inside the group (``sync_group_gather``), so every rank ends with the
+    same bits. Returns ``rail_only`` reduced."""
+    g, me = len(pg.intra_ranks), pg.intra_ranks.index(pg.rank)
+    part = reduce_scatter("sync_group_reduce", x, op, pg.intra, g, me, wire_dtype).wait() if split else x
+    bucket = torch.cat([part, rail_only])
+    if rail is not None:
+        rail(bucket, op)
+    part, rail_only = bucket.split([part.numel(), rail_only.numel()])
+    if split:
+        all_gather("sync_group_gather", x, part, op, pg.intra, g, me, wire_dtype).wait()
+    else:
+        x.copy_(part)
+    return rail_only
+
+
 def hierarchical_all_reduce(pg: ProcessGroups, wire_dtype: WireDtype = WireDtype.FP32) -> AllReduce | None:
-    """An all-reduce over every rank in three stages: a reduce-scatter inside the group, an all-reduce of
-    each slice across the groups (:func:`ring_all_reduce` on the rail group) and an all-gather inside the
-    group, so every rank ends with the same bits. Groups of unequal size fall back to one all-reduce over
-    every rank. The hot part of :class:`ReplicaSync`, on its own."""
+    """An all-reduce over every rank in three stages (:func:`levels_all_reduce`: a reduce-scatter inside
+    the group, an all-reduce of each slice across the groups, an all-gather inside the group), so every
+    rank ends with the same bits. Groups of unequal size fall back to one all-reduce over every rank.
+    The hot part of :class:`ReplicaSync`, on its own."""
     g, rails = len(pg.intra_ranks), len(pg.replica_ranks)
     if g * rails != pg.layout.num_ranks:
         return ring_all_reduce(None, pg.layout.num_ranks, pg.rank, wire_dtype, "sync_world")
     if g * rails == 1:
         return None
-    me = pg.intra_ranks.index(pg.rank)
     across = ring_all_reduce(pg.replica, rails, pg.replica_ranks.index(pg.rank), wire_dtype)
 
     def reduce(x: torch.Tensor, op: dist.ReduceOp) -> None:
-        part = reduce_scatter("sync_group_reduce", x, op, pg.intra, g, me, wire_dtype).wait() if g > 1 else x
-        if across is not None:
-            across(part, op)
-        if g > 1:
-            all_gather("sync_group_gather", x, part, op, pg.intra, g, me, wire_dtype).wait()
+        levels_all_reduce(pg, across, x, x.new_empty(0), op, wire_dtype, split=g > 1)
 
     return reduce
 
@@ -168,7 +190,6 @@ class ReplicaSync:
         # where this rank's warm shard of each table sits in the mask
         flat = np.concatenate([[0], np.cumsum(warm_sizes.reshape(-1))])[:-1].reshape(warm_sizes.shape)
         self.warm_offset = hot_rows + flat[:, pg.position] if warm_sync else None
-        self.me_intra = pg.intra_ranks.index(pg.rank)
         rails = len(pg.replica_ranks)
         self.rail = ring_all_reduce(pg.replica, rails, pg.replica_ranks.index(pg.rank), wire_dtype)
         self.world = ring_all_reduce(None, pg.layout.num_ranks, pg.rank, wire_dtype, "sync_world")
@@ -218,38 +239,10 @@ class ReplicaSync:
         if not self.equal:  # no warm rows: the hot gradients over every rank
             self.world(hot_vec, dist.ReduceOp.SUM)
         else:
-            pg, g = self.pg, self.g
-            split = self.hot_sync and g > 1
-            part = (
-                reduce_scatter(
-                    "sync_group_reduce",
-                    hot_vec,
-                    dist.ReduceOp.SUM,
-                    pg.intra,
-                    g,
-                    self.me_intra,
-                    self.wire_dtype,
-                ).wait()
-                if split
-                else hot_vec
+            split = self.hot_sync and self.g > 1
+            warm_vec = levels_all_reduce(
+                self.pg, self.rail, hot_vec, warm_vec, dist.ReduceOp.SUM, self.wire_dtype, split
             )
-            bucket = torch.cat([part, warm_vec])
-            if self.rail is not None:
-                self.rail(bucket, dist.ReduceOp.SUM)
-            part, warm_vec = bucket.split([part.numel(), warm_vec.numel()])
-            if split:
-                all_gather(
-                    "sync_group_gather",
-                    hot_vec,
-                    part,
-                    dist.ReduceOp.SUM,
-                    pg.intra,
-                    g,
-                    self.me_intra,
-                    self.wire_dtype,
-                ).wait()
-            else:
-                hot_vec = part
         _scatter(self.hot, hot_rows, hot_vec)
         _scatter(self.warm, warm_rows, warm_vec)
         self._count(traffic, hot_rows, warm_rows)
