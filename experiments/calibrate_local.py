@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flexshard.local_rates import adagrad, output_loss, route  # noqa: E402
 from flexshard.runtime.transfer import exchange_columns_async  # noqa: E402
 from solvers.time_types import LocalRates  # noqa: E402
 
@@ -68,26 +69,6 @@ def _zipf_ids(n: int, gen: np.random.Generator) -> torch.Tensor:
     ranks = np.arange(1, ROWS + 1, dtype=np.float64)
     p = ranks**-0.87
     return torch.from_numpy(gen.choice(ROWS, size=n, p=p / p.sum()).astype(np.int64))
-
-
-def _route(hot: torch.Tensor, ids: torch.Tensor):
-    """The tier test (searchsorted over the sorted replicated ids), the owner, the sort by destination."""
-    pos = torch.searchsorted(hot, ids).clamp_(max=hot.numel() - 1)
-    owner = torch.where(hot[pos] == ids, -1, ids % 8)
-    return torch.sort(owner, stable=True)
-
-
-def _adagrad(weight: torch.Tensor, state: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor) -> None:
-    """Row-wise Adagrad on ``rows``: accumulate the mean squared gradient, scale, write the rows back."""
-    s = state.index_select(0, rows) + grads.pow(2).mean(dim=1)
-    state.index_copy_(0, rows, s)
-    weight.index_copy_(0, rows, weight.index_select(0, rows) - 0.01 * grads / (s.sqrt() + 1e-10).unsqueeze(1))
-
-
-def _output(out: torch.Tensor) -> None:
-    """The benchmark's loss ``0.5 sum(v^2)`` over an output and its backward to the output's gradient."""
-    v = out.detach().requires_grad_()
-    (0.5 * v.pow(2).sum()).backward()
 
 
 def _exchange(tables: int, rows: int, dim: int) -> None:
@@ -118,7 +99,7 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
         n = ids.numel()
         dedup = partial(torch.unique, ids, return_inverse=True)
         points.append(("dedup", batch, 0, n, _median_s(dedup, repeats)))
-        points.append(("route", batch, 0, n, _median_s(partial(_route, hot, ids), repeats)))
+        points.append(("route", batch, 0, n, _median_s(partial(route, hot, ids), repeats)))
         uniq = torch.unique(ids)
         for dim in DIMS:
             weight, grads = torch.randn(ROWS, dim), torch.randn(n, dim)
@@ -126,14 +107,14 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
             timed = {
                 "gather": (n * dim, partial(weight.index_select, 0, ids)),
                 "scatter_add": (n * dim, partial(out.index_add_, 0, ids, grads)),
-                "update": (uniq.numel() * dim, partial(_adagrad, weight, state, uniq, grads[: uniq.numel()])),
+                "update": (uniq.numel() * dim, partial(adagrad, weight, state, uniq, grads[: uniq.numel()])),
             }
             for piece, (units, fn) in timed.items():
                 points.append((piece, batch, dim, units, _median_s(fn, repeats)))
     for batch in BATCHES:  # the loss and its gradient over the step's output (the benchmark's loss)
         for dim in DIMS:
             out = torch.randn(batch * IDS_PER_SAMPLE, dim)
-            points.append(("output", batch, dim, out.numel(), _median_s(partial(_output, out), repeats)))
+            points.append(("output", batch, dim, out.numel(), _median_s(partial(output_loss, out), repeats)))
     for batch in BATCHES:  # the runtime's own packing (one peer: its local-copy path, no collective)
         rows = batch * IDS_PER_SAMPLE // 3
         seconds = _median_s(partial(_exchange, 3, rows, 64), repeats)

@@ -100,7 +100,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         return self._value
 
     awaitable.Pending.wait = wait
-    plans = make_plans(data, planned_for, machine, cfg.budget, False, cfg.objective, machine_rates(cfg))
+    plans = make_plans(data, planned_for, machine, cfg.budget, False, cfg.objective, machine_rates(cfg, data))
     with tempfile.TemporaryDirectory() as tmp:
         systems, _ = _build(cfg, data, plans, Path(tmp))
     batches = [data.make_batch(s, rank) for s in range(3 + args.steps)]

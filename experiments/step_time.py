@@ -29,7 +29,7 @@ from solvers.time_model import step_time
 from topology import cluster_view, from_preset
 
 RANKS = (4, 8)
-BATCHES = (64, 256, 1024)
+BATCHES = (64, 256, 512, 1024)
 QUICK_BATCHES = (64, 256)
 SCALES = (("h100:8", 64), ("h100:64", 512))  # preset, GPUs
 BUDGET_X = 2.0
@@ -48,8 +48,12 @@ batches in rounds that each start one strategy later. "median step" is the media
 the slowest rank's step (the embedding forward, a sum loss, backward and the optimizer step; no dense
 model); "vs ablation" divides by the row-wise ablation's (FlexShard's runtime on the row-wise plan with
 per-rank dedup), "vs TorchRec" by TorchRec 1.8's row-wise `EmbeddingCollection` on the same batches.
-"modeled ms" is the time model on the probed machine (its measured collective latencies, this machine's
-local rates at the ranks' share of its cores); "model error" is modeled over measured, minus one. CPU
+"modeled ms" is the time model on the probed machine: the collective latencies and bandwidth the quick
+probe measured on the run's ranks, and local rates measured on the same ranks at once, on a batch of the
+run's size, before the rounds (`bench --rates measured`: dedup, routing, gather, scatter-add, update,
+the loss and the buffer copies per lookup or value; the host's per-step and per-collective work from the
+stored calibration at the ranks' share of the cores); TorchRec's local work is its own step on a
+one-rank group, measured the same way. "model error" is modeled over measured, minus one. CPU
 timings on 2 shared cores are not GPU timings, and loopback has no slower link between groups, so plans
 that save inter-group bytes cannot gain here. FlexShard's plans are the planner's under the step
 objective: where they equal the ablation's plan, the two rows measure the same work.

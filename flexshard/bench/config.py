@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from core.errors import ConfigError
 from core.osutil import physical_memory_bytes
 from flexshard.cli_common import add_objective, positive_float, positive_int
+from solvers.time_types import LocalRates
 
 PLAN_FOR = ("probed", "h100")
+RATES_CHOICES = ("measured", "stored")  # or a rates file
 DEFAULT_NPROC = 4
 RANK_BASE_BYTES = 0.6 * 2**30  # one rank with torch, gloo and TorchRec loaded (peak RSS 586 MB measured at
 # 4 ranks, batch 128, the default tables: those are a few MB per rank, so this is the process itself)
@@ -44,6 +46,7 @@ class BenchConfig:
     plan_for: str = "probed"
     budget: float = 2.0
     objective: str = "step"  # what FlexShard's planner minimises: step time or bytes
+    rates: str = "measured"  # the local rates the predictions use: measured, stored or a rates file
     seed: int = 0
     threads: int = 1
     lr: float = 0.01
@@ -103,6 +106,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="FlexShard's memory per rank, a multiple of row-wise sharding's (default 2)",
     )
     add_objective(p)
+    p.add_argument(
+        "--rates",
+        default="measured",
+        metavar="measured|stored|RATES.json",
+        help="the local-work rates the time model's predictions use: measured on the ranks at the run's "
+        "sizes before the rounds (measured, about a second), the figures stored in the code for this "
+        "project's CPU machine (stored), or a file `experiments/calibrate_local.py --out` wrote "
+        "(default measured)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the batches and the tables' ids (default 0)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per rank (default 1)")
     p.add_argument(
@@ -128,6 +140,7 @@ def config_from_args(args: argparse.Namespace, launched_world: int | None) -> Be
         plan_for=args.plan_for,
         budget=args.budget,
         objective=args.objective,
+        rates=args.rates,
         seed=args.seed,
         threads=args.threads,
         timeout_s=args.timeout,
@@ -156,6 +169,11 @@ def check(cfg: BenchConfig, local: bool = True) -> None:
         )
     if cfg.workload != "default" and not os.path.isfile(cfg.workload):
         raise ConfigError(f"--workload: no such stats file {cfg.workload!r} (or 'default')")
+    if cfg.rates not in RATES_CHOICES:
+        try:  # a rates file: read it now (one line), not on every rank later
+            LocalRates.load(cfg.rates)
+        except ConfigError as e:
+            raise ConfigError(f"--rates: expected {', '.join(RATES_CHOICES)} or a rates file; {e}") from None
 
 
 def rank_bytes(table_bytes: float, rows: int, nproc: int, budget: float, batch_bytes: float) -> float:

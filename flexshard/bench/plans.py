@@ -139,10 +139,14 @@ def make_plans(
     torchrec: bool,
     objective: str = "step",
     rates: LocalRates | None = None,
+    torchrec_local_s: float | None = None,
 ) -> dict[str, StrategyPlan]:
     """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine), in
     :data:`RUNTIME_STRATEGIES` order then TorchRec's; FlexShard's planner minimises ``objective`` (``step``
-    time or ``bytes``); ``rates``: the running machine's local-work rates (None: the view's)."""
+    time or ``bytes``); ``rates``: the running machine's local-work rates (None: the view's);
+    ``torchrec_local_s``: TorchRec's own local work per step, measured
+    (:func:`~flexshard.bench.systems.torchrec_local_step_s`), priced in its prediction instead of the
+    runtime's local rates (None: those rates)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
     made = {
@@ -163,7 +167,8 @@ def make_plans(
         document = None
         if key != TORCHREC:
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
-        predicted = predicted_step_ms(w, machine_view, planned.plan, rates=rates)
+        local_s = torchrec_local_s if key == TORCHREC else None
+        predicted = predicted_step_ms(w, machine_view, planned.plan, rates=rates, local_s=local_s)
         out[key] = StrategyPlan(
             key,
             document,

@@ -21,7 +21,12 @@ def predicted_step_ms(
     plan: Plan,
     latency: LatencyTable | None = None,
     rates: LocalRates | None = None,
+    local_s: float | None = None,
 ) -> float:
     """The modeled step time of ``plan`` on ``view``, ms (slowest rank, latency + bandwidth + local work).
-    ``latency`` and ``rates``: as :func:`~solvers.time_model.step_time` takes them (None: the view's)."""
-    return float(step_time(workload, view, plan, latency=latency, rates=rates).total_s) * 1e3
+    ``latency`` and ``rates``: as :func:`~solvers.time_model.step_time` takes them (None: the view's);
+    ``local_s``: the local work of a step measured as a whole (another implementation's, e.g.
+    TorchRec's), in place of the modeled local work."""
+    st = step_time(workload, view, plan, latency=latency, rates=rates)
+    total = st.total_s if local_s is None else st.total_s - st.local_s + local_s
+    return float(total) * 1e3

@@ -60,7 +60,8 @@ class TorchRecRowWise:
     """TorchRec's ``EmbeddingCollection`` in ``DistributedModelParallel``, every table ``ROW_WISE`` with the
     FUSED kernel and the fused ``EXACT_ROWWISE_ADAGRAD`` update (inside backward), as a TorchRec user
     shards by default. ``dedup``: its ``use_index_dedup`` (no CPU kernel in fbgemm-gpu-cpu 1.8);
-    ``qcomms``: bf16 on the wire both ways (its ``QCommsConfig``). Needs one dim for every table."""
+    ``qcomms``: bf16 on the wire both ways (its ``QCommsConfig``). Needs one dim for every table.
+    ``group``: the process group it shards over (None: every rank; its ``group_size`` ranks per node)."""
 
     key = "torchrec_row_wise"
 
@@ -71,6 +72,7 @@ class TorchRecRowWise:
         group_size: int,
         dedup: bool = False,
         qcomms: bool = False,
+        group: Any = None,
     ) -> None:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from torchrec import EmbeddingCollection, EmbeddingConfig
@@ -80,6 +82,7 @@ class TorchRecRowWise:
         from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
         from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
+        group = dist.group.WORLD if group is None else group
         self.dedup, self.group_size = dedup, group_size
         self.element_bytes = 2 if qcomms else 4  # embeddings and gradients on the wire
         configs = [
@@ -117,12 +120,18 @@ class TorchRecRowWise:
             {name: row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value) for name, _r, _d in tables},
             sharder=sharder,
             local_size=group_size,
-            world_size=dist.get_world_size(),
+            world_size=dist.get_world_size(group),
             device_type="cpu",
         )
+        if group is not dist.group.WORLD:  # placements name global ranks of the group
+            ranks = dist.get_process_group_ranks(group)
+            for ps in module_plan.values():
+                for sh in ps.sharding_spec.shards:
+                    sh.placement = torch.distributed._remote_device(f"rank:{ranks[sh.placement.rank()]}/cpu")
+                ps.ranks = [ranks[r] for r in ps.ranks] if ps.ranks else ps.ranks
         self.dmp = DistributedModelParallel(
             model,
-            env=ShardingEnv.from_process_group(dist.group.WORLD),
+            env=ShardingEnv.from_process_group(group),
             device=torch.device("cpu"),
             plan=ShardingPlan({"ec": module_plan}),
             sharders=[sharder],
@@ -173,3 +182,20 @@ class TorchRecRowWise:
             if key.endswith(".weight") and hasattr(value, "local_shards"):
                 out += [sh.tensor.detach().clone() for sh in value.local_shards()]
         return out
+
+
+def torchrec_local_step_s(tables: list[tuple[str, int, int]], lr: float, batch: Batch, min_s: float) -> float:
+    """Seconds of TorchRec's row-wise step on ``batch`` with every table on this rank alone (a one-rank
+    group: its lookups, fused update, input and output handling, and collectives that are local copies):
+    TorchRec's local work, timed on every rank at once (:func:`flexshard.local_rates.mean_s`); the median
+    over ranks. Collective: every rank calls it."""
+    from flexshard.local_rates import mean_s
+
+    own, _groups = dist.new_subgroups(group_size=1)
+    system = TorchRecRowWise(tables, lr, 1, group=own)
+    kjt = system.prepare(batch)
+    dist.barrier()
+    mine = mean_s(lambda: system.step(kjt), min_s)
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return float(np.median(every))

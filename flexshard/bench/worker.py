@@ -28,11 +28,12 @@ import torch.multiprocessing as mp
 from core.osutil import free_port
 from flexshard import logs
 from flexshard.bench import results
-from flexshard.bench.config import BenchConfig
+from flexshard.bench.config import RATES_CHOICES, BenchConfig
 from flexshard.bench.data import BenchData, default_data, stats_data
 from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view, view_figures
 from flexshard.bench.recorder import recording
-from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
+from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_step_s
+from flexshard.local_rates import measured_rates
 from flexshard.progress import Progress
 from flexshard.runtime.local import wait_for_ranks
 from solvers.time_types import LocalRates
@@ -40,6 +41,7 @@ from solvers.time_types import LocalRates
 log = logging.getLogger(__name__)
 
 
+TORCHREC_MIN_S = 0.3  # seconds TorchRec's one-rank step is repeated for when its local work is measured
 INTERRUPTED_LINE = "flexshard bench: interrupted; no results (the ranks were stopped)"
 
 
@@ -95,12 +97,27 @@ def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[l
     return [s for s in systems if s.key not in failed], failed
 
 
-def machine_rates(cfg: BenchConfig) -> LocalRates:
-    """The local-work rates of the ranks as they run here: this machine's, times the ranks that share a
-    core (this host's ranks x ``--threads`` over its cores; 4 ranks on 2 cores do their local work at half
-    speed). This host's ranks: torchrun's LOCAL_WORLD_SIZE, else ``--nproc`` (spawned here)."""
+def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates:
+    """The local-work rates the predictions are priced with (``--rates``). Host terms (collective calls,
+    per-table and per-step host work): this machine's stored figures, times the ranks that share a core
+    (this host's ranks x ``--threads`` over its cores: 4 ranks on 2 cores do their host work at half
+    speed; this host's ranks: torchrun's LOCAL_WORLD_SIZE, else ``--nproc``). Value work: ``measured``
+    on every rank at once on a batch of the run (not a timed one), :func:`flexshard.local_rates.
+    measured_rates` (collective; needs ``data``); ``stored``: the stored figures with the same factor; a
+    file: :meth:`LocalRates.load`, as written."""
+    if cfg.rates not in RATES_CHOICES:
+        return LocalRates.load(cfg.rates)
     here = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
-    return LocalRates.default().shared(here * cfg.threads / (os.cpu_count() or 1))
+    stored = LocalRates.default().shared(here * cfg.threads / (os.cpu_count() or 1))
+    if cfg.rates == "stored" or data is None:
+        return stored
+    batch = data.make_batch(cfg.warmup + cfg.timed_steps, dist.get_rank())  # one past the timed batches
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+    lookups = [
+        (values.to(device) if device else values, dim, rows)
+        for (values, _lengths), (_name, rows, dim) in zip(batch.values(), data.tables, strict=True)
+    ]
+    return measured_rates(lookups, stored)
 
 
 def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
@@ -111,11 +128,17 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     machine = probed_view(cfg.groups, min(cfg.timeout_s, 120.0))  # what the predictions are priced on
     planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
+    rates = machine_rates(cfg, data)  # collective when measured
+    torchrec_local = None
+    if not skipped and cfg.rates == "measured":  # TorchRec's local work is its own, not the runtime's
+        batch = data.make_batch(cfg.warmup + cfg.timed_steps, rank)
+        torchrec_local = torchrec_local_step_s(data.tables, cfg.lr, batch, TORCHREC_MIN_S)
     shared: list[Any] = [None]
     if rank == 0:
-        shared = [
-            make_plans(data, planned_for, machine, cfg.budget, not skipped, cfg.objective, machine_rates(cfg))
-        ]
+        made = make_plans(
+            data, planned_for, machine, cfg.budget, not skipped, cfg.objective, rates, torchrec_local
+        )
+        shared = [made]
     dist.broadcast_object_list(shared, src=0)
     plans = shared[0]
     with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as tmp:
@@ -129,9 +152,13 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     notes = {TORCHREC: skipped} if skipped else {}
     notes.update(failed)
     recs = results.records(cfg, gathered, plans, notes)
+    priced = {"source": rates.source, **{name: getattr(rates, name) for name in LocalRates.FIELDS}}
     for r in recs:
         if "skipped" not in r:
             r["plan_view"] = view_figures(planned_for)
+            r["local_rates"] = priced  # what the prediction priced local work with
+            if r["strategy"] == TORCHREC and torchrec_local is not None:
+                r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
     return recs
 
 

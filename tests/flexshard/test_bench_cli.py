@@ -80,6 +80,9 @@ def test_one_record_per_strategy_with_the_keys(first):
         assert r["step_ms_median"] > 0 and r["step_ms_mean"] > 0
         assert r["inter_group_bytes"] > 0 and r["intra_group_bytes"] > 0
         assert r["predicted_step_ms"] > 0
+        # priced with local rates measured on the 4 ranks before the rounds (--rates measured)
+        assert r["local_rates"]["source"].startswith("measured on the job's 4 ranks at the run's sizes")
+        assert (r.get("torchrec_local_ms", 0) > 0) == (r["strategy"] == "torchrec_row_wise"), r["strategy"]
 
 
 def test_collectives_per_step_repeat_and_match_the_runtime(first, second):

@@ -1,0 +1,125 @@
+"""The time model's local rates measured on the machine at hand (flexshard.local_rates) and how the
+benchmark uses them (--rates): units per piece, the rate arithmetic, the pieces' results against brute
+force, the median over real ranks, the flag's errors and the prediction with a measured local step."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from core.errors import ConfigError
+from flexshard.bench.config import BenchConfig, check
+from flexshard.bench.data import default_data
+from flexshard.bench.plans import h100_view
+from flexshard.bench.predict import predicted_step_ms
+from flexshard.bench.worker import machine_rates
+from flexshard.local_rates import (
+    PIECES,
+    RATE_FIELD,
+    RatePoint,
+    measured_rates,
+    pack,
+    rates_from_points,
+    route,
+    time_pieces,
+)
+from flexshard.runtime.local import run_on_ranks
+from solvers.planner import budget_bytes, make_plan
+from solvers.time_model import step_time
+from solvers.time_types import LocalRates
+
+BASE = LocalRates(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, "base", 7.0, 8.0, 9.0, 10.0)
+
+
+def test_a_rate_is_summed_seconds_over_summed_units():
+    points = [
+        RatePoint("gather", 64, 100, 1.0),
+        RatePoint("gather", 32, 300, 1.0),
+        RatePoint("dedup", 0, 50, 0.5),
+    ]
+    got = rates_from_points(points, BASE, "here")
+    assert got.gather_s_per_value == pytest.approx(2.0 / 400)
+    assert got.dedup_s_per_lookup == pytest.approx(0.01)
+    # pieces without points and the host terms keep the base's figures
+    assert (got.route_s_per_lookup, got.update_s_per_value, got.pack_s_per_value) == (2.0, 5.0, 7.0)
+    assert (got.collective_call_s, got.table_stage_s, got.step_s) == (6.0, 9.0, 10.0)
+    assert got.source == "here"
+
+
+def test_every_piece_is_timed_in_its_units():
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 500, (3000,), generator=gen)
+    uniq = int(torch.unique(ids).numel())
+    points = {p.piece: p for p in time_pieces(ids, 16, 500, min_s=0.0)}
+    assert list(points) == list(PIECES)
+    n = 3000
+    expected = {"dedup": n, "route": n, "gather": n * 16, "scatter_add": n * 16, "update": uniq * 16,
+                "output": n * 16, "pack": 2 * n * 16}  # fmt: skip
+    assert {k: p.units for k, p in points.items()} == expected
+    assert all(p.seconds > 0 and p.dim == 16 for p in points.values())
+
+
+def test_route_and_pack_do_what_the_runtime_does():
+    ids = torch.tensor([5, 9, 2, 9, 14, 3, 5, 0])
+    hot = torch.tensor([2, 9])
+    order, owner_sorted_index = route(hot, ids, peers=4)
+    owner = np.where(np.isin(ids.numpy(), hot.numpy()), -1, ids.numpy() % 4)
+    assert order.tolist() == sorted(owner.tolist())
+    assert owner_sorted_index.tolist() == np.argsort(owner, kind="stable").tolist()
+    columns = [torch.arange(12.0).view(4, 3), torch.ones(2, 5), torch.zeros(0, 2)]
+    out = pack(columns)
+    assert [o.shape for o in out] == [c.shape for c in columns]
+    assert all(torch.equal(o, c) for o, c in zip(out, columns, strict=True))
+    assert out[0].data_ptr() != columns[0].data_ptr()  # copied out of the buffer
+
+
+def test_one_process_keeps_the_host_terms_and_measures_the_rest():
+    ids = torch.randint(0, 1000, (2000,))
+    got = measured_rates([(ids, 8, 1000), (torch.zeros(0, dtype=torch.int64), 8, 10)], BASE, min_s=0.0)
+    assert (got.collective_call_s, got.table_stage_s, got.step_s) == (6.0, 9.0, 10.0)
+    for piece in PIECES:
+        value = getattr(got, RATE_FIELD[piece])
+        assert math.isfinite(value) and 0 < value < 1e-3, piece  # seconds per unit, not the base's
+    assert got.source == "measured on the job's 1 rank at the run's sizes; host: base"
+
+
+def _ranks_measure(rank: int, world: int) -> list[float]:
+    ids = torch.randint(0, 1000, (1000 * (rank + 1),), generator=torch.Generator().manual_seed(rank))
+    got = measured_rates([(ids, 8, 1000)], BASE, min_s=0.0)
+    return [getattr(got, RATE_FIELD[p]) for p in PIECES] + [got.source]
+
+
+@pytest.mark.slow
+def test_every_rank_prices_with_the_median_over_ranks():
+    got = run_on_ranks(_ranks_measure, 3)
+    assert got[0] == got[1] == got[2]  # one set of rates for the job, whichever rank made the plans
+    assert got[0][-1].startswith("measured on the job's 3 ranks")
+
+
+def test_the_flag_takes_measured_stored_or_a_rates_file(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        check(BenchConfig(rates="fast"))
+    assert str(err.value).startswith("--rates: expected measured, stored or a rates file; local rates file")
+    assert "'fast'" in str(err.value) and "\n" not in str(err.value)
+    path = tmp_path / "rates.json"
+    BASE.save(path)
+    cfg = BenchConfig(rates=str(path))
+    check(cfg)
+    assert machine_rates(cfg) == BASE  # a file is used as written
+    stored = machine_rates(BenchConfig(nproc=4, rates="stored"))
+    assert stored == machine_rates(BenchConfig(nproc=4, rates="measured"))  # no data: the stored figures
+
+
+def test_a_measured_local_step_replaces_the_modeled_local_work():
+    data = default_data(16, 0, 4)
+    view = h100_view(4, 2)
+    plan = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0)).plan
+    rates = replace(LocalRates.default(), source="t")
+    st = step_time(data.workload, view, plan, rates=rates)
+    got = predicted_step_ms(data.workload, view, plan, rates=rates, local_s=0.004)
+    assert got == pytest.approx((st.total_s - st.local_s + 0.004) * 1e3, rel=1e-12)
+    assert predicted_step_ms(data.workload, view, plan, rates=rates) == pytest.approx(st.total_s * 1e3)
