@@ -319,6 +319,23 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         """max(send, recv) per link class summed over ``components`` (what the cost model reports)."""
         return {link.label: float(self.traffic.link_bytes(link, components)) for link in LinkClass}
 
+    # --- torch.distributed.checkpoint ------------------------------------------------------------
+
+    def dcp_state_dict(self) -> dict:
+        """Every row once in the canonical layout of DTensors, with its optimizer state, keyed as TorchRec
+        does (:func:`~flexshard.runtime.dcp_state.dcp_state_dict`); for ``torch.distributed.checkpoint``.
+        Collective. (``state_dict()`` stays the plain ``nn.Module`` one, not collective.)"""
+        from flexshard.runtime.dcp_state import dcp_state_dict
+
+        return dcp_state_dict(self)
+
+    def load_dcp_state_dict(self, state_dict: dict) -> None:
+        """Set every row held here from a :meth:`dcp_state_dict` filled by ``torch.distributed.checkpoint``
+        (saved at any world size and plan). Collective."""
+        from flexshard.runtime.dcp_state import load_dcp_state_dict
+
+        load_dcp_state_dict(self, state_dict)
+
     def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
         """``{(table, tier): (ids, weights, optimizer state)}`` this rank holds, rows in slot order."""
         return {
