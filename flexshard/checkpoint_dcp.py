@@ -91,6 +91,9 @@ def dcp_mismatch(path: str | os.PathLike, module: ShardedSequenceEmbedding) -> s
     tables = sorted(_table_of(k[len("model.") :]) for k in saved if k.startswith("model.embeddings."))
     for key, (table, shape) in expected.items():
         meta = saved.get(key)
+        if meta is None and not tables:
+            roots = sorted({k.split(".")[0] for k in saved})
+            return f"{where}: no {key} (table {table!r}); its keys start with {roots}"
         if meta is None:
             return f"{where}: no {key} (table {table!r}; it has tables {tables})"
         if not isinstance(meta, TensorStorageMetadata) or list(meta.size) != shape:

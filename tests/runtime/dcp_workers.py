@@ -8,6 +8,7 @@ import torch.distributed.checkpoint as dcp
 from runtime_workers import SEED, TABLES, loss_weights, make_orders, random_batch
 
 from core.errors import CheckpointError
+from flexshard.checkpoint_dcp import load_dcp
 from flexshard.plan_file import read_plan
 from flexshard.runtime import ShardedSequenceEmbedding, dcp_state
 from flexshard.runtime.dcp_state import DcpStateful
@@ -73,10 +74,16 @@ def load_main(rank: int, world: int, plan_path: str, ckpt: str, stateful: bool, 
     if stateful:
         dcp.load({"emb": DcpStateful(module)}, checkpoint_id=ckpt)
     else:
-        sd = module.dcp_state_dict()
-        dcp.load(sd, checkpoint_id=ckpt)
-        module.load_dcp_state_dict(sd)
+        load_dcp(module, ckpt)  # metadata checked, then dcp.load and load_dcp_state_dict
     res = {"rows": _rows(module), "groups": module.pg.groups, "errors": {}}
+    keep = dcp_state._row_states
+    dcp_state._row_states = lambda s: {"momentum1": s.state}  # an optimizer with one state of the two
+    try:
+        load_dcp(module, ckpt)
+        res["errors"]["optimizer"] = None
+    except CheckpointError as e:
+        res["errors"]["optimizer"] = str(e)
+    dcp_state._row_states = keep
     sd = module.dcp_state_dict()
     missing = {
         "model": {k: v for k, v in sd["model"].items() if k != "embeddings.b.weight"},

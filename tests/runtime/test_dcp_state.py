@@ -81,7 +81,7 @@ def test_the_saved_tensors_are_the_logical_tables_each_row_once(runs, tmp_path):
     whole = _read_whole(runs["ck4"], tmp_path)
     assert sorted(whole) == ["model", "optim"]
     assert sorted(whole["model"]) == [f"embeddings.{n}.weight" for n, _r, _d in TABLES]
-    for name, _rows, _dim in TABLES:
+    for name, num_rows, _dim in TABLES:
         key = f"embeddings.{name}.weight"
         assert torch.equal(whole["model"][key], saved[(name, "weights")])
         states = whole["optim"]["state"][key]
@@ -90,7 +90,7 @@ def test_the_saved_tensors_are_the_logical_tables_each_row_once(runs, tmp_path):
         assert torch.equal(states[f"{name}.exp_avg_sq"], saved[(name, "extra")])
         assert saved[(name, "state")].abs().sum() > 0  # Adagrad's state trained: there is something to move
         for rank, r in enumerate(runs["saved4"]):  # each rank's canonical block: its contiguous rows
-            lo, hi = block_bounds(_rows, 4, rank)
+            lo, hi = block_bounds(num_rows, 4, rank)
             assert torch.equal(r["blocks"][key], saved[(name, "weights")][lo:hi])
 
 
@@ -108,8 +108,14 @@ def test_saved_at_2_ranks_loads_at_4_with_another_plan_row_for_row(runs):
 
 @pytest.mark.slow
 def test_a_missing_or_mismatched_table_is_one_line_on_every_rank(runs):
-    for r in runs["at2"] + runs["at4"]:
+    for ckpt, r in [(runs["ck4"], r) for r in runs["at2"]] + [(runs["ck2"], r) for r in runs["at4"]]:
+        prefix = "emb." if ckpt == runs["ck2"] else ""  # ck2 was saved through DcpStateful under "emb"
         assert r["errors"] == {
+            "optimizer": f"DCP checkpoint {str(ckpt)!r}: no model.embeddings.a.weight (table 'a'); its keys "
+            "start with ['emb']"
+            if prefix
+            else f"DCP checkpoint {str(ckpt)!r}: table 'a' has optimizer state ['a.exp_avg_sq', "
+            "'a.momentum1'], this module keeps ['a.momentum1']",
             "missing": "DCP state: no key model.embeddings.b.weight (table 'b'; it has "
             "['embeddings.a.weight', 'embeddings.c.weight'])",
             "shape": "DCP state: model.embeddings.b.weight has shape [301, 8], table 'b' has 300 rows",
