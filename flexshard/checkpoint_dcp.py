@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from core.errors import CheckpointError, agreed
 from flexshard.checkpoint import _atomic_text, _atomic_torch_save, load_full, step_dir
@@ -163,7 +165,9 @@ def flexshard_to_dcp(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     torch.save(meta, blob)
     blob.seek(0)
     state = {"model": model, "optim": {"state": states}, "flexshard": blob}
-    dcp.save(state, storage_writer=FileSystemWriter(os.fspath(dst)), no_dist=True)
+    with warnings.catch_warnings():  # DCP warns that it saves in one process: what this does on purpose
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, storage_writer=FileSystemWriter(os.fspath(dst)), no_dist=True)
     return dst
 
 
@@ -172,8 +176,9 @@ def read_dcp(path: str | os.PathLike) -> dict[str, Any]:
     if not is_dcp(path):
         raise CheckpointError(f"DCP checkpoint {str(path)!r}: not a DCP checkpoint (no {META})")
     state: dict[str, Any] = {}
-    dcp.load(state, storage_reader=FileSystemReader(os.fspath(path)), planner=_EmptyStateDictLoadPlanner(),
-             no_dist=True)  # fmt: skip
+    # as torch's own format_utils.dcp_to_torch_save: dcp.load fills only the keys it is given
+    _load_state_dict(state, storage_reader=FileSystemReader(os.fspath(path)),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)  # fmt: skip
     return state
 
 
