@@ -30,7 +30,7 @@ rows it sends; on load hot rows once per rank) and a receive buffer of the same 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,10 +41,10 @@ from torch.distributed.tensor import DTensor, Shard
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
 from flexshard.runtime.agreement import agreed_message
+from flexshard.runtime.shards import Shard as RowShard
 
-if TYPE_CHECKING:
-    from flexshard.runtime.sharded import ShardedSequenceEmbedding
-    from flexshard.runtime.shards import Shard as RowShard
+# a flexshard.runtime.ShardedSequenceEmbedding, which imports this module (so not imported here)
+ShardedSequenceEmbedding = Any
 
 WEIGHT = "weight"
 TIERS = (Tier.HOT, Tier.WARM, Tier.COLD)

@@ -49,6 +49,7 @@ from core.traffic import Traffic
 from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
+from flexshard.runtime import dcp_state
 from flexshard.runtime.agreement import agreed_message
 from flexshard.runtime.exchange_protocol import Asked, ExchangeProtocol, Routed
 from flexshard.runtime.features import check_features, features_from_kjt, to_padded
@@ -325,16 +326,12 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         """Every row once in the canonical layout of DTensors, with its optimizer state, keyed as TorchRec
         does (:func:`~flexshard.runtime.dcp_state.dcp_state_dict`); for ``torch.distributed.checkpoint``.
         Collective. (``state_dict()`` stays the plain ``nn.Module`` one, not collective.)"""
-        from flexshard.runtime.dcp_state import dcp_state_dict
-
-        return dcp_state_dict(self)
+        return dcp_state.dcp_state_dict(self)
 
     def load_dcp_state_dict(self, state_dict: dict) -> None:
         """Set every row held here from a :meth:`dcp_state_dict` filled by ``torch.distributed.checkpoint``
         (saved at any world size and plan). Collective."""
-        from flexshard.runtime.dcp_state import load_dcp_state_dict
-
-        load_dcp_state_dict(self, state_dict)
+        dcp_state.load_dcp_state_dict(self, state_dict)
 
     def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
         """``{(table, tier): (ids, weights, optimizer state)}`` this rank holds, rows in slot order."""
