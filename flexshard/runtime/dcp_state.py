@@ -24,7 +24,8 @@ owner. Loading, a block owner sends each row to every rank that holds a copy (ho
 rank at its position in every group; cold: its owner), so every replica gets the same bits. Rows travel in
 ascending id order, which is also block order, so each side places them with one vectorised index per
 (peer, table) slice: no Python loop per row. Memory per rank: the canonical blocks, the send buffer (the
-rows it sends; on load hot rows once per rank) and a receive buffer of the same size as what it receives.
+rows it sends; on load hot rows once per rank; filled one table at a time, so one table's rows more while
+it is) and a receive buffer of what it receives (on save: its block).
 """
 
 from __future__ import annotations
@@ -134,6 +135,27 @@ def _members(module: ShardedSequenceEmbedding) -> torch.Tensor:
     return out.to(module.device)
 
 
+def _send_buffer(send_rows: np.ndarray, widths: np.ndarray, rows_of, device: torch.device) -> torch.Tensor:
+    """The float32 send buffer, peer-major then table: ``rows_of(t)`` gives table ``t``'s rows ``[n, width]``
+    and the order to send them in (grouped by peer, ``send_rows[peer, t]`` each); made one table at a
+    time and copied straight into the buffer (peak: the buffer and one table's rows)."""
+    elems = send_rows * widths
+    starts = np.concatenate([[0], np.cumsum(elems.ravel())])[:-1].reshape(elems.shape)
+    send = torch.empty(int(elems.sum()), dtype=torch.float32, device=device)
+    for t in range(send_rows.shape[1]):
+        if not send_rows[:, t].any():
+            continue
+        flat, order = rows_of(t)
+        at, w = 0, int(widths[t])
+        for p in range(send_rows.shape[0]):
+            k = int(send_rows[p, t])
+            out = send[int(starts[p, t]) : int(starts[p, t]) + k * w].view(k, w)
+            torch.index_select(flat, 0, order[at : at + k], out=out)
+            at += k
+        del flat
+    return send
+
+
 def _exchange(send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, widths: np.ndarray):
     """One all_to_all_single of float32 rows: ``send_rows[peer, table]`` rows of ``widths[table]`` columns
     to each peer, ``recv_rows[peer, table]`` from each. Returns the receive buffer and element offsets."""
@@ -141,7 +163,7 @@ def _exchange(send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, 
     recv_elems = recv_rows * widths
     recv = torch.empty(int(recv_elems.sum()), dtype=torch.float32, device=send.device)
     dist.all_to_all_single(recv, send, recv_elems.sum(axis=1).tolist(), send_elems.tolist())
-    starts = np.concatenate([[0], np.cumsum(recv_elems.ravel())]).reshape(-1)[:-1].reshape(recv_rows.shape)
+    starts = np.concatenate([[0], np.cumsum(recv_elems.ravel())])[:-1].reshape(recv_rows.shape)
     return recv, starts
 
 
@@ -179,11 +201,9 @@ def to_canonical(module: ShardedSequenceEmbedding) -> Canonical:
             slots = torch.nonzero(keep).flatten()
             payload.append((tier, slots, ids.index_select(0, slots)))
             dests.append(dest.index_select(0, slots))
-        all_ids = torch.cat([p[2] for p in payload])
-        order = torch.argsort(all_ids, stable=True)  # ascending ids: grouped by destination block
-        flat = torch.cat([_flat(module, t, tier, slots) for tier, slots, _ in payload]).index_select(0, order)
+        order = torch.argsort(torch.cat([p[2] for p in payload]), stable=True)  # ascending: by destination
         send_rows[:, t] = torch.bincount(torch.cat(dests), minlength=world).cpu().numpy()
-        outgoing.append(flat)
+        outgoing.append(([(tier, slots) for tier, slots, _ in payload], order))
         # what this rank receives: its block, each row from the copy chosen for it
         lo, hi = block_bounds(n, world, me)
         ids = torch.arange(lo, hi, dtype=torch.int64, device=dev)
@@ -196,11 +216,14 @@ def to_canonical(module: ShardedSequenceEmbedding) -> Canonical:
         by_sender = torch.argsort(sender, stable=True)  # per sender: ascending ids
         recv_rows[:, t] = torch.bincount(sender, minlength=world).cpu().numpy()
         incoming.append(by_sender)
-    send = torch.cat([
-        outgoing[t][int(send_rows[:p, t].sum()) : int(send_rows[: p + 1, t].sum())].reshape(-1)
-        for p in range(world) for t in range(n_tables)
-    ]) if world * n_tables else torch.zeros(0, device=dev)  # fmt: skip
+
+    def rows_of(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        parts, order = outgoing[t]
+        return torch.cat([_flat(module, t, tier, slots) for tier, slots in parts]), order
+
+    send = _send_buffer(send_rows, widths, rows_of, dev)
     recv, starts = _exchange(send, send_rows, recv_rows, widths)
+    del send
     blocks = {}
     for t, name in enumerate(module.table_names):
         lo, hi = block_bounds(module.routing[t].num_rows, world, me)
@@ -236,7 +259,7 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical) -> No
     recv_rows = np.zeros((world, n_tables), dtype=np.int64)
     outgoing, incoming = [], []
     ranks = torch.arange(world, dtype=torch.int64, device=dev)
-    for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
+    for t, r in enumerate(module.routing):
         n = r.num_rows
         lo, hi = block_bounds(n, world, me)
         ids = torch.arange(lo, hi, dtype=torch.int64, device=dev)
@@ -257,9 +280,7 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical) -> No
         ])  # fmt: skip
         key = pairs_dest * max(hi - lo, 1) + pairs_idx
         order = torch.argsort(key)  # by destination, then ascending row
-        block = canonical.blocks[name]
-        flat = torch.cat([_as_rows(block[k]) for k in shapes[t]], dim=1).to(dev)
-        outgoing.append(flat.index_select(0, pairs_idx.index_select(0, order)))
+        outgoing.append(pairs_idx.index_select(0, order))
         send_rows[:, t] = torch.bincount(pairs_dest, minlength=world).cpu().numpy()
         # what this rank receives: every row it holds, ascending ids (= by source block)
         held = [torch.as_tensor(module.shards[(t, k)].ids, dtype=torch.int64, device=dev) for k in TIERS]
@@ -271,11 +292,14 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical) -> No
         by_id = torch.argsort(all_ids, stable=True)
         recv_rows[:, t] = torch.bincount(block_owner(all_ids, n, world), minlength=world).cpu().numpy()
         incoming.append((tier_of.index_select(0, by_id), slot_of.index_select(0, by_id)))
-    send = torch.cat([
-        outgoing[t][int(send_rows[:p, t].sum()) : int(send_rows[: p + 1, t].sum())].reshape(-1)
-        for p in range(world) for t in range(n_tables)
-    ]) if world * n_tables else torch.zeros(0, device=dev)  # fmt: skip
+
+    def rows_of(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        block = canonical.blocks[module.table_names[t]]
+        return torch.cat([_as_rows(block[k]) for k in shapes[t]], dim=1).to(dev), outgoing[t]
+
+    send = _send_buffer(send_rows, widths, rows_of, dev)
     recv, starts = _exchange(send, send_rows, recv_rows, widths)
+    del send
     for t in range(n_tables):
         tier_of, slot_of = incoming[t]
         at = 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -18,7 +19,7 @@ from train_workers import run_main
 
 from core.errors import CheckpointError
 from flexshard import checkpoint
-from flexshard.checkpoint_dcp import dcp_to_flexshard, flexshard_to_dcp, read_dcp
+from flexshard.checkpoint_dcp import dcp_mismatch, dcp_to_flexshard, flexshard_to_dcp, read_dcp
 from flexshard.checkpoint_manifest import BLOCKS_LAYOUT
 from flexshard.cli import main as cli_main
 
@@ -176,3 +177,55 @@ def test_a_dcp_checkpoint_without_flexshard_entries_converts_at_one_rank(tmp_pat
     )
     assert torch.equal(full.weights["t"], weights) and torch.equal(full.state["t"], state)
     assert full.manifest.run is None and full.dense == {} and full.extra == {}
+
+
+def _stub(tables: list[tuple[str, int, int]], states: dict[str, tuple[int, ...]]):
+    """What :func:`dcp_mismatch` reads of a module: names, rows, dims and the hot shards' state shapes."""
+    from types import SimpleNamespace
+
+    from core.vocabulary import Tier
+    from flexshard.runtime.shards import Shard
+
+    shards = {}
+    for t, (_name, _rows, dim) in enumerate(tables):
+        shard = Shard.of(np.zeros(2, dtype=np.int64), torch.zeros(2, dim))
+        shard.state = torch.zeros(2, *states.get("momentum1", ()))
+        shards[(t, Tier.HOT)] = shard
+    return SimpleNamespace(
+        table_names=[n for n, _r, _d in tables],
+        routing=[SimpleNamespace(num_rows=r) for _n, r, _d in tables],
+        dims=[d for _n, _r, d in tables],
+        shards=shards,
+    )
+
+
+def test_dcp_mismatch_names_the_first_difference_in_one_line(tmp_path):
+    saved = {
+        "model": {"embeddings.a.weight": torch.zeros(5, 4), "embeddings.b.weight": torch.zeros(7, 2)},
+        "optim": {"state": {
+            "embeddings.a.weight": {"a.momentum1": torch.zeros(5)},
+            "embeddings.b.weight": {"b.momentum1": torch.zeros(7)},
+        }},
+    }  # fmt: skip
+    dcp.save(saved, checkpoint_id=str(tmp_path / "c"), no_dist=True)
+    where = f"DCP checkpoint {str(tmp_path / 'c')!r}"
+    cases = {
+        "same": ([("a", 5, 4), ("b", 7, 2)], ""),
+        "a subset of the tables": ([("b", 7, 2)], ""),
+        "another table": ([("a", 5, 4), ("z", 7, 2)], f"{where}: no model.embeddings.z.weight (table 'z'; it "
+                          "has tables ['a', 'b'])"),
+        "more rows": ([("a", 5, 4), ("b", 8, 2)], f"{where}: model.embeddings.b.weight is [7, 2], this "
+                      "module's is [8, 2]"),
+        "another dim": ([("a", 5, 3), ("b", 7, 2)], f"{where}: model.embeddings.a.weight is [5, 4], this "
+                        "module's is [5, 3]"),
+    }  # fmt: skip
+    for case, (tables, message) in cases.items():
+        assert dcp_mismatch(tmp_path / "c", _stub(tables, {"momentum1": ()})) == message, case
+    rows_by_dim = _stub([("a", 5, 4), ("b", 7, 2)], {"momentum1": (4,)})  # Adagrad's [rows, dim] state
+    assert dcp_mismatch(tmp_path / "c", rows_by_dim) == (
+        f"{where}: optim.state.embeddings.a.weight.a.momentum1 is [5], this module's is [5, 4]"
+    )
+    assert dcp_mismatch(tmp_path / "none", rows_by_dim) == (
+        f"DCP checkpoint {str(tmp_path / 'none')!r}: not a DCP checkpoint (no readable .metadata: "
+        "FileNotFoundError)"
+    )
