@@ -124,7 +124,7 @@ def load_dcp(module: ShardedSequenceEmbedding, path: str | os.PathLike, others: 
     problem = agreed_message(dcp_mismatch(path, module), module.device)
     if problem:
         raise agreed(CheckpointError(problem))
-    state = {**(others or {}), **module.dcp_state_dict()}
+    state = {**(others or {}), **module.dcp_state_dict(empty=True)}
     dcp.load(state, checkpoint_id=os.fspath(path))
     module.load_dcp_state_dict(state)
 

@@ -318,6 +318,17 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical) -> No
     module.zero_grad()
 
 
+def _empty_canonical(module: ShardedSequenceEmbedding) -> Canonical:
+    """Uninitialised canonical blocks of this rank (templates for a DCP load)."""
+    blocks, lo = {}, []
+    for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
+        a, b = block_bounds(r.num_rows, module.world_size, module.rank)
+        shapes = _row_shapes(module, t)
+        blocks[name] = {k: torch.empty((b - a, *s), device=module.device) for k, s in shapes.items()}
+        lo.append(a)
+    return Canonical(list(module.table_names), [r.num_rows for r in module.routing], lo, blocks)
+
+
 def _blocks_problem(module: ShardedSequenceEmbedding, canonical: Canonical) -> str:
     """'' when ``canonical`` has every table of ``module`` with its tensors in this rank's block shape."""
     for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
@@ -358,11 +369,12 @@ def _dtensor(local: torch.Tensor, num_rows: int, mesh: DeviceMesh) -> DTensor:
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
 
 
-def dcp_state_dict(module: ShardedSequenceEmbedding) -> dict[str, Any]:
+def dcp_state_dict(module: ShardedSequenceEmbedding, empty: bool = False) -> dict[str, Any]:
     """``{"model": {"embeddings.<t>.weight": DTensor}, "optim": {"state": {"embeddings.<t>.weight":
     {"<t>.<state>": DTensor}}}}``: every row once, in the canonical layout (module docstring); what
-    ``torch.distributed.checkpoint.save`` saves and ``load`` fills in place. Collective."""
-    canonical = to_canonical(module)
+    ``torch.distributed.checkpoint.save`` saves and ``load`` fills in place. ``empty``: blocks allocated
+    but not filled (no move), a template for ``load``. Collective."""
+    canonical = _empty_canonical(module) if empty else to_canonical(module)
     mesh = device_mesh(module)
     model, state = {}, {}
     for name, n in zip(canonical.tables, canonical.num_rows, strict=True):
@@ -432,7 +444,7 @@ class DcpStateful:
         self.module = module
 
     def state_dict(self) -> dict[str, Any]:
-        return dcp_state_dict(self.module)
+        return dcp_state_dict(self.module)  # also a load's template: DCP gives no way to tell them apart
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         load_dcp_state_dict(self.module, state_dict)

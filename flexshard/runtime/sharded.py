@@ -322,11 +322,12 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     # --- torch.distributed.checkpoint ------------------------------------------------------------
 
-    def dcp_state_dict(self) -> dict:
+    def dcp_state_dict(self, empty: bool = False) -> dict:
         """Every row once in the canonical layout of DTensors, with its optimizer state, keyed as TorchRec
         does (:func:`~flexshard.runtime.dcp_state.dcp_state_dict`); for ``torch.distributed.checkpoint``.
-        Collective. (``state_dict()`` stays the plain ``nn.Module`` one, not collective.)"""
-        return dcp_state.dcp_state_dict(self)
+        ``empty``: a template for ``dcp.load`` (no move). Collective. (``state_dict()`` stays the plain
+        ``nn.Module`` one, not collective.)"""
+        return dcp_state.dcp_state_dict(self, empty)
 
     def load_dcp_state_dict(self, state_dict: dict) -> None:
         """Set every row held here from a :meth:`dcp_state_dict` filled by ``torch.distributed.checkpoint``

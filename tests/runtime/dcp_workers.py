@@ -63,12 +63,20 @@ def save_main(rank: int, world: int, plan_path: str, ckpt: str, steps: int) -> d
     return _save(module, ckpt, stateful=False)
 
 
-def load_main(rank: int, world: int, plan_path: str, ckpt: str, stateful: bool, save_to: str = "") -> dict:
+def load_main(
+    rank: int, world: int, plan_path: str, ckpt: str, stateful: bool, save_to: str = "", layout: str = "exact"
+) -> dict:
     """A module of another plan and seed loads ``ckpt``; the rows it then holds, and the one-line errors of
     state dicts with a table missing or of another shape; with ``save_to``, then trains a step and saves
-    there (through :class:`DcpStateful`)."""
+    there (through :class:`DcpStateful`). ``layout``: the module's routing layout."""
     module = ShardedSequenceEmbedding(
-        read_plan(plan_path), TABLES, make_orders(), init=SEED + 1, optimizer="adagrad", lr=0.05
+        read_plan(plan_path),
+        TABLES,
+        make_orders(),
+        init=SEED + 1,
+        optimizer="adagrad",
+        lr=0.05,
+        layout=layout,
     )
     _with_second_state(module, fill=False)
     if stateful:

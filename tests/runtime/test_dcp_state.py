@@ -3,8 +3,9 @@ on spawned gloo ranks: 4 ranks in 2 groups (a plan with hot, warm and cold rows 
 and save through ``torch.distributed.checkpoint``; 2 ranks in 1 group (another plan and init) load it, and
 every row each rank then holds, in every tier and replica, equals the saved one: weights, the row-wise
 state ``momentum1 [rows]`` and a second state ``exp_avg_sq [rows, dim]``. The 2 ranks train a step and save
-(through ``DcpStateful``); 4 ranks in 4 groups load that, the reverse. The saved tensors read back whole
-equal the logical tables (each row once, from one copy); bad state dicts are refused with one line."""
+(through ``DcpStateful``); 4 ranks in 4 groups (the compact routing layout) load that, the reverse. The
+saved tensors read back whole equal the logical tables (each row once, from one copy); bad state dicts are
+refused with one line."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def runs(tmp_path_factory):
     ck4, ck2 = root / "ck4", root / "ck2"
     saved4 = run_on_ranks(save_main, 4, str(plan4), str(ck4), 2, timeout_s=300.0)
     at2 = run_on_ranks(load_main, 2, str(plan2), str(ck4), False, str(ck2), timeout_s=300.0)
-    at4 = run_on_ranks(load_main, 4, str(plan4b), str(ck2), True, timeout_s=300.0)
+    at4 = run_on_ranks(load_main, 4, str(plan4b), str(ck2), True, "", "compact", timeout_s=300.0)
     return {"saved4": saved4, "at2": at2, "at4": at4, "ck4": ck4, "ck2": ck2}
 
 
