@@ -60,7 +60,15 @@ def save_main(rank: int, world: int, plan_path: str, ckpt: str, steps: int) -> d
     )
     _train(module, rank, steps)
     _with_second_state(module, fill=True)
-    return _save(module, ckpt, stateful=False)
+    res = _save(module, ckpt, stateful=False)
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    mesh = dcp_state.device_mesh(module)
+    res["dtensor_blocks"] = {  # where DTensor (and so DCP) puts this rank's block of n rows, uneven n too
+        n: compute_local_shape_and_global_offset((n, 3), mesh, [Shard(0)]) for n in (0, 3, 5, 10, 61, 301)
+    }
+    return res
 
 
 def load_main(

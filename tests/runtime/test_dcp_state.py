@@ -125,6 +125,14 @@ def test_a_missing_or_mismatched_table_is_one_line_on_every_rank(runs):
         }
 
 
+@pytest.mark.slow
+def test_the_blocks_are_where_dtensor_places_shard_0(runs):
+    for rank, r in enumerate(runs["saved4"]):
+        for n, (shape, offset) in r["dtensor_blocks"].items():
+            lo, hi = block_bounds(n, 4, rank)
+            assert (tuple(shape), tuple(offset)[0]) == ((hi - lo, 3), lo if hi > lo else tuple(offset)[0]), n
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7])
 def test_blocks_are_torch_chunk_rows(world):
     for rows in (0, 1, 5, 10, 60, 301):
