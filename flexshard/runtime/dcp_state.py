@@ -375,7 +375,14 @@ def dcp_state_dict(module: ShardedSequenceEmbedding, empty: bool = False) -> dic
     ``torch.distributed.checkpoint.save`` saves and ``load`` fills in place. ``empty``: blocks allocated
     but not filled (no move), a template for ``load``. Collective."""
     canonical = _empty_canonical(module) if empty else to_canonical(module)
-    mesh = device_mesh(module)
+    model, state = as_dtensors(canonical, device_mesh(module))
+    return {"model": model, "optim": {"state": state}}
+
+
+def as_dtensors(canonical: Canonical, mesh: DeviceMesh) -> tuple[dict[str, DTensor], dict[str, dict]]:
+    """The blocks as DTensors: ``({"embeddings.<t>.weight": ...}, {"embeddings.<t>.weight": {"<t>.<state>":
+    ...}})``, a module's state dict and its fused optimizer's ``state`` the way TorchRec keys them (for a
+    module that exposes them separately: one :func:`to_canonical` serves both). Shares the blocks' memory."""
     model, state = {}, {}
     for name, n in zip(canonical.tables, canonical.num_rows, strict=True):
         block = canonical.blocks[name]
@@ -383,7 +390,7 @@ def dcp_state_dict(module: ShardedSequenceEmbedding, empty: bool = False) -> dic
         state[weight_key(name)] = {
             state_key(name, k): _dtensor(v, n, mesh) for k, v in block.items() if k != WEIGHT
         }
-    return {"model": model, "optim": {"state": state}}
+    return model, state
 
 
 def load_dcp_state_dict(module: ShardedSequenceEmbedding, state_dict: dict[str, Any]) -> None:
@@ -452,6 +459,7 @@ class DcpStateful:
 
 __all__ = [
     "Canonical",
+    "as_dtensors",
     "DcpStateful",
     "block_bounds",
     "block_owner",
