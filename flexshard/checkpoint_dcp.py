@@ -67,13 +67,13 @@ def _table_of(key: str) -> str:
     return key[len("embeddings.") : -len(".weight")]
 
 
-def _expected(module: ShardedSequenceEmbedding) -> dict[str, tuple[str, list[int]]]:
+def _expected(module: ShardedSequenceEmbedding, prefix: str = "") -> dict[str, tuple[str, list[int]]]:
     """Flattened DCP key -> (table, shape) of every tensor of ``module``'s DCP state."""
     from flexshard.runtime import dcp_state
 
     out = {}
     for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
-        key = weight_key(name)
+        key = weight_key(name, prefix)
         out[f"model.{key}"] = (name, [r.num_rows, module.dims[t]])
         hot = module.shards[(t, dcp_state.Tier.HOT)]
         for s, v in dcp_state._row_states(hot).items():
@@ -81,16 +81,17 @@ def _expected(module: ShardedSequenceEmbedding) -> dict[str, tuple[str, list[int
     return out
 
 
-def dcp_mismatch(path: str | os.PathLike, module: ShardedSequenceEmbedding) -> str:
+def dcp_mismatch(path: str | os.PathLike, module: ShardedSequenceEmbedding, prefix: str = "") -> str:
     """'' when the DCP checkpoint at ``path`` holds ``module``'s tables and optimizer state (names and shapes;
-    any world size and plan), else one line saying what differs."""
+    any world size and plan; weight keys after ``prefix``), else one line saying what differs."""
     where = f"DCP checkpoint {str(path)!r}"
     try:
         saved = FileSystemReader(os.fspath(path)).read_metadata().state_dict_metadata
     except Exception as e:  # noqa: BLE001 - a missing or foreign file: one line naming it
         return f"{where}: not a DCP checkpoint (no readable {META}: {type(e).__name__})"
-    expected = _expected(module)
-    tables = sorted(_table_of(k[len("model.") :]) for k in saved if k.startswith("model.embeddings."))
+    expected = _expected(module, prefix)
+    head = f"model.{prefix}embeddings."
+    tables = sorted(_table_of(k[len(head) - len("embeddings.") :]) for k in saved if k.startswith(head))
     for key, (table, shape) in expected.items():
         meta = saved.get(key)
         if meta is None and not tables:
@@ -102,31 +103,37 @@ def dcp_mismatch(path: str | os.PathLike, module: ShardedSequenceEmbedding) -> s
             got = list(meta.size) if isinstance(meta, TensorStorageMetadata) else "not a tensor"
             return f"{where}: {key} is {got}, this module's is {shape}"
     for name in module.table_names:
-        prefix = f"optim.state.{weight_key(name)}."
-        have = sorted(k[len(prefix) :] for k in saved if k.startswith(prefix))
-        want = sorted(k[len(prefix) :] for k in expected if k.startswith(prefix))
+        under = f"optim.state.{weight_key(name, prefix)}."
+        have = sorted(k[len(under) :] for k in saved if k.startswith(under))
+        want = sorted(k[len(under) :] for k in expected if k.startswith(under))
         if have != want:
             return f"{where}: table {name!r} has optimizer state {have}, this module keeps {want}"
     return ""
 
 
-def save_dcp(module: ShardedSequenceEmbedding, path: str | os.PathLike, others: dict | None = None) -> None:
+def save_dcp(
+    module: ShardedSequenceEmbedding, path: str | os.PathLike, others: dict | None = None, prefix: str = ""
+) -> None:
     """Save ``module``'s DCP state (and ``others``: more state dicts, keys other than ``model`` and
-    ``optim``) as a DCP checkpoint at ``path``. Collective."""
-    state = {**(others or {}), **module.dcp_state_dict()}
+    ``optim``; ``prefix`` before every weight key) as a DCP checkpoint at ``path``. Collective."""
+    state = {**(others or {}), **module.dcp_state_dict(prefix=prefix)}
     dcp.save(state, checkpoint_id=os.fspath(path))
 
 
-def load_dcp(module: ShardedSequenceEmbedding, path: str | os.PathLike, others: dict | None = None) -> None:
-    """Load a DCP checkpoint saved by :func:`save_dcp` or :func:`flexshard_to_dcp` (any world size and plan)
-    into ``module`` and, in place, into ``others`` (state dicts of tensors, as DCP loads them). Checked
-    first (:func:`dcp_mismatch`): one agreed CheckpointError. Collective."""
-    problem = agreed_message(dcp_mismatch(path, module), module.device)
+def load_dcp(
+    module: ShardedSequenceEmbedding, path: str | os.PathLike, others: dict | None = None, prefix: str = ""
+) -> None:
+    """Load a DCP checkpoint saved by :func:`save_dcp`, :func:`flexshard_to_dcp` or a TorchRec model whose
+    ``EmbeddingCollection`` sits at ``prefix`` (``{"model": model.state_dict(), "optim":
+    optimizer.state_dict()}``), at any world size and plan, into ``module`` and, in place, into ``others``
+    (state dicts of tensors, as DCP loads them). Checked first (:func:`dcp_mismatch`): one agreed
+    CheckpointError. Collective."""
+    problem = agreed_message(dcp_mismatch(path, module, prefix), module.device)
     if problem:
         raise agreed(CheckpointError(problem))
-    state = {**(others or {}), **module.dcp_state_dict(empty=True)}
+    state = {**(others or {}), **module.dcp_state_dict(empty=True, prefix=prefix)}
     dcp.load(state, checkpoint_id=os.fspath(path))
-    module.load_dcp_state_dict(state)
+    module.load_dcp_state_dict(state, prefix)
 
 
 # --- offline conversion ---------------------------------------------------------------------------------

@@ -57,9 +57,10 @@ def _row_states(shard: RowShard) -> dict[str, torch.Tensor]:
     return {"momentum1": shard.state}
 
 
-def weight_key(table: str) -> str:
-    """TorchRec ``EmbeddingCollection``'s state-dict key of a table's weights."""
-    return f"embeddings.{table}.{WEIGHT}"
+def weight_key(table: str, prefix: str = "") -> str:
+    """TorchRec ``EmbeddingCollection``'s state-dict key of a table's weights; ``prefix``: the collection's
+    own key in the model, with its dot (e.g. ``"ec."``), as ``Module.state_dict`` prefixes it."""
+    return f"{prefix}embeddings.{table}.{WEIGHT}"
 
 
 def state_key(table: str, name: str) -> str:
@@ -369,37 +370,42 @@ def _dtensor(local: torch.Tensor, num_rows: int, mesh: DeviceMesh) -> DTensor:
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
 
 
-def dcp_state_dict(module: ShardedSequenceEmbedding, empty: bool = False) -> dict[str, Any]:
+def dcp_state_dict(module: ShardedSequenceEmbedding, empty: bool = False, prefix: str = "") -> dict[str, Any]:
     """``{"model": {"embeddings.<t>.weight": DTensor}, "optim": {"state": {"embeddings.<t>.weight":
     {"<t>.<state>": DTensor}}}}``: every row once, in the canonical layout (module docstring); what
     ``torch.distributed.checkpoint.save`` saves and ``load`` fills in place. ``empty``: blocks allocated
-    but not filled (no move), a template for ``load``. Collective."""
+    but not filled (no move), a template for ``load``. ``prefix``: before every weight key
+    (:func:`weight_key`), to match a TorchRec model's keys. Collective."""
     canonical = _empty_canonical(module) if empty else to_canonical(module)
-    model, state = as_dtensors(canonical, device_mesh(module))
+    model, state = as_dtensors(canonical, device_mesh(module), prefix)
     return {"model": model, "optim": {"state": state}}
 
 
-def as_dtensors(canonical: Canonical, mesh: DeviceMesh) -> tuple[dict[str, DTensor], dict[str, dict]]:
+def as_dtensors(
+    canonical: Canonical, mesh: DeviceMesh, prefix: str = ""
+) -> tuple[dict[str, DTensor], dict[str, dict]]:
     """The blocks as DTensors: ``({"embeddings.<t>.weight": ...}, {"embeddings.<t>.weight": {"<t>.<state>":
     ...}})``, a module's state dict and its fused optimizer's ``state`` the way TorchRec keys them (for a
     module that exposes them separately: one :func:`to_canonical` serves both). Shares the blocks' memory."""
     model, state = {}, {}
     for name, n in zip(canonical.tables, canonical.num_rows, strict=True):
         block = canonical.blocks[name]
-        model[weight_key(name)] = _dtensor(block[WEIGHT], n, mesh)
-        state[weight_key(name)] = {
+        model[weight_key(name, prefix)] = _dtensor(block[WEIGHT], n, mesh)
+        state[weight_key(name, prefix)] = {
             state_key(name, k): _dtensor(v, n, mesh) for k, v in block.items() if k != WEIGHT
         }
     return model, state
 
 
-def load_dcp_state_dict(module: ShardedSequenceEmbedding, state_dict: dict[str, Any]) -> None:
+def load_dcp_state_dict(
+    module: ShardedSequenceEmbedding, state_dict: dict[str, Any], prefix: str = ""
+) -> None:
     """Set every row ``module`` holds from a state dict of :func:`dcp_state_dict`'s form (as
     ``torch.distributed.checkpoint.load`` filled it, possibly saved at another world size or plan). A
     missing table or state, or one of another shape, is one agreed CheckpointError. Collective."""
     problem, blocks = "", {}
     try:
-        blocks = _blocks_of(module, state_dict)
+        blocks = _blocks_of(module, state_dict, prefix)
     except CheckpointError as e:
         problem = str(e)
     _agree(problem, module.device)
@@ -408,7 +414,9 @@ def load_dcp_state_dict(module: ShardedSequenceEmbedding, state_dict: dict[str, 
     from_canonical(module, Canonical(list(module.table_names), rows, lo, blocks))
 
 
-def _blocks_of(module: ShardedSequenceEmbedding, state_dict: Any) -> dict[str, dict[str, torch.Tensor]]:
+def _blocks_of(
+    module: ShardedSequenceEmbedding, state_dict: Any, prefix: str = ""
+) -> dict[str, dict[str, torch.Tensor]]:
     """The canonical blocks in ``state_dict`` (local tensors of its DTensors), checked against ``module``."""
     model = state_dict.get("model") if isinstance(state_dict, dict) else None
     optim = state_dict.get("optim") if isinstance(state_dict, dict) else None
@@ -417,7 +425,7 @@ def _blocks_of(module: ShardedSequenceEmbedding, state_dict: Any) -> dict[str, d
         raise CheckpointError("DCP state: expected {'model': {...}, 'optim': {'state': {...}}}")
     blocks: dict[str, dict[str, torch.Tensor]] = {}
     for name, r in zip(module.table_names, module.routing, strict=True):
-        key = weight_key(name)
+        key = weight_key(name, prefix)
         if key not in model:
             raise CheckpointError(f"DCP state: no key model.{key} (table {name!r}; it has {sorted(model)})")
         per_table = states.get(key, {})

@@ -322,17 +322,17 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     # --- torch.distributed.checkpoint ------------------------------------------------------------
 
-    def dcp_state_dict(self, empty: bool = False) -> dict:
+    def dcp_state_dict(self, empty: bool = False, prefix: str = "") -> dict:
         """Every row once in the canonical layout of DTensors, with its optimizer state, keyed as TorchRec
         does (:func:`~flexshard.runtime.dcp_state.dcp_state_dict`); for ``torch.distributed.checkpoint``.
-        ``empty``: a template for ``dcp.load`` (no move). Collective. (``state_dict()`` stays the plain
-        ``nn.Module`` one, not collective.)"""
-        return dcp_state.dcp_state_dict(self, empty)
+        ``empty``: a template for ``dcp.load`` (no move); ``prefix``: before every weight key. Collective.
+        (``state_dict()`` stays the plain ``nn.Module`` one, not collective.)"""
+        return dcp_state.dcp_state_dict(self, empty, prefix)
 
-    def load_dcp_state_dict(self, state_dict: dict) -> None:
+    def load_dcp_state_dict(self, state_dict: dict, prefix: str = "") -> None:
         """Set every row held here from a :meth:`dcp_state_dict` filled by ``torch.distributed.checkpoint``
         (saved at any world size and plan). Collective."""
-        dcp_state.load_dcp_state_dict(self, state_dict)
+        dcp_state.load_dcp_state_dict(self, state_dict, prefix)
 
     def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
         """``{(table, tier): (ids, weights, optimizer state)}`` this rank holds, rows in slot order."""
