@@ -62,9 +62,9 @@ META = ".metadata"  # the file DCP's FileSystemWriter writes last
 ROW_STATE = "momentum1"  # the flexshard format's one row-wise optimizer state
 
 
-def _table_of(key: str) -> str:
-    """The table of a weight key ``embeddings.<table>.weight``."""
-    return key[len("embeddings.") : -len(".weight")]
+def _table_of(key: str, prefix: str = "") -> str:
+    """The table of a weight key ``<prefix>embeddings.<table>.weight``."""
+    return key[len(prefix) + len("embeddings.") : -len(".weight")]
 
 
 def _expected(module: ShardedSequenceEmbedding, prefix: str = "") -> dict[str, tuple[str, list[int]]]:
@@ -91,7 +91,7 @@ def dcp_mismatch(path: str | os.PathLike, module: ShardedSequenceEmbedding, pref
         return f"{where}: not a DCP checkpoint (no readable {META}: {type(e).__name__})"
     expected = _expected(module, prefix)
     head = f"model.{prefix}embeddings."
-    tables = sorted(_table_of(k[len(head) - len("embeddings.") :]) for k in saved if k.startswith(head))
+    tables = sorted(_table_of(k[len("model.") :], prefix) for k in saved if k.startswith(head))
     for key, (table, shape) in expected.items():
         meta = saved.get(key)
         if meta is None and not tables:
@@ -148,18 +148,19 @@ def _fresh(dst: Path) -> None:
         raise CheckpointError(f"{str(dst)!r}: exists and is not an empty folder; give a new one")
 
 
-def flexshard_to_dcp(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+def flexshard_to_dcp(src: str | os.PathLike, dst: str | os.PathLike, prefix: str = "") -> Path:
     """Write the flexshard checkpoint ``src`` (a ``step-*`` folder, or the latest under it) as a DCP
-    checkpoint in the new folder ``dst`` (module docstring). Returns ``dst``."""
+    checkpoint in the new folder ``dst`` (module docstring; ``prefix`` before every weight key). Returns
+    ``dst``."""
     dst = Path(dst)
     read_manifest(src)  # a flexshard checkpoint there, before anything is written
     _fresh(dst)
     full = load_full(src)
     manifest = full.manifest
-    model = {weight_key(t.name): full.weights[t.name] for t in manifest.tables}
+    model = {weight_key(t.name, prefix): full.weights[t.name] for t in manifest.tables}
     with_state = manifest.optimizer != "sgd"
     states = {
-        weight_key(t.name): {state_key(t.name, ROW_STATE): full.state[t.name]} if with_state else {}
+        weight_key(t.name, prefix): {state_key(t.name, ROW_STATE): full.state[t.name]} if with_state else {}
         for t in manifest.tables
     }
     meta = {
@@ -189,10 +190,13 @@ def read_dcp(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
-def dcp_to_flexshard(src: str | os.PathLike, dst: str | os.PathLike, step: int | None = None) -> Path:
+def dcp_to_flexshard(
+    src: str | os.PathLike, dst: str | os.PathLike, step: int | None = None, prefix: str = ""
+) -> Path:
     """Write the DCP checkpoint ``src`` as a flexshard checkpoint under ``dst`` (``dst/step-NNNNNNNN``; the
-    step is the saved one, else ``step``, else 0), rows in contiguous blocks (module docstring). Returns
-    the checkpoint folder."""
+    step is the saved one, else ``step``, else 0), rows in contiguous blocks (module docstring); its weight
+    keys are ``<prefix>embeddings.<table>.weight`` (a TorchRec model's: ``prefix`` its collection's key and
+    a dot). Returns the checkpoint folder."""
     where = f"DCP checkpoint {str(src)!r}"
     state = read_dcp(src)
     model, optim = state.get("model"), state.get("optim", {}).get("state", {})
@@ -203,14 +207,22 @@ def dcp_to_flexshard(src: str | os.PathLike, dst: str | os.PathLike, step: int |
         state["flexshard"].seek(0)
         meta = torch.load(state["flexshard"], weights_only=False)
     doc = meta.get("manifest", {})
-    names = [t["name"] for t in doc["tables"]] if doc else [_table_of(k) for k in model]
+    head = weight_key("", prefix)[: -len(".weight")]  # <prefix>embeddings.
+    found = [_table_of(k, prefix) for k in model if k.startswith(head) and k.endswith(".weight")]
+    names = [t["name"] for t in doc["tables"]] if doc else found
+    if not names:
+        raise CheckpointError(
+            f"{where}: no model.{head}<table>.weight tensors (its model keys: {sorted(model)})"
+        )
     tables, weights, rows_state = [], {}, {}
     with_state = set()
     for name in names:
-        w = model.get(weight_key(name))
+        w = model.get(weight_key(name, prefix))
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32:
-            raise CheckpointError(f"{where}: model.{weight_key(name)} is not a float32 [rows, dim] tensor")
-        saved = dict(optim.get(weight_key(name), {}))
+            raise CheckpointError(
+                f"{where}: model.{weight_key(name, prefix)} is not a float32 [rows, dim] tensor"
+            )
+        saved = dict(optim.get(weight_key(name, prefix), {}))
         s = saved.pop(state_key(name, ROW_STATE), None)
         if saved or (s is not None and tuple(s.shape) != (w.shape[0],)):
             kinds = sorted([*saved, *([state_key(name, ROW_STATE)] if s is not None else [])])
@@ -251,11 +263,13 @@ def dcp_to_flexshard(src: str | os.PathLike, dst: str | os.PathLike, step: int |
     return final
 
 
-def convert(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+def convert(src: str | os.PathLike, dst: str | os.PathLike, prefix: str = "") -> Path:
     """:func:`dcp_to_flexshard` when ``src`` is a DCP checkpoint, else :func:`flexshard_to_dcp`. Any
     problem (a missing, foreign or damaged checkpoint, an unwritable ``dst``) is one CheckpointError."""
     try:
-        return dcp_to_flexshard(src, dst) if is_dcp(src) else flexshard_to_dcp(src, dst)
+        if is_dcp(src):
+            return dcp_to_flexshard(src, dst, prefix=prefix)
+        return flexshard_to_dcp(src, dst, prefix)
     except CheckpointError:
         raise
     except Exception as e:  # noqa: BLE001 - DCP's and pickle's errors, named in one line
@@ -267,7 +281,7 @@ def convert(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 def cmd_convert(args: Any) -> int:
     """``flexshard convert-checkpoint SRC DST``."""
     to = "flexshard checkpoint" if is_dcp(args.src) else "DCP checkpoint"
-    print(f"wrote {convert(args.src, args.dst)} ({to})")
+    print(f"wrote {convert(args.src, args.dst, args.prefix)} ({to})")
     return 0
 
 
@@ -283,6 +297,8 @@ def add_parser(sub: Any) -> Any:
                    "or a DCP checkpoint folder")  # fmt: skip
     p.add_argument("dst", help="from flexshard: a new DCP folder; from DCP: the --checkpoint-dir to write "
                    "step-NNNNNNNN into")  # fmt: skip
+    p.add_argument("--prefix", default="", help="before every weight key: the EmbeddingCollection's key in a "
+                   "TorchRec model and a dot, e.g. ec. (default: none)")  # fmt: skip
     return p
 
 

@@ -3,7 +3,8 @@
 ``{"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}`` with DCP; a FlexShard module on 4
 ranks in 2 groups (hot, warm and cold rows) loads it with ``prefix="ec."`` (every row and its ``momentum1``
 equal TorchRec's), trains a step and saves; a fresh TorchRec model on 2 ranks loads that and holds
-FlexShard's rows and state. The keys are TorchRec's own, so neither side converts anything."""
+FlexShard's rows and state. The keys are TorchRec's own, so neither side converts anything. TorchRec's
+checkpoint also converts to a ``flexshard train`` one (``flexshard convert-checkpoint --prefix ec.``)."""
 
 from __future__ import annotations
 
@@ -169,7 +170,7 @@ def runs(tmp_path_factory):
     saved = run_on_ranks(torchrec_main, 2, str(root / "tr"), False, timeout_s=300.0)
     fs = run_on_ranks(flexshard_main, 4, str(plan), str(root / "tr"), str(root / "fs"), timeout_s=300.0)
     back = run_on_ranks(torchrec_main, 2, str(root / "fs"), True, timeout_s=300.0)
-    return {"saved": saved, "fs": fs, "back": back}
+    return {"saved": saved, "fs": fs, "back": back, "root": root}
 
 
 def _held(ranks: list[dict], part: str):
@@ -203,3 +204,24 @@ def test_torchrec_loads_what_flexshard_saved(runs):
     assert not torch.equal(
         back[("b", "weights")], _tables(runs["saved"])[("b", "weights")]
     )  # FlexShard's step
+
+
+@pytest.mark.slow
+def test_a_torchrec_checkpoint_converts_to_a_flexshard_one(runs, tmp_path, capsys):
+    from flexshard import checkpoint
+    from flexshard.cli import main
+
+    tr = runs["root"] / "tr"
+    assert main(["convert-checkpoint", str(tr), str(tmp_path / "out"), "--prefix", "ec."]) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'out' / 'step-00000000'} (flexshard checkpoint)\n"
+    full, saved = checkpoint.load_full(tmp_path / "out"), _tables(runs["saved"])
+    assert (full.manifest.world_size, full.manifest.optimizer, full.manifest.run) == (1, "adagrad", None)
+    for name, _rows, _dim in TABLES:
+        assert torch.equal(full.weights[name], saved[(name, "weights")])
+        assert torch.equal(full.state[name], saved[(name, "state")])
+    assert main(["convert-checkpoint", str(tr), str(tmp_path / "other")]) == 2  # the keys need the prefix
+    keys = [f"ec.embeddings.{n}.weight" for n, _r, _d in TABLES]
+    assert capsys.readouterr().err == (
+        f"flexshard convert-checkpoint: error: DCP checkpoint {str(tr)!r}: no "
+        f"model.embeddings.<table>.weight tensors (its model keys: {keys})\n"
+    )
