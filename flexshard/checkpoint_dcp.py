@@ -25,6 +25,10 @@ table), ``flexshard convert-checkpoint SRC DST`` (the direction is what SRC is):
 
 A round trip either way gives back the same rows, states, dense state, step and identity (the flexshard
 side's rank files are then in blocks rather than by the first plan).
+
+``prefix`` (every function, ``--prefix``): text before every weight key, the ``EmbeddingCollection``'s key
+in a TorchRec model and a dot (``"ec."``), so that a checkpoint is shared with TorchRec's own
+``{"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}``.
 """
 
 from __future__ import annotations
