@@ -36,6 +36,7 @@ from core.vocabulary import Tier
 SCHEMA = "flexshard-checkpoint/2"
 SCHEMA_FAMILY = "flexshard-checkpoint/"  # every version of it: folders this tool wrote
 MANIFEST = "manifest.json"
+BLOCKS_LAYOUT = "blocks"  # layout of a checkpoint converted from DCP: rows in blocks, re-dealt on load
 STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _HASH_CHUNK = 1 << 22  # bytes read at a time while hashing

@@ -34,7 +34,7 @@ import torch
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
 from flexshard.checkpoint import load_dense, model_mismatch
-from flexshard.checkpoint_manifest import Manifest, read_manifest, read_rank_file
+from flexshard.checkpoint_manifest import BLOCKS_LAYOUT, Manifest, read_manifest, read_rank_file
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
 
@@ -44,8 +44,13 @@ TIERS = (Tier.HOT, Tier.WARM, Tier.COLD)
 
 def is_resize(manifest: Manifest, module: ShardedSequenceEmbedding) -> bool:
     """Whether the checkpoint of ``manifest`` was saved by another world size or other groups than
-    ``module``'s (then :func:`load_resharded` loads it; :func:`flexshard.checkpoint.load` refuses it)."""
-    return manifest.world_size != module.world_size or manifest.groups != module.pg.groups
+    ``module``'s, or holds its rows in blocks (converted from DCP, :mod:`flexshard.checkpoint_dcp`): then
+    :func:`load_resharded` loads it (:func:`flexshard.checkpoint.load` refuses it)."""
+    return (
+        manifest.world_size != module.world_size
+        or manifest.groups != module.pg.groups
+        or manifest.layout == BLOCKS_LAYOUT
+    )
 
 
 def describe_resize(manifest: Manifest, module: ShardedSequenceEmbedding, batch_per_rank: int) -> str:

@@ -18,6 +18,8 @@ from core.errors import ConfigError, InputError, PlannerError
 from core.osutil import check_writable
 from core.vocabulary import SyncMode, WireDtype
 from flexshard import logs, probe, workloads
+from flexshard.checkpoint_dcp import add_parser as add_convert_parser
+from flexshard.checkpoint_dcp import cmd_convert
 from flexshard.cli_bench import add_parser as add_bench_parser
 from flexshard.cli_bench import cmd_bench
 from flexshard.cli_common import Parser, add_objective, first_line, positive_float, positive_int
@@ -212,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("probe", help="measure this cluster (under torchrun, or --nproc local ranks)")
     probe.add_arguments(pr)
     be = add_bench_parser(sub)
+    cv = add_convert_parser(sub)
     for command in (
         st,
         pl,
@@ -219,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         tp,
         pr,
         be,
+        cv,
     ):  # `flexshard plan --log-level debug` as well as before the command
         logs.add_log_level(command, default=None)
     return parser
@@ -401,6 +405,7 @@ COMMANDS = {
     "topology": cmd_topology,
     "probe": probe.run,
     "bench": cmd_bench,
+    "convert-checkpoint": cmd_convert,
 }
 
 

@@ -49,6 +49,7 @@ from core.traffic import Traffic
 from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
+from flexshard.runtime import dcp_state
 from flexshard.runtime.agreement import agreed_message
 from flexshard.runtime.exchange_protocol import Asked, ExchangeProtocol, Routed
 from flexshard.runtime.features import check_features, features_from_kjt, to_padded
@@ -318,6 +319,20 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     def link_bytes(self, components: tuple[Component, ...] = tuple(Component)) -> dict[str, float]:
         """max(send, recv) per link class summed over ``components`` (what the cost model reports)."""
         return {link.label: float(self.traffic.link_bytes(link, components)) for link in LinkClass}
+
+    # --- torch.distributed.checkpoint ------------------------------------------------------------
+
+    def dcp_state_dict(self, empty: bool = False, prefix: str = "") -> dict:
+        """Every row once in the canonical layout of DTensors, with its optimizer state, keyed as TorchRec
+        does (:func:`~flexshard.runtime.dcp_state.dcp_state_dict`); for ``torch.distributed.checkpoint``.
+        ``empty``: a template for ``dcp.load`` (no move); ``prefix``: before every weight key. Collective.
+        (``state_dict()`` stays the plain ``nn.Module`` one, not collective.)"""
+        return dcp_state.dcp_state_dict(self, empty, prefix)
+
+    def load_dcp_state_dict(self, state_dict: dict, prefix: str = "") -> None:
+        """Set every row held here from a :meth:`dcp_state_dict` filled by ``torch.distributed.checkpoint``
+        (saved at any world size and plan). Collective."""
+        dcp_state.load_dcp_state_dict(self, state_dict, prefix)
 
     def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
         """``{(table, tier): (ids, weights, optimizer state)}`` this rank holds, rows in slot order."""
