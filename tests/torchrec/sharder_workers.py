@@ -109,6 +109,17 @@ def _pooled(jt, batch: int) -> torch.Tensor:
     return torch.zeros(batch, DIM).index_add(0, seg, jt.values())
 
 
+def interact(seq: dict, users, labels: torch.Tensor) -> torch.Tensor:
+    """[batch, DIM] features of the samples from their sequences' and users' embeddings (left out of
+    TorchRec's pipeline tracing: ``torch.fx.wrap``)."""
+    b = labels.numel()
+    x = (_pooled(seq["hist"], b) + 1.0) * _pooled(seq["target"], b) + _pooled(seq["tag_hist"], b)
+    return x if users is None else x + users["user"]
+
+
+torch.fx.wrap("interact")
+
+
 class Model(torch.nn.Module):
     def __init__(self, device: torch.device, with_users: bool = True) -> None:
         super().__init__()
@@ -127,11 +138,8 @@ class Model(torch.nn.Module):
 
     def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(the loss, the loss detached): TorchRec's train pipelines return the second."""
-        b = batch.labels.numel()
-        seq = self.ec(batch.sequences)
-        x = (_pooled(seq["hist"], b) + 1.0) * _pooled(seq["target"], b) + _pooled(seq["tag_hist"], b)
-        if self.with_users:
-            x = x + self.ebc(batch.users)["user"]
+        users = self.ebc(batch.users) if self.with_users else None
+        x = interact(self.ec(batch.sequences), users, batch.labels)
         logits = self.dense(x).squeeze(1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum")
         return loss, loss.detach()
@@ -187,7 +195,12 @@ def build(kind: str, optimizer: str, plan_path: str | None, with_users: bool = T
             entries["ec"] = flexshard_module_plan(model.ec, ec_sharder)
         else:
             entries["ec"] = construct_module_sharding_plan(
-                model.ec, {n: row_wise(compute_kernel="fused") for n, _r, _d in TABLES}, ec_sharder, world, world, "cpu"
+                model.ec,
+                {n: row_wise(compute_kernel="fused") for n, _r, _d in TABLES},
+                ec_sharder,
+                world,
+                world,
+                "cpu",
             )
         if with_users:
             entries["ebc"] = construct_module_sharding_plan(
@@ -270,4 +283,124 @@ def train(
             opt.step()
             losses.append(float(loss.detach()))
     tables = full_tables(dmp, kind)
-    return {"losses": losses, "tables": tables if rank == 0 else None, "ec": type(dmp.module.ec).__name__}
+    return {
+        "losses": losses,
+        "tables": tables if rank == 0 else None,
+        "ec": type(dmp.module.ec).__name__,
+        "plan": {n: (p.sharding_type, p.compute_kernel) for n, p in dmp.plan.plan["ec"].items()},
+        "pipelined": [m.forward.name for m in pipeline._pipelined_modules] if pipelined else None,
+    }
+
+
+def equal_unsharded(rank: int, world: int, plan_path: str) -> dict:
+    """The collection alone, sharded by ``FlexShardSharder.shard`` (no DMP) from an unsharded copy:
+    outputs on this rank's batch, and the tables after one SGD step (lr 1) of the loss
+    ``sum(output * R)`` (R random per rank), against the unsharded collection's gradient averaged over
+    the ranks (TorchRec's gradient division)."""
+    torch.manual_seed(0)
+    configs = [
+        EmbeddingConfig(name=name, embedding_dim=dim, num_embeddings=rows, feature_names=FEATURES[name])
+        for name, rows, dim in TABLES
+    ]
+    reference = EmbeddingCollection(tables=configs, need_indices=True)
+    module = EmbeddingCollection(tables=configs, need_indices=True)
+    module.load_state_dict(reference.state_dict())
+    w0 = {name: reference.embeddings[name].weight.detach().clone() for name, _r, _d in TABLES}
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 1.0}
+    sharder = FlexShardSharder(plan_path, orders=orders(), fused_params=fused)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharded = sharder.shard(module, flexshard_module_plan(module, sharder), env, torch.device("cpu"), "ec")
+    kjt = make_batch(2, 0, rank, samples=16).sequences
+    out, want = sharded(kjt).wait(), reference(kjt)
+    gen = torch.Generator().manual_seed(100 + rank)
+    factors = {k: torch.randn(want[k].values().shape, generator=gen) for k in want}
+    loss = sum((out[k].values() * factors[k]).sum() for k in out)
+    loss.backward()
+    sharded.fused_optimizer.step()
+    sum((want[k].values() * factors[k]).sum() for k in want).backward()
+    grads = {name: reference.embeddings[name].weight.grad.clone() for name, _r, _d in TABLES}
+    for g in grads.values():
+        dist.all_reduce(g)
+        g.div_(world)
+    replicas = {name: sharded.table_rows(name)["hot"][1].clone() for name, _r, _d in TABLES}
+    gathered = [None] * world
+    dist.all_gather_object(gathered, replicas)
+    tables = full_tables(_Holder(sharded), "flexshard")
+    return {
+        "out": {k: (v.values().detach(), v.lengths(), v.weights()) for k, v in out.items()},
+        "want": {k: (v.values().detach(), v.lengths(), v.weights()) for k, v in want.items()},
+        "tables": tables,
+        "expected": {name: w0[name] - grads[name] for name in w0},
+        "grad_terms": {name: g.abs() for name, g in grads.items()},
+        "hot_replicas_equal": all(
+            torch.equal(gathered[0][n], gathered[r][n]) for r in range(world) for n in replicas
+        ),
+        "type": type(sharded).__name__,
+    }
+
+
+class _Holder:
+    """``full_tables`` reads ``dmp.module.ec``."""
+
+    def __init__(self, ec) -> None:
+        self.module = self
+        self.ec = ec
+
+
+def refused(rank: int, world: int, plan_path: str) -> list[tuple[str, str]]:
+    """(exception type, message) of two DMP builds refused on this rank: ``plan_path`` (for another
+    world size), then this world's plan of other tables (``item`` with 250 rows)."""
+    out = []
+    for path in (plan_path, plan_path.replace("other-world", "this-world")):
+        try:
+            if "this-world" in path:
+                TABLES[0] = ("item", 250, DIM)  # the model's table differs from the plan's
+            build("flexshard", "sgd", path, with_users=False)
+            out.append(("built", ""))
+        except Exception as e:  # the exception each rank raises is the result
+            out.append((type(e).__name__, str(e)))
+        finally:
+            TABLES[0] = ("item", 240, DIM)
+    return out
+
+
+def wire_bytes(rank: int, world: int, workload, topology: str, iterations: int, batch: int, length: int):
+    """Bytes per iteration per [link, component, direction] counted by the sharded module over
+    ``iterations`` random batches drawn from the workload's row distributions (DMP, the plan made on the
+    fly from ``workload`` and ``topology``, bytes objective), and the plan it ran (rank 0)."""
+    from flexshard.workloads import sample_ids
+
+    torch.manual_seed(0)
+    configs = [
+        EmbeddingConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.num_rows, feature_names=[t.name])
+        for t in workload.tables
+    ]
+
+    class Seq(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ec = EmbeddingCollection(tables=configs, device=torch.device("meta"))
+
+        def forward(self, kjt: KeyedJaggedTensor) -> dict:
+            return self.ec(kjt)
+
+    sharder = FlexShardSharder(stats=workload, topology=topology, objective="bytes", budget=2.0)
+    model = Seq()
+    plan = ShardingPlan({"ec": flexshard_module_plan(model.ec, sharder)})
+    dmp = DistributedModelParallel(
+        model, env=ShardingEnv.from_process_group(dist.group.WORLD), plan=plan, sharders=[sharder]
+    )
+    ec = dmp.module.ec
+    rng = np.random.default_rng(1000 + rank)
+    total = np.zeros((2, 4, 2))
+    keys = [t.name for t in workload.tables]
+    for _ in range(iterations):
+        values = [torch.as_tensor(sample_ids(t.hist, batch * length, rng)) for t in workload.tables]
+        kjt = KeyedJaggedTensor(
+            keys=keys, values=torch.cat(values), lengths=torch.full((batch * len(keys),), length)
+        )
+        out = dmp(kjt)
+        sum(jt.values().sum() for jt in out.values()).backward()
+        dmp.fused_optimizer.step()
+        total += ec.embedding.traffic.bytes
+    return total / iterations, (ec.embedding.plan_file.plan if rank == 0 else None)
