@@ -90,7 +90,8 @@ def test_train_pipeline_gives_the_plain_loops_losses(plan):
         assert a["losses"] == b["losses"]
     for name, _rows, _dim in w.TABLES:
         assert torch.equal(plain[0]["tables"][name], piped[0]["tables"][name]), name
-    assert all(r["pipelined"] == ["ebc", "ec"] for r in piped), [r["pipelined"] for r in piped]  # both overlapped
+    pipelined = [r["pipelined"] for r in piped]
+    assert all(p == ["ebc", "ec"] for p in pipelined), pipelined  # both modules overlapped
 
 
 def test_dmp_planner_shards_the_collection_with_flexshard(plan):
