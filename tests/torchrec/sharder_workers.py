@@ -349,7 +349,8 @@ class _Holder:
 
 def refused(rank: int, world: int, plan_path: str) -> list[tuple[str, str]]:
     """(exception type, message) of two DMP builds refused on this rank: ``plan_path`` (for another
-    world size), then this world's plan of other tables (``item`` with 250 rows)."""
+    world size), then this world's plan of other tables (``item`` with 250 rows); then of a step whose
+    batch lacks a feature on rank 1."""
     out = []
     for path in (plan_path, plan_path.replace("other-world", "this-world")):
         try:
@@ -361,6 +362,16 @@ def refused(rank: int, world: int, plan_path: str) -> list[tuple[str, str]]:
             out.append((type(e).__name__, str(e)))
         finally:
             TABLES[0] = ("item", 240, DIM)
+    dmp, _opt = build("flexshard", "sgd", plan_path.replace("other-world", "this-world"), with_users=False)
+    batch = make_batch(3, 0, rank)
+    if rank == 1:  # one rank's batch lacks a feature
+        jt = batch.sequences.to_dict()
+        batch.sequences = KeyedJaggedTensor.from_jt_dict({k: jt[k] for k in ("hist", "target")})
+    try:
+        dmp(batch)
+        out.append(("ran", ""))
+    except Exception as e:
+        out.append((type(e).__name__, str(e)))
     return out
 
 

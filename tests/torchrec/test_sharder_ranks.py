@@ -8,7 +8,8 @@
   losses within 1e-5 relative, tables within 1e-6 (float32 summation order);
 * TorchRec's TrainPipelineSparseDist gives the plain loop's losses and tables bit for bit;
 * DMP's own planner (plan=None) shards the collection with FlexShard, the same as a given plan;
-* a plan for another world size or other tables is refused on every rank with one line;
+* a plan for another world size or other tables, and a batch without one of the features, are refused
+  on every rank with one line;
 * the bytes the module counts on the wire match the cost model's prediction within 3%.
 """
 
@@ -104,15 +105,17 @@ def test_dmp_planner_shards_the_collection_with_flexshard(plan):
         assert a["losses"] == b["losses"]
 
 
-def test_plans_for_another_world_or_other_tables_are_refused_on_every_rank(tmp_path):
+def test_other_plans_and_bad_batches_are_refused_on_every_rank(tmp_path):
     other = w.write_test_plan(tmp_path / "other-world.json", 2, 2)
     w.write_test_plan(tmp_path / "this-world.json", 2, 1)
     results = run_on_ranks(w.refused, 2, str(other), timeout_s=120)
     assert results[0] == results[1]
-    (kind_world, world_msg), (kind_rows, rows_msg) = results[0]
+    (kind_world, world_msg), (kind_rows, rows_msg), (kind_batch, batch_msg) = results[0]
     assert kind_world == kind_rows == "PlanMismatchError"
     assert "\n" not in world_msg and "the plan is for 4 ranks, this job has 2" in world_msg
     assert "\n" not in rows_msg and "table 'item': the plan covers 240 rows, the model has 250" in rows_msg
+    assert kind_batch == "BatchError" and "\n" not in batch_msg
+    assert "bad input on rank 1" in batch_msg and "table 'tag' is missing" in batch_msg
 
 
 def test_wire_bytes_match_the_cost_model():
