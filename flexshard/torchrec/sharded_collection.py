@@ -40,7 +40,7 @@ from torchrec.optim.fused import FusedOptimizerModule
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from torchrec.streamable import Multistreamable
 
-from core.errors import ConfigError
+from core.errors import BatchError, ConfigError
 from core.vocabulary import Tier
 from flexshard.plan_file import PlanFile
 from flexshard.runtime import ShardedSequenceEmbedding, features_from_kjt, seeded_initializer
@@ -185,6 +185,13 @@ class FlexShardEmbeddingCollection(
 
     def input_dist(self, ctx: FlexShardContext, features: KeyedJaggedTensor) -> Awaitable[Awaitable[KJTList]]:
         """Checks, dedup, routing and ``meta`` now; ``ids`` on the first wait (collective)."""
+        if (
+            callable(getattr(features, "variable_stride_per_key", None))
+            and features.variable_stride_per_key()
+        ):
+            raise BatchError(
+                "features: a KeyedJaggedTensor with a batch size per feature (VBE) is not supported"
+            )
         per_key = features_from_kjt(features)
         tables = {}
         for name, feats in zip(self._tables, self._features, strict=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("torchrec", reason="torchrec is an optional peer (scripts/setup_torchrec.sh)")
 
@@ -87,3 +88,20 @@ def test_torchrec_sees_every_table_row_wise_fused():
         "item": ("row_wise", "fused", [0, 1, 2, 3]),
         "tag": ("row_wise", "fused", [0, 1, 2, 3]),
     }
+
+
+def test_a_variable_batch_per_feature_is_refused():
+    from torchrec import KeyedJaggedTensor
+
+    from core.errors import BatchError
+    from flexshard.torchrec import FlexShardEmbeddingCollection
+
+    vbe = KeyedJaggedTensor(
+        keys=["hist", "tags"],
+        values=torch.tensor([1, 2, 3, 4]),
+        lengths=torch.tensor([1, 2, 1]),
+        stride_per_key_per_rank=[[2], [1]],
+    )
+    bare = object.__new__(FlexShardEmbeddingCollection)  # the check runs before any state is read
+    with pytest.raises(BatchError, match="VBE"):
+        FlexShardEmbeddingCollection.input_dist(bare, None, vbe)
