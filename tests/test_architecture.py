@@ -95,6 +95,49 @@ def test_no_torch_below_the_runtime(package):
     assert not bad, bad
 
 
+OPTIONAL_PEERS = ("torchrec", "fbgemm_gpu")
+
+
+def _top_level_imports(path: Path) -> list[tuple[str, int]]:
+    """(module, line) of the imports a file runs when it is imported (not those inside functions)."""
+    found, stack = [], [ast.parse(path.read_text(), str(path))]
+    while stack:
+        node = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.Import):
+                found += [(a.name, child.lineno) for a in child.names]
+            elif isinstance(child, ast.ImportFrom) and not child.level:
+                found.append((child.module or "", child.lineno))
+            stack.append(child)
+    return found
+
+
+def test_torchrec_is_an_optional_peer():
+    """Only flexshard/torchrec/ imports TorchRec (and fbgemm) when it is imported; nothing outside it
+    imports it, so every other module imports without TorchRec installed."""
+    bad = []
+    for name, path in _modules().items():
+        if name == "flexshard.torchrec" or name.startswith("flexshard.torchrec."):
+            continue
+        for target, line in _top_level_imports(path):
+            if target.split(".")[0] in OPTIONAL_PEERS:
+                bad.append(f"{name}:{line} imports {target}")
+        bad += [
+            f"{name}:{line} imports {t}"
+            for t, line in _imports(name, path, _modules())
+            if t == "flexshard.torchrec" or t.startswith("flexshard.torchrec.")
+        ]
+    assert not bad, bad
+
+
+def test_the_peer_rule_sees_a_top_level_import(tmp_path):
+    planted = tmp_path / "m.py"
+    planted.write_text("import os\ndef f():\n    import torchrec\nif os:\n    from torchrec import x\n")
+    assert _top_level_imports(planted) == [("os", 1), ("torchrec", 5)]
+
+
 def test_modules_stay_small():
     big = {
         str(p.relative_to(ROOT)): n

@@ -15,6 +15,7 @@ broadcasts the plan document.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
@@ -110,29 +111,39 @@ def check_vocabulary(plan_file: PlanFile, vocabulary: Vocabulary | None) -> None
 def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanFile:
     """Plan on rank 0 and broadcast the plan document; every rank reads it back (collective)."""
     layout = RankLayout.consecutive(world, config.groups or 1, "--groups")
+
+    def document() -> dict:
+        workload = source.workload()
+        view = cluster_view(h100_cluster(layout.num_groups, world // layout.num_groups))
+        planned = make_plan(
+            config.strategy or "flexshard",
+            workload,
+            view,
+            budget_bytes(workload, view, config.budget),
+            True if config.dedup is None else config.dedup,
+            config.sync or "sparse",
+            # the bytes objective, as before the time model: the runtime's tests rely on these plans
+            # having every tier; the step objective is `flexshard plan`'s (issue 23 decides when
+            # train follows)
+            OptimizerConfig(step_time=False),
+            wire=config.wire_dtype or "fp32",
+        )
+        doc = to_dict(planned.plan, workload, view, planned.report, fingerprint(workload), source.orders)
+        if source.vocabulary:  # the rows of string ids, as a plan file from `flexshard plan` records
+            doc["fingerprints"]["vocabulary"] = source.vocabulary.fingerprint()
+        return doc
+
+    return broadcast_plan(document, rank)
+
+
+def broadcast_plan(document: Callable[[], dict], rank: int) -> PlanFile:
+    """The plan document ``document()`` makes on rank 0, broadcast and read back as a :class:`PlanFile`
+    on every rank (collective over the default group). An :class:`InputError` on rank 0 is raised on
+    every rank as one :class:`PlannerError`."""
     doc: list = [None]
     if rank == 0:
         try:
-            workload = source.workload()
-            view = cluster_view(h100_cluster(layout.num_groups, world // layout.num_groups))
-            planned = make_plan(
-                config.strategy or "flexshard",
-                workload,
-                view,
-                budget_bytes(workload, view, config.budget),
-                True if config.dedup is None else config.dedup,
-                config.sync or "sparse",
-                # the bytes objective, as before the time model: the runtime's tests rely on these plans
-                # having every tier; the step objective is `flexshard plan`'s (issue 23 decides when
-                # train follows)
-                OptimizerConfig(step_time=False),
-                wire=config.wire_dtype or "fp32",
-            )
-            doc[0] = to_dict(
-                planned.plan, workload, view, planned.report, fingerprint(workload), source.orders
-            )
-            if source.vocabulary:  # the rows of string ids, as a plan file from `flexshard plan` records
-                doc[0]["fingerprints"]["vocabulary"] = source.vocabulary.fingerprint()
+            doc[0] = document()
         except InputError as e:
             doc[0] = {"error": str(e)}
     dist.broadcast_object_list(doc, src=0)
