@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from core.errors import ConfigError, PlanMismatchError, agreed
 from core.traffic import Traffic
-from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
+from core.vocabulary import Component, FetchMode, LinkClass, SyncMode, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
 from flexshard.runtime.agreement import agreed_message
@@ -56,6 +56,7 @@ from flexshard.runtime.groups import ProcessGroups, make_process_groups
 from flexshard.runtime.initializer import Initializer, seeded_initializer
 from flexshard.runtime.input_dist import PendingInput, Prepared
 from flexshard.runtime.lookups import TableLookup, local_lookups
+from flexshard.runtime.optimizers import Hyper, canonical, row_optimizer
 from flexshard.runtime.replicas import ReplicaSync
 from flexshard.runtime.routing import (
     LAYOUTS,
@@ -64,7 +65,7 @@ from flexshard.runtime.routing import (
     build_compact_routing,
     build_routing,
 )
-from flexshard.runtime.shards import OPTIMIZERS, Shard
+from flexshard.runtime.shards import Shard
 
 
 class _Lookup(torch.autograd.Function):
@@ -95,6 +96,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     ``wire_dtype``: ``"fp32"``, ``"bf16"`` or ``"fp16"``; None follows the plan, another value than the
     plan's is refused (the plan priced its bytes at its own). ``timeout_s``: how long a collective on the
     module's subgroups waits for a peer before it fails (None: torch's default; pass the job's).
+    ``optimizer``: a name of :mod:`flexshard.runtime.optimizers` (``adagrad`` is ``rowwise_adagrad``),
+    with ``lr``, ``eps`` and ``betas`` (Adam's; no weight decay); :attr:`optimizer_step` counts
+    :meth:`step` calls (Adam's bias-correction ``t``), the same on every rank.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         optimizer: str = "sgd",
         lr: float = 0.01,
         eps: float = 1e-8,
+        betas: tuple[float, float] = (0.9, 0.999),
         period: int | None = None,
         device: torch.device | str | None = None,
         layout: str = "exact",
@@ -118,6 +123,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.device = _device(device)
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.optimizer, self.lr, self.eps = optimizer, float(lr), float(eps)
+        self.hyper = Hyper(float(lr), float(eps), float(betas[0]), float(betas[1]))
+        self.optimizer_step = 0  # step() calls so far: Adam's t, kept identical on every rank
         self.plan_file = plan_file
         self.dedup, self.sync, self.wire_dtype = (
             plan_file.plan.dedup,
@@ -128,6 +135,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.dims = [int(t[2]) for t in tables]
         self.layout = layout
         self._agree(ConfigError, self._option_problem() or self._wire_problem(wire_dtype))
+        self.optimizer = canonical(optimizer)
+        self.row_optimizer = row_optimizer(optimizer)
         self._agree(
             PlanMismatchError,
             world_mismatch(plan_file, self.world_size) or tables_mismatch(plan_file, tables, orders),
@@ -174,8 +183,18 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     # --- setup ----------------------------------------------------------------------------------
 
     def _option_problem(self) -> str:
-        if self.optimizer not in OPTIMIZERS:
-            return f"optimizer: must be one of {OPTIMIZERS}, got {self.optimizer!r}"
+        try:
+            canonical(self.optimizer)
+        except ConfigError as e:
+            return str(e)
+        if self.hyper.problem():
+            return self.hyper.problem()
+        if self.sync is SyncMode.DENSE and row_optimizer(self.optimizer).zero_gradient_moves:
+            return (
+                f"optimizer: {canonical(self.optimizer)} needs the plan's sync 'sparse' (dense sync updates "
+                "every replicated row, and this optimizer moves rows without gradient); make the plan with "
+                "--sync sparse, or run it with PlanFile.with_overrides(sync='sparse')"
+            )
         if self.layout not in LAYOUTS:
             return f"layout: must be one of {LAYOUTS}, got {self.layout!r}"
         bad = [(n, d) for n, d in zip(self.table_names, self.dims, strict=True) if d <= 0]
@@ -216,7 +235,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
                         f"table {name!r}: initializer returned shape {tuple(w.shape)} for {ids.size} rows, "
                         f"expected {(ids.size, self.dims[t])}"
                     )
-                shards[(t, tier)] = Shard.of(ids, w.to(device=self.device, dtype=torch.float32).contiguous())
+                w = w.to(device=self.device, dtype=torch.float32).contiguous()
+                shards[(t, tier)] = Shard.of(ids, w, self.row_optimizer)
         return shards
 
     # --- forward -----------------------------------------------------------------------------------
@@ -303,10 +323,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     def step(self) -> None:
         """Synchronise replica gradients (the ``sync`` phase,
         :class:`~flexshard.runtime.replicas.ReplicaSync`), apply the optimizer to rows that received
-        gradient, zero the gradients. Collective."""
+        gradient (as iteration ``optimizer_step + 1``), zero the gradients. Collective."""
         self.replica_sync.step(self.traffic)
+        self.optimizer_step += 1
         for shard in self.shards.values():
-            shard.apply(self.optimizer, self.lr, self.eps)
+            shard.apply(self.row_optimizer, self.hyper, self.optimizer_step)
         self.traffic_total += self.traffic
 
     # --- inspection ------------------------------------------------------------------------------
@@ -319,10 +340,14 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         """max(send, recv) per link class summed over ``components`` (what the cost model reports)."""
         return {link.label: float(self.traffic.link_bytes(link, components)) for link in LinkClass}
 
-    def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
-        """``{(table, tier): (ids, weights, optimizer state)}`` this rank holds, rows in slot order."""
+    def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, dict[str, torch.Tensor]]]:
+        """``{(table, tier): (ids, weights, {state name: state})}`` this rank holds, rows in slot order."""
         return {
-            (self.table_names[t], tier.label): (s.ids, s.weights.detach().cpu(), s.state.cpu())
+            (self.table_names[t], tier.label): (
+                s.ids,
+                s.weights.detach().cpu(),
+                {n: v.cpu() for n, v in s.states.items()},
+            )
             for (t, tier), s in self.shards.items()
         }
 

@@ -375,7 +375,11 @@ def _reference(config, source, module, dense, resumed_from, dev) -> Reference:
     """The unsharded reference, from the checkpoint resumed from or from the same initializer."""
     if resumed_from is not None:
         full = checkpoint.load_full(resumed_from)
-        weights, state = full.weights, full.state
+        weights = full.weights
+        state = {
+            n: s["momentum1"] if "momentum1" in s else torch.zeros(len(full.weights[n]))
+            for n, s in full.states.items()
+        }
     else:
         init = seeded_initializer(config.seed)
         weights = {n: init(n, np.arange(r), d) for n, r, d in source.tables}

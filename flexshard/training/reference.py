@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional
 
+from core.errors import ConfigError
 from flexshard.model import Batch, SequenceRecModel, batch_logits, lookup_features
+from flexshard.runtime.optimizers import Hyper, row_optimizer
 
 
 @dataclass
@@ -31,9 +33,11 @@ class ReferenceStep:
 
 class Reference:
     """Unsharded single-process training with the same math: full tables (``functional.embedding``) and
-    row-wise SGD / Adagrad on the rows any rank touched. The dense model is a copy whose parameters the
-    verifier sets before each step (:meth:`load_dense`); the dense optimizer is torch's and is not redone
-    here."""
+    the runtime's row-wise SGD / Adagrad update (:mod:`flexshard.runtime.optimizers`) on the rows any rank
+    touched; ``state``: per table the row-wise accumulator (zeros for SGD). Not for the element-wise
+    optimizers (their allowance is not modelled here: ``--verify`` refuses them). The dense model is a
+    copy whose parameters the verifier sets before each step (:meth:`load_dense`); the dense optimizer is
+    torch's and is not redone here."""
 
     def __init__(
         self,
@@ -49,7 +53,10 @@ class Reference:
         self.weights = {n: w.to(device).clone().requires_grad_(True) for n, w in weights.items()}
         self.state = {n: s.to(device).clone() for n, s in state.items()}
         self.dense = copy.deepcopy(dense)
-        self.optimizer, self.lr, self.eps = optimizer, lr, eps
+        self.row_optimizer = row_optimizer(optimizer)
+        if self.row_optimizer.per_element:
+            raise ConfigError(f"verify: the reference has row-wise optimizers only, got {optimizer!r}")
+        self.optimizer, self.lr, self.eps = self.row_optimizer.name, lr, eps
         self.user_table, self.device = user_table, device
 
     def load_dense(self, dense: torch.nn.Module) -> None:
@@ -91,14 +98,15 @@ class Reference:
                 g = g_full[r]
                 rows[n] = r.cpu()
                 a, k[n] = _abs_sums(terms[n], r, g)
-                if self.optimizer == "sgd":
-                    w[r] = w[r] - self.lr * g
-                    w_scale[n], s_scale[n] = (self.lr * a).cpu(), torch.zeros(r.numel())
-                else:
+                rowwise = bool(self.row_optimizer.per_row)
+                before = {"momentum1": self.state[n][r]} if rowwise else {}
+                w[r], states = self.row_optimizer.update(w[r], before, g, Hyper(self.lr, self.eps), 1)
+                if rowwise:
                     s = self.state[n]
-                    s[r] = s[r] + g.pow(2).mean(dim=1)
-                    w[r] = w[r] - self.lr * g / (s[r].sqrt().unsqueeze(1) + self.eps)
+                    s[r] = states["momentum1"]
                     w_scale[n], s_scale[n] = (t.cpu() for t in _adagrad_scales(g, a, s[r], self.lr, self.eps))
+                else:
+                    w_scale[n], s_scale[n] = (self.lr * a).cpu(), torch.zeros(r.numel())
                 after[n], s_after[n] = w[r].cpu(), self.state[n][r].cpu()
                 w.grad = None
         dense_grads = [

@@ -60,6 +60,8 @@ def identity_mismatch(path: Path, saved: dict[str, str] | None, current: dict[st
     differs), else one line naming what differs."""
     if saved is None:
         return ""  # saved before checkpoints recorded their run: nothing to compare
+    if saved.get("optimizer", "").startswith("adagrad,"):  # rowwise_adagrad's older name, same optimizer
+        saved = {**saved, "optimizer": "rowwise_" + saved["optimizer"]}
     resized = saved.get("world") != current.get("world")
     for key, value in current.items():
         if saved.get(key) != value and not (resized and key in RESIZABLE):

@@ -150,7 +150,8 @@ class Verifier:
         dtype (its share of the allowance x 16), what it was and at which step."""
         rows = self.module.shard_rows()
         message = _unheld_row(rows, self.reference, self.module.device)
-        for (name, tier), (ids, w, s) in rows.items():
+        for (name, tier), (ids, w, states) in rows.items():
+            s = row_state(states, w.shape[0])
             if message:
                 break
             idx = torch.as_tensor(ids, dtype=torch.int64)
@@ -273,8 +274,14 @@ def _held_rows(shard, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torc
     return (
         torch.from_numpy(shard.ids[hit]),
         shard.weights.index_select(0, sel).cpu(),
-        shard.state.index_select(0, sel).cpu(),
+        row_state(shard.states, shard.num_rows).index_select(0, sel).cpu(),
     )
+
+
+def row_state(states: dict[str, torch.Tensor], rows: int) -> torch.Tensor:
+    """The row-wise accumulator the reference compares (``momentum1`` of rowwise_adagrad; zeros for SGD,
+    which has no state)."""
+    return states["momentum1"] if "momentum1" in states else torch.zeros(rows, device="cpu")
 
 
 def _unheld_row(rows: dict, reference: Reference, device: torch.device) -> str:

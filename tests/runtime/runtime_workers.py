@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.errors import PlanMismatchError
+from core.errors import ConfigError, PlanMismatchError
 from core.ranks import RankLayout
 from core.vocabulary import INDEX_BYTES, FetchMode
 from flexshard.plan_file import OWNER_PATTERN_PERIOD, PlanFile, read_plan, to_dict, write_plan
@@ -253,11 +253,32 @@ def full_weights() -> dict[str, torch.Tensor]:
     return {name: init(name, np.arange(rows), dim) for name, rows, dim in TABLES}
 
 
-def reference_training(world: int, steps: int, optimizer: str, lr: float = 0.05, eps: float = 1e-8):
-    """Single process: the same weights, all ranks' batches, loss = sum over ranks."""
+def reference_training(
+    world: int,
+    steps: int,
+    optimizer: str,
+    lr: float = 0.05,
+    eps: float = 1e-8,
+    betas=(0.9, 0.999),
+    start: tuple | None = None,
+    first_step: int = 0,
+):
+    """Single process: the same weights, all ranks' batches, loss = sum over ranks; each optimizer's
+    update written out here (fbgemm's formulas; Adam's t = the step, from 1) on the touched rows, for
+    steps ``first_step ..`` from ``start`` (weights, states; default: the initial rows, zero state).
+    Returns the weights and ``{table: {state name: tensor}}``."""
     w = full_weights()
-    s = {n: torch.zeros(t.shape[0]) for n, t in w.items()}
-    for step in range(steps):
+    per_element = {"elementwise_adagrad": ("momentum1",), "adam": ("momentum1", "momentum2")}
+    names = per_element.get(optimizer, ("momentum1",) if optimizer in ("adagrad", "rowwise_adagrad") else ())
+    s = {
+        n: {k: torch.zeros(t.shape if optimizer in per_element else t.shape[:1]) for k in names}
+        for n, t in w.items()
+    }
+    if start is not None:
+        w = {n: t.clone() for n, t in start[0].items()}
+        s = {n: {k: t.clone() for k, t in states.items()} for n, states in start[1].items()}
+    b1, b2 = betas
+    for step in range(first_step, first_step + steps):
         for name, rows, dim in TABLES:
             g = torch.zeros(rows, dim)
             touched = torch.zeros(rows, dtype=torch.bool)
@@ -265,16 +286,28 @@ def reference_training(world: int, steps: int, optimizer: str, lr: float = 0.05,
                 feats = random_batch(SEED, step, r)
                 g.index_add_(0, feats[name][0], loss_weights(SEED, step, r, feats)[name])
                 touched[feats[name][0]] = True
-            rows_t = torch.nonzero(touched).flatten()
+            r_ = torch.nonzero(touched).flatten()
+            gr, st = g[r_], s[name]
             if optimizer == "sgd":
-                w[name][rows_t] -= lr * g[rows_t]
+                w[name][r_] -= lr * gr
+            elif optimizer in ("adagrad", "rowwise_adagrad"):
+                st["momentum1"][r_] += gr.pow(2).mean(1)
+                w[name][r_] -= lr * gr / (st["momentum1"][r_].sqrt().unsqueeze(1) + eps)
+            elif optimizer == "elementwise_adagrad":
+                st["momentum1"][r_] += gr.pow(2)
+                w[name][r_] -= lr * gr / (st["momentum1"][r_].sqrt() + eps)
             else:
-                s[name][rows_t] += g[rows_t].pow(2).mean(1)
-                w[name][rows_t] -= lr * g[rows_t] / (s[name][rows_t].sqrt().unsqueeze(1) + eps)
+                t = step + 1  # the module's iteration, the same for every row and table
+                st["momentum1"][r_] = b1 * st["momentum1"][r_] + (1 - b1) * gr
+                st["momentum2"][r_] = b2 * st["momentum2"][r_] + (1 - b2) * gr.pow(2)
+                m_hat, v_hat = st["momentum1"][r_] / (1 - b1**t), st["momentum2"][r_] / (1 - b2**t)
+                w[name][r_] -= lr * m_hat / (v_hat.sqrt() + eps)
     return w, s
 
 
 def check_training(plan_file, results, optimizer: str, steps: int) -> None:
+    """Every rank's rows and optimizer states equal the single-process reference; hot and warm copies
+    (weights and every state) bitwise equal; every warm row once per group, every cold row once."""
     world = plan_file.world_size
     ref_w, ref_s = reference_training(world, steps, optimizer.split("-")[0])
     positions = {r: p for members in plan_file.groups for p, r in enumerate(members)}
@@ -285,7 +318,9 @@ def check_training(plan_file, results, optimizer: str, steps: int) -> None:
         for (name, tier), (ids, w, s) in res["train"][optimizer]["rows"].items():
             ids_t = torch.as_tensor(ids, dtype=torch.int64)
             torch.testing.assert_close(w, ref_w[name][ids_t], rtol=0, atol=1e-5)
-            torch.testing.assert_close(s, ref_s[name][ids_t], rtol=0, atol=1e-5)
+            assert s.keys() == ref_s[name].keys(), (optimizer, s.keys())
+            for k in s:
+                torch.testing.assert_close(s[k], ref_s[name][k][ids_t], rtol=0, atol=1e-5)
             if tier != "hot":
                 np.add.at(held[(name, tier)], ids, 1)
             # replicas bitwise equal: hot on every rank, warm on the ranks at the same position
@@ -295,7 +330,8 @@ def check_training(plan_file, results, optimizer: str, steps: int) -> None:
             if tier != "cold":
                 for q in peers:
                     ids_q, w_q, s_q = results[q]["train"][optimizer]["rows"][(name, tier)]
-                    assert np.array_equal(ids, ids_q) and torch.equal(w, w_q) and torch.equal(s, s_q)
+                    assert np.array_equal(ids, ids_q) and torch.equal(w, w_q)
+                    assert s.keys() == s_q.keys() and all(torch.equal(s[k], s_q[k]) for k in s)
     tiers = {tp.name: tp for tp in plan_file.plan.tables}
     routes = owners(plan_file, make_orders())
     for (name, tier), count in held.items():  # every warm row once per group, every cold row once
@@ -325,6 +361,18 @@ def _train(model, world, rank, steps, seed):
     return traffic
 
 
+# (optimizer, sync) of scenario_main's training runs; keyed "opt" (sparse) or "opt-dense"
+TRAIN_RUNS = (
+    ("sgd", "sparse"),
+    ("adagrad", "sparse"),
+    ("adagrad", "dense"),
+    ("elementwise_adagrad", "sparse"),
+    ("elementwise_adagrad", "dense"),
+    ("adam", "sparse"),
+)
+TRAIN_KEYS = [opt if sync == "sparse" else f"{opt}-{sync}" for opt, sync in TRAIN_RUNS]
+
+
 def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
     orders = make_orders()
     res = {"forward": {}, "train": {}, "errors": {}}
@@ -335,7 +383,7 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
             out = model(feats)
         res["forward"][dedup] = {n: o.detach().cpu().clone() for n, o in out.items()}
         res["padded"] = model.padded(out["b"], feats["b"][1]).cpu()
-    for opt, sync in (("sgd", "sparse"), ("adagrad", "sparse"), ("adagrad", "dense")):
+    for opt, sync in TRAIN_RUNS:
         model = ShardedSequenceEmbedding(
             plan_file.with_overrides(sync=sync), TABLES, orders, init=SEED, optimizer=opt, lr=0.05
         )
@@ -391,6 +439,11 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
             res["errors"][case] = None
         except PlanMismatchError as e:
             res["errors"][case] = str(e)
+    try:  # Adam moves rows without gradient: dense sync (every replicated row updated) is refused
+        ShardedSequenceEmbedding(plan_file.with_overrides(sync="dense"), TABLES, orders, optimizer="adam")
+        res["errors"]["adam dense"] = None
+    except ConfigError as e:
+        res["errors"]["adam dense"] = str(e)
     return res
 
 

@@ -18,6 +18,7 @@ from runtime_workers import (
     FETCH_VARIANTS,
     SEED,
     TABLES,
+    TRAIN_KEYS,
     WARM_BY_POSITION,
     WARM_SHARE_4,
     balanced_batch,
@@ -97,7 +98,7 @@ def test_forward_equals_unsharded_embedding(four, dedup):
         check_forward(res["forward"][dedup], r)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adagrad-dense"])
+@pytest.mark.parametrize("optimizer", TRAIN_KEYS)
 def test_training_matches_single_process_reference(four, optimizer):
     plan_file, results = four
     check_training(plan_file, results, optimizer, steps=3)

@@ -70,7 +70,7 @@ def _stall_rank_1(module, n: int) -> None:
 def _dump_resharded_load():
     """After ``checkpoint_reshard.load_resharded``, each rank saves what its module and dense model hold to
     ``<checkpoint-dir>-loaded/rank<r>.pt`` (beside the checkpoint folder): ``world``, ``groups``, ``rows``
-    (``{table: {tier: {ids, weights, state}}}``), ``dense``, ``dense_optimizer``."""
+    (``{table: {tier: {ids, weights, states}}}``), ``dense``, ``dense_optimizer``."""
     from flexshard import checkpoint_reshard
 
     original = checkpoint_reshard.load_resharded
@@ -81,7 +81,7 @@ def _dump_resharded_load():
         folder.mkdir(exist_ok=True)
         rows: dict = {}
         for (table, tier), (ids, w, s) in module.shard_rows().items():
-            rows.setdefault(table, {})[tier] = {"ids": torch.from_numpy(ids), "weights": w, "state": s}
+            rows.setdefault(table, {})[tier] = {"ids": torch.from_numpy(ids), "weights": w, "states": s}
         dump = {
             "world": module.world_size,
             "groups": module.pg.groups,
