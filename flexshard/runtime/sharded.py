@@ -123,7 +123,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.device = _device(device)
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.optimizer, self.lr, self.eps = optimizer, float(lr), float(eps)
-        self.hyper = Hyper(float(lr), float(eps), float(betas[0]), float(betas[1]))
+        self.betas = (float(betas[0]), float(betas[1]))
         self.optimizer_step = 0  # step() calls so far: Adam's t, kept identical on every rank
         self.plan_file = plan_file
         self.dedup, self.sync, self.wire_dtype = (
@@ -179,6 +179,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self._anchor = torch.zeros((), requires_grad=True)
         self.traffic = Traffic.zeros()  # this iteration's bytes
         self.traffic_total = Traffic.zeros()  # bytes of every completed step
+
+    @property
+    def hyper(self) -> Hyper:
+        """The optimizer's hyper-parameters as set now (``lr`` may be changed between steps)."""
+        return Hyper(self.lr, self.eps, *self.betas)
 
     # --- setup ----------------------------------------------------------------------------------
 
@@ -326,8 +331,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         gradient (as iteration ``optimizer_step + 1``), zero the gradients. Collective."""
         self.replica_sync.step(self.traffic)
         self.optimizer_step += 1
+        hyper = self.hyper
         for shard in self.shards.values():
-            shard.apply(self.row_optimizer, self.hyper, self.optimizer_step)
+            shard.apply(self.row_optimizer, hyper, self.optimizer_step)
         self.traffic_total += self.traffic
 
     # --- inspection ------------------------------------------------------------------------------
