@@ -28,6 +28,7 @@ dimension: ``[rows]`` per row, ``[rows, dim]`` per element.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,7 @@ from core.errors import ConfigError
 
 ALIASES = {"adagrad": "rowwise_adagrad"}  # older name -> canonical name (same meaning)
 STATE_BYTES = 4  # float32
+States = dict[str, torch.Tensor]  # state name -> its rows
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class Hyper:
 
 
 @dataclass(frozen=True)
-class RowOptimizer:
+class RowOptimizer(ABC):
     """One row optimizer: its name, fbgemm's ``OptimType`` with the same arithmetic, its state per row
     (``per_row``: one float32 each; ``per_element``: ``dim`` float32 each) and :meth:`update`."""
 
@@ -84,35 +86,43 @@ class RowOptimizer:
         """Zero state for ``rows`` rows (fbgemm starts every accumulator and moment at 0)."""
         return {n: torch.zeros((rows, *s), device=device) for n, s in self.state_shapes(dim).items()}
 
+    @abstractmethod
     def update(
-        self, w: torch.Tensor, states: dict[str, torch.Tensor], g: torch.Tensor, hyper: Hyper, step: int
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        self, w: torch.Tensor, states: States, g: torch.Tensor, hyper: Hyper, step: int
+    ) -> tuple[torch.Tensor, States]:
         """The updated rows and states of the touched rows ``w`` [n, dim] with gradient ``g`` [n, dim]
         (``states``: each state's rows); ``step``: the iteration t, counted from 1. Pure: returns new
         tensors."""
-        raise NotImplementedError  # each registered optimizer overrides it
 
 
 class _Sgd(RowOptimizer):
-    def update(self, w, states, g, hyper, step):  # noqa: ANN001, ANN201, ARG002
+    def update(
+        self, w: torch.Tensor, states: States, g: torch.Tensor, hyper: Hyper, step: int
+    ) -> tuple[torch.Tensor, States]:  # noqa: ARG002
         return w - hyper.lr * g, {}
 
 
 class _RowwiseAdagrad(RowOptimizer):
-    def update(self, w, states, g, hyper, step):  # noqa: ANN001, ANN201, ARG002
+    def update(
+        self, w: torch.Tensor, states: States, g: torch.Tensor, hyper: Hyper, step: int
+    ) -> tuple[torch.Tensor, States]:  # noqa: ARG002
         m = states["momentum1"] + g.pow(2).sum(dim=1) / g.shape[1]
         multiplier = hyper.lr / (m.sqrt() + hyper.eps)
         return w - g * multiplier.unsqueeze(1), {"momentum1": m}
 
 
 class _ElementwiseAdagrad(RowOptimizer):
-    def update(self, w, states, g, hyper, step):  # noqa: ANN001, ANN201, ARG002
+    def update(
+        self, w: torch.Tensor, states: States, g: torch.Tensor, hyper: Hyper, step: int
+    ) -> tuple[torch.Tensor, States]:  # noqa: ARG002
         m = states["momentum1"] + g * g
         return w - hyper.lr * g / (m.sqrt() + hyper.eps), {"momentum1": m}
 
 
 class _Adam(RowOptimizer):
-    def update(self, w, states, g, hyper, step):  # noqa: ANN001, ANN201
+    def update(
+        self, w: torch.Tensor, states: States, g: torch.Tensor, hyper: Hyper, step: int
+    ) -> tuple[torch.Tensor, States]:
         if step < 1:
             raise ValueError(f"adam: step must be >= 1, got {step}")
         m = states["momentum1"] * hyper.beta1 + g * (1.0 - hyper.beta1)
@@ -141,6 +151,7 @@ REGISTRY: dict[str, RowOptimizer] = {
     )
 }
 OPTIMIZERS = tuple(REGISTRY)  # canonical names
+FBGEMM_NAMES = {o.fbgemm: o.name for o in REGISTRY.values()}  # OptimType / EmbOptimType member -> name
 OPTIMIZER_CHOICES = OPTIMIZERS + tuple(ALIASES)  # what flags and files accept
 
 
@@ -165,6 +176,7 @@ def state_bytes_per_row(name: str, dim: int) -> int:
 
 __all__ = [
     "ALIASES",
+    "FBGEMM_NAMES",
     "OPTIMIZERS",
     "OPTIMIZER_CHOICES",
     "REGISTRY",

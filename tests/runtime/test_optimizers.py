@@ -14,7 +14,7 @@ import torch
 
 from core.errors import ConfigError
 from flexshard.runtime import OPTIMIZERS, Hyper, Shard, row_optimizer
-from flexshard.runtime.optimizers import ALIASES, canonical, state_bytes_per_row
+from flexshard.runtime.optimizers import ALIASES, FBGEMM_NAMES, canonical, state_bytes_per_row
 
 ROWS, DIM, STEPS = 12, 8, 4
 HYPER = Hyper(lr=0.05, eps=1e-8, beta1=0.9, beta2=0.999)
@@ -156,6 +156,12 @@ def test_names_state_shapes_and_bytes():
         "EXACT_ADAGRAD",
         "ADAM",
     ]
+    assert FBGEMM_NAMES == {
+        "EXACT_SGD": "sgd",
+        "EXACT_ROWWISE_ADAGRAD": "rowwise_adagrad",
+        "EXACT_ADAGRAD": "elementwise_adagrad",
+        "ADAM": "adam",
+    }
     assert row_optimizer("adam").state_shapes(16) == {"momentum1": (16,), "momentum2": (16,)}
     assert row_optimizer("rowwise_adagrad").state_shapes(16) == {"momentum1": ()}
     assert [state_bytes_per_row(n, 16) for n in OPTIMIZERS] == [0, 4, 64, 128]
