@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_workers import run_main
 
 from flexshard import checkpoint
 from flexshard.checkpoint_manifest import SCHEMA_2, run_digest
@@ -132,14 +133,28 @@ def test_dense_adam_equals_torch_adam():
 
 
 def test_bad_optimizer_flags_are_one_line(capsys):
-    for flags, message in (
-        (["--optimizer", "lamb"], "argument --optimizer: invalid choice: 'lamb'"),
-        (
-            ["--optimizer", "adam", "--verify"],
-            "--verify: checks sgd and rowwise_adagrad runs (its rounding allowance is theirs), got "
-            "--optimizer adam",
-        ),
-    ):
-        assert main([*flags, "--steps", "1", *SMALL]) == 2
-        err = capsys.readouterr().err.strip()
-        assert "\n" not in err and message in err, err
+    assert main(["--optimizer", "lamb", "--steps", "1", *SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "argument --optimizer: invalid choice: 'lamb'" in err, err
+
+
+@pytest.mark.slow
+def test_verify_checks_every_optimizer_on_four_ranks(tmp_path):
+    """4 ranks in 2 groups: --verify passes Adam (bf16 wire) and element-wise Adagrad, and fails Adam at
+    step 3 when the module's iteration count skips one (its update then differs from the reference)."""
+    base = ["--groups", "2", "--steps", "4", *SMALL]
+    calls = [
+        ([*base, "--verify", "--optimizer", "adam", "--wire-dtype", "bf16"], None),
+        ([*base, "--verify", "--optimizer", "elementwise_adagrad"], None),
+        ([*base, "--verify", "--optimizer", "adam"], "skip_an_iteration"),
+    ]
+    results = run_main(4, calls, tmp_path / "run", timeout_s=240.0)
+    for i in (0, 1):
+        ranks = [r[i] for r in results]
+        assert [c["rc"] for c in ranks] == [0, 0, 0, 0], [c["err"] for c in ranks]
+        assert "verify: OK (4 steps, all rows of all copies match)" in ranks[0]["out"].splitlines()
+    skipped = [r[2] for r in results]
+    assert [c["rc"] for c in skipped] == [1, 1, 1, 1]
+    message = skipped[0]["err"].strip().splitlines()[-1]
+    assert message.startswith("verify: FAILED at step 3: table "), message
+    assert "update of the touched rows differs from the reference" in message, message

@@ -174,3 +174,36 @@ def test_names_state_shapes_and_bytes():
         canonical("lamb")
     assert Hyper(lr=0.1, beta1=1.0).problem() == "beta1: must be in [0, 1), got 1.0"
     assert Hyper(lr=float("nan")).problem() == "lr: must be a finite number >= 0, got nan"
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_verify_condition_bounds_the_update_to_first_order(name):
+    """--verify's allowance per optimizer (reference.update_scales): moving each gradient element g_d by
+    at most a_d moves every updated weight and state by at most its scale x the step (finite differences
+    in float64, 20 sign patterns), and for the element-wise optimizers the bound is nearly reached
+    somewhere (it is not vacuous)."""
+    from flexshard.training.reference import pack, unpack, update_scales
+
+    opt = row_optimizer(name)
+    gen = torch.Generator().manual_seed(3)
+    rows, dim, t = 6, 4, 3
+    w = torch.randn(rows, dim, generator=gen, dtype=torch.float64)
+    before = {n: s.double().abs() + 0.1 for n, s in opt.new_states(rows, dim, "cpu").items()}
+    g = torch.randn(rows, dim, generator=gen, dtype=torch.float64)
+    a = torch.rand(rows, dim, generator=gen, dtype=torch.float64) + 0.1
+    w1, after = opt.update(w, before, g, HYPER, t)
+    w_scale, s_scale = update_scales(opt, g, a, after, HYPER, t)
+    h = 1e-6
+    for sign_seed in range(20):
+        signs = torch.randint(0, 2, (rows, dim), generator=torch.Generator().manual_seed(sign_seed)) * 2 - 1
+        w2, after2 = opt.update(w, before, g + h * signs * a, HYPER, t)
+        assert ((w2 - w1).abs() <= h * w_scale * (1 + 1e-4) + 1e-15).all()
+        moved = (pack(opt, after2, rows) - pack(opt, after, rows)).abs()
+        assert (moved <= h * s_scale * (1 + 1e-4) + 1e-15).all()
+    if name == "rowwise_adagrad":
+        return  # its weights' condition sums the whole row's effect on the accumulator: checked above
+    # each weight depends on its own gradient element only: the bound adds its terms' magnitudes (they
+    # may cancel), so it is reached where one term dominates
+    w2, _ = opt.update(w, before, g + h * a, HYPER, t)
+    assert ((w2 - w1).abs() / (h * w_scale)).max() > 0.9
+    assert unpack(opt, pack(opt, after, rows), dim).keys() == after.keys()

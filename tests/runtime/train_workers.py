@@ -60,6 +60,13 @@ def _skew_update(module, n: int) -> None:
         module.lr *= 1.1
 
 
+def _skip_an_iteration(module, n: int) -> None:
+    """After step 2 the module's iteration count runs one ahead (Adam's bias correction of step 3 uses
+    t = 4): only the comparison with the reference, which counts the training steps, can find it."""
+    if n == 2:
+        module.optimizer_step += 1
+
+
 def _stall_rank_1(module, n: int) -> None:
     """After step 1, rank 1 stops answering for 8 s (as a rank stopped by SIGSTOP, or a slow host)."""
     if n == 1 and module.rank == 1:
@@ -135,6 +142,7 @@ PATCHES = {
     "stall_rank_1": lambda: _patched_step(_stall_rank_1),
     "diverge_replica": lambda: _patched_step(_diverge_replica),
     "skew_update": lambda: _patched_step(_skew_update),
+    "skip_an_iteration": lambda: _patched_step(_skip_an_iteration),
 }
 
 
