@@ -25,15 +25,15 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "runtime"))
-from runtime_workers import (  # noqa: E402  (the runtime tests' plan, batches and reference)
+from runtime_workers import (  # noqa: E402  (the runtime tests' plan and batches)
     SEED,
     TABLES,
     loss_weights,
     make_orders,
     random_batch,
-    reference_training,
     write_test_plan,
 )
+from training_reference import reference_training  # noqa: E402  (their single-process reference)
 
 from flexshard import checkpoint  # noqa: E402
 from flexshard.plan_file import read_plan  # noqa: E402

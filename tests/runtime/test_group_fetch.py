@@ -22,9 +22,7 @@ from runtime_workers import (
     WARM_BY_POSITION,
     WARM_SHARE_4,
     balanced_batch,
-    check_training,
     expected_traffic,
-    full_weights,
     make_orders,
     owners,
     random_batch,
@@ -35,6 +33,7 @@ from runtime_workers import (
     write_test_plan,
 )
 from torch.nn.functional import embedding
+from training_reference import check_training, full_weights
 
 from core.ranks import RankLayout
 from core.vocabulary import FLOAT32_BYTES, Component, FetchMode, LinkClass, SyncMode

@@ -14,10 +14,10 @@ from runtime_workers import (
     loss_weights,
     make_orders,
     random_batch,
-    reference_training,
     run_function,
     write_test_plan,
 )
+from training_reference import reference_training
 
 from flexshard import checkpoint
 from flexshard.checkpoint_reshard import load_resharded

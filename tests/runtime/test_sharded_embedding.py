@@ -18,9 +18,7 @@ from runtime_workers import (
     WARM_BY_POSITION,
     WARM_SHARE_4,
     balanced_ids,
-    check_training,
     expected_traffic,
-    full_weights,
     make_orders,
     owners,
     random_batch,
@@ -28,6 +26,7 @@ from runtime_workers import (
     write_test_plan,
 )
 from torch.nn.functional import embedding
+from training_reference import check_training, full_weights
 
 from flexshard.plan_file import read_plan
 from solvers.cost_model import Exchanges, hierarchical_allreduce_bytes, lookup_traffic, split_bytes

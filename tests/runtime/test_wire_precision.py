@@ -18,15 +18,14 @@ from runtime_workers import (
     WARM_SHARE_4,
     _train,
     expected_traffic,
-    full_weights,
     make_orders,
     owners,
     random_batch,
-    reference_training,
     run_function,
     with_fetch,
     write_test_plan,
 )
+from training_reference import full_weights, reference_training
 
 from core.errors import ConfigError
 from core.ranks import RankLayout
