@@ -60,7 +60,7 @@ def measure(rank: int, world: int, plan_path: str, rows: int, dim: int, layout: 
     out["items"].sum().backward()
     module.step()
     shards = module.shards.values()
-    shard = sum(s.weights.nbytes + s.state.nbytes for s in shards)
+    shard = sum(s.weights.nbytes + sum(t.nbytes for t in s.states.values()) for s in shards)
     routing = sum(a.nbytes for r in module.routing for a in r.arrays())
     return {
         "shard": shard,

@@ -183,7 +183,10 @@ def same_final_state(a: Path, b: Path) -> tuple[bool, str]:
     """Whether two checkpoints hold the same rows, optimizer state and dense model, bit for bit."""
     x, y = checkpoint.load_full(a), checkpoint.load_full(b)
     for name in x.weights:
-        if not (torch.equal(x.weights[name], y.weights[name]) and torch.equal(x.state[name], y.state[name])):
+        same_states = x.states[name].keys() == y.states[name].keys() and all(
+            torch.equal(s, y.states[name][k]) for k, s in x.states[name].items()
+        )
+        if not (torch.equal(x.weights[name], y.weights[name]) and same_states):
             return False, f"table {name!r} differs"
     for key in x.dense:
         if not torch.equal(x.dense[key], y.dense[key]):

@@ -2,13 +2,15 @@
 
 Layout of one checkpoint, ``<dir>/step-00000006/``:
 
-* ``rank<r>.pt`` (one per rank): the rows rank ``r`` is responsible for, with their ids and row-wise
-  optimizer state, as ``{"rows": {table: {tier: {"ids", "weights", "state"}}}}``, and what binds it to
+* ``rank<r>.pt`` (one per rank): the rows rank ``r`` is responsible for, with their ids and optimizer
+  state, as ``{"rows": {table: {tier: {"ids", "weights", "states": {name: tensor}}}}}`` (the state names
+  and shapes of :mod:`flexshard.runtime.optimizers`), and what binds it to
   its checkpoint: the step, the rank, the layout fingerprint and a digest of the run's identity. Every
   row is saved exactly once: hot rows by rank 0 only, warm rows by the ranks of group 0 only (each its
   own warm shard), cold rows by their owner. Rank 0's file also holds the dense model's and the dense
   optimizer's state dicts (replicated, so saved once) and ``extra``.
-* ``manifest.json``: schema, step, world size, groups, tables, optimizer, the layout fingerprint (a
+* ``manifest.json``: schema, step, world size, groups, tables, optimizer and its iteration
+  (``optimizer_step``: the module's ``step()`` count, Adam's ``t``), the layout fingerprint (a
   hash of every table's tier / owner / slot maps, i.e. plan and hotness orders), every rank file's name,
   size and sha256, and the run's identity (``run``, :mod:`flexshard.training.resume`; null when not
   given). Reading and validating both is :mod:`flexshard.checkpoint_manifest`: a rank file is unpickled
@@ -61,6 +63,7 @@ from flexshard.checkpoint_manifest import (
 )
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
+from flexshard.runtime.optimizers import canonical, row_optimizer
 
 
 def step_dir(directory: str | os.PathLike, step: int) -> Path:
@@ -143,12 +146,12 @@ def save(
             error = f"cannot create {tmp}: {e.strerror or e}"
     _agree(error, dev, "checkpoint save: ")
     rows: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
-    for (name, tier_name), (ids, w, s) in module.shard_rows().items():
+    for (name, tier_name), (ids, w, states) in module.shard_rows().items():
         if _saves(module, Tier.parse(tier_name)):
             rows.setdefault(name, {})[tier_name] = {
                 "ids": torch.as_tensor(ids, dtype=torch.int64),
                 "weights": w.clone(),
-                "state": s.clone(),
+                "states": {n: s.clone() for n, s in states.items()},
             }
     layout = layout_fingerprint(module)
     payload: dict[str, Any] = {
@@ -187,6 +190,7 @@ def save(
             layout,
             [rec for _, rec in everyone],
             run,
+            module.optimizer_step,
         )
         try:
             _atomic_text(json.dumps(manifest, indent=1) + "\n", tmp / MANIFEST)
@@ -225,7 +229,7 @@ def model_mismatch(manifest: Manifest, module: ShardedSequenceEmbedding) -> str:
     ]
     if tables != mine:
         return f"{where} has tables {tables}, this model has {mine}"
-    if manifest.optimizer != module.optimizer:
+    if canonical(manifest.optimizer) != canonical(module.optimizer):
         return f"{where} was saved with optimizer {manifest.optimizer!r}, this job uses {module.optimizer!r}"
     return ""
 
@@ -290,8 +294,10 @@ def load(
             t = module.table_names.index(name)
             held = module.shards[(t, tier)]
             held.weights.copy_(entry["weights"].to(module.device))
-            held.state.copy_(entry["state"].to(module.device))
+            for n, s in entry["states"].items():
+                held.states[n].copy_(s.to(module.device))
         load_dense(manifest, shard, dense_model, dense_optimizer)
+        module.optimizer_step = manifest.optimizer_step
     except CheckpointError as e:
         error = str(e)
     _agree(error, module.device)
@@ -321,7 +327,7 @@ class FullCheckpoint:
     step: int
     manifest: Manifest
     weights: dict[str, torch.Tensor]  # table -> float32[num_rows, dim]
-    state: dict[str, torch.Tensor]  # table -> float32[num_rows]
+    states: dict[str, dict[str, torch.Tensor]]  # table -> state name -> float32[num_rows, *per row]
     dense: dict[str, torch.Tensor]
     dense_optimizer: dict[str, Any] | None
     extra: dict[str, Any]
@@ -330,11 +336,13 @@ class FullCheckpoint:
 def load_full(path: str | os.PathLike) -> FullCheckpoint:
     """Whole tables from all rank files (no process group needed); checks every row is saved once."""
     manifest = read_manifest(path)
-    weights, state, seen = {}, {}, {}
+    weights, states, seen = {}, {}, {}
+    optimizer = row_optimizer(manifest.optimizer)
     for t in manifest.tables:
         try:
             weights[t.name] = torch.zeros(t.num_rows, t.dim)
-            state[t.name] = torch.zeros(t.num_rows)
+            shapes = optimizer.state_shapes(t.dim)
+            states[t.name] = {n: torch.zeros(t.num_rows, *shape) for n, shape in shapes.items()}
             seen[t.name] = np.zeros(t.num_rows, dtype=np.int64)
         except (RuntimeError, MemoryError, ValueError) as e:
             raise CheckpointError(
@@ -350,7 +358,8 @@ def load_full(path: str | os.PathLike) -> FullCheckpoint:
             for entry in tiers.values():
                 ids = entry["ids"]
                 weights[table][ids] = entry["weights"]
-                state[table][ids] = entry["state"]
+                for n, s in entry["states"].items():
+                    states[table][n][ids] = s
                 np.add.at(seen[table], ids.numpy(), 1)
     for table, count in seen.items():
         if (count != 1).any():
@@ -360,7 +369,7 @@ def load_full(path: str | os.PathLike) -> FullCheckpoint:
                 "(expected exactly once)"
             )
     return FullCheckpoint(
-        manifest.step, manifest, weights, state, first["dense"], first["dense_optimizer"], first["extra"]
+        manifest.step, manifest, weights, states, first["dense"], first["dense_optimizer"], first["extra"]
     )
 
 

@@ -1,14 +1,21 @@
 """A checkpoint's manifest and rank files, validated before anything in them is used.
 
-The manifest (``manifest.json``, schema ``flexshard-checkpoint/2``) binds the checkpoint together: its
-step (equal to the folder's ``step-NNNNNNNN``), the world, the tables, the optimizer, the layout
-fingerprint, the run's identity, and per rank the file's name (exactly ``rank<r>.pt``, inside the
-folder), its size in bytes and its sha256. A rank file is read only after its size and hash match
-(:func:`verify_rank_file`), so a file copied from another step or another run, a truncated file or
-random bytes are refused before unpickling; it is then unpickled without running code
+The manifest (``manifest.json``, schema ``flexshard-checkpoint/3``) binds the checkpoint together: its
+step (equal to the folder's ``step-NNNNNNNN``), the world, the tables, the optimizer and its iteration
+(``optimizer_step``, Adam's ``t``), the layout fingerprint, the run's identity, and per rank the file's
+name (exactly ``rank<r>.pt``, inside the folder), its size in bytes and its sha256. A rank file is read
+only after its size and hash match (:func:`verify_rank_file`), so a file copied from another step or
+another run, a truncated file or random bytes are refused before unpickling; it is then unpickled without
+running code
 (``torch.load(weights_only=True)``) and its structure checked (:func:`read_rank_file`): the step, rank,
 layout and run it records, every table and tier, tensor dtypes and shapes, ids within the table. Every
 problem is one :class:`~core.errors.CheckpointError` line naming the folder and the field or file.
+
+Schema 3 keeps each row's optimizer state as named tensors (``states``: the optimizer's, see
+:mod:`flexshard.runtime.optimizers`). Schema 2 (before these optimizers: ``sgd`` or ``adagrad``, one
+row-wise accumulator ``state`` per row, no ``optimizer_step``) still reads: its ``state`` becomes
+``states = {"momentum1": state}`` for ``adagrad`` (now ``rowwise_adagrad``) and nothing for ``sgd``, and
+``optimizer_step`` is 0 (neither optimizer uses it).
 
 These are the readers any code that loads checkpoints uses (:mod:`flexshard.checkpoint`'s ``load`` and
 ``load_full``, resume at another world size): :func:`read_manifest` -> :class:`Manifest`,
@@ -32,8 +39,10 @@ import torch
 
 from core.errors import CheckpointError
 from core.vocabulary import Tier
+from flexshard.runtime.optimizers import OPTIMIZER_CHOICES, row_optimizer
 
-SCHEMA = "flexshard-checkpoint/2"
+SCHEMA = "flexshard-checkpoint/3"
+SCHEMA_2 = "flexshard-checkpoint/2"  # one row-wise accumulator per row: still read (see above)
 SCHEMA_FAMILY = "flexshard-checkpoint/"  # every version of it: folders this tool wrote
 MANIFEST = "manifest.json"
 BLOCKS_LAYOUT = "blocks"  # layout of a checkpoint converted from DCP: rows in blocks, re-dealt on load
@@ -74,6 +83,8 @@ class Manifest:
     layout: str
     files: tuple[RankFileRecord, ...]
     run: dict[str, str] | None
+    optimizer_step: int = 0  # the module's step() count when saved (Adam's t)
+    schema: str = SCHEMA  # the schema the checkpoint was written in (2 or 3)
 
     def where(self) -> str:
         return f"checkpoint {str(self.path)!r}"
@@ -85,7 +96,7 @@ class Manifest:
         """The manifest as written to ``manifest.json``."""
         return manifest_document(
             self.step, self.world_size, self.groups, self.tables, self.optimizer, self.layout, self.files,
-            self.run,
+            self.run, self.optimizer_step,
         )  # fmt: skip
 
 
@@ -98,6 +109,7 @@ def manifest_document(
     layout: str,
     files: tuple[RankFileRecord, ...] | list[RankFileRecord],
     run: dict[str, str] | None,
+    optimizer_step: int = 0,
 ) -> dict[str, Any]:
     """The JSON document of a manifest (schema :data:`SCHEMA`)."""
     return {
@@ -107,6 +119,7 @@ def manifest_document(
         "groups": [list(map(int, g)) for g in groups],
         "tables": [{"name": t.name, "num_rows": t.num_rows, "dim": t.dim} for t in tables],
         "optimizer": optimizer,
+        "optimizer_step": int(optimizer_step),
         "layout": layout,
         "files": [{"name": f.name, "bytes": f.size, "sha256": f.sha256} for f in files],
         "run": dict(run) if run is not None else None,
@@ -215,14 +228,16 @@ def parse_manifest(doc: Any, folder: Path) -> Manifest:
     if not isinstance(doc, dict):
         raise CheckpointError(f"{where}: not a JSON object")
     schema = doc.get("schema")
-    if schema != SCHEMA:
+    if schema not in (SCHEMA, SCHEMA_2):
         if isinstance(schema, str) and schema.startswith(SCHEMA_FAMILY):
             raise CheckpointError(
-                f"{where}: schema {schema!r} is from another FlexShard version (this one reads {SCHEMA!r}, "
-                "whose manifest records every rank file's hash); start a fresh run (here: --overwrite)"
+                f"{where}: schema {schema!r} is from another FlexShard version (this one reads {SCHEMA!r} "
+                f"and {SCHEMA_2!r}, whose manifests record every rank file's hash); start a fresh run "
+                "(here: --overwrite)"
             )
         raise bad("schema", schema, repr(SCHEMA))
-    for key in ("step", "world_size", "groups", "tables", "optimizer", "layout", "files", "run"):
+    keys = ("step", "world_size", "groups", "tables", "optimizer", "layout", "files", "run")
+    for key in keys + (("optimizer_step",) if schema == SCHEMA else ()):
         if key not in doc:
             raise CheckpointError(f"{where}: field {key!r} missing")
 
@@ -233,6 +248,7 @@ def parse_manifest(doc: Any, folder: Path) -> Manifest:
         return value
 
     step, world = count("step", 0), count("world_size", 1)
+    optimizer_step = count("optimizer_step", 0) if schema == SCHEMA else 0
     named = step_of(folder)
     if named is not None and named != step:
         raise CheckpointError(
@@ -268,6 +284,9 @@ def parse_manifest(doc: Any, folder: Path) -> Manifest:
     for key in ("optimizer", "layout"):
         if not isinstance(doc[key], str) or not doc[key]:
             raise bad(key, doc[key], "a non-empty string")
+    known = OPTIMIZER_CHOICES if schema == SCHEMA else ("sgd", "adagrad")
+    if doc["optimizer"] not in known:
+        raise bad("optimizer", doc["optimizer"], f"one of {', '.join(known)}")
     files = doc["files"]
     if not isinstance(files, list) or len(files) != world:
         raise bad("files", files, f"a list of {world} rank files (one per rank)")
@@ -293,7 +312,7 @@ def parse_manifest(doc: Any, folder: Path) -> Manifest:
         raise bad("run", run, "null or an object of strings")
     return Manifest(
         folder, step, world, [list(g) for g in groups], tuple(entries), doc["optimizer"], doc["layout"],
-        tuple(records), run,
+        tuple(records), run, optimizer_step, schema,
     )  # fmt: skip
 
 
@@ -359,12 +378,13 @@ def _is_tensor(x: Any, dtype: torch.dtype, ndim: int) -> bool:
 def check_payload(payload: Any, manifest: Manifest, rank: int) -> dict[str, Any]:
     """``payload`` when it is ``rank``'s file of this checkpoint: the step, rank, layout and run it records
     are the manifest's, and every table, tier and tensor is well formed (ids int64 within the table,
-    weights float32 ``[n, dim]``, state float32 ``[n]``; hot rows only in rank 0's file, warm rows only in
-    group 0's); rank 0's also holds the dense state. Else CheckpointError."""
+    weights float32 ``[n, dim]``, each optimizer state float32 ``[n, *shape per row]``; hot rows only in
+    rank 0's file, warm rows only in group 0's); rank 0's also holds the dense state. Else
+    CheckpointError."""
     where = f"{manifest.where()}: {manifest.files[rank].name}"
     form = payload.get("format") if isinstance(payload, dict) else None
-    if not isinstance(form, str) or form != SCHEMA:
-        raise CheckpointError(f"{where}: not a FlexShard rank file of schema {SCHEMA!r}")
+    if not isinstance(form, str) or form != manifest.schema:
+        raise CheckpointError(f"{where}: not a FlexShard rank file of schema {manifest.schema!r}")
     for key, want in (
         ("rank", rank),
         ("step", manifest.step),
@@ -382,7 +402,10 @@ def check_payload(payload: Any, manifest: Manifest, rank: int) -> dict[str, Any]
         if table is None or not isinstance(tiers, dict):
             raise CheckpointError(f"{where}: rows of {_show(name)}, which is not a table of the manifest")
         for tier_name, entry in tiers.items():
-            _check_entry(where, table, tier_name, entry, rank, manifest.groups[0])
+            _check_entry(where, table, tier_name, entry, rank, manifest)
+            if manifest.schema == SCHEMA_2:  # the row-wise accumulator, named as schema 3 names it
+                state = entry.pop("state")
+                entry["states"] = {"momentum1": state} if manifest.optimizer == "adagrad" else {}
     if rank == 0:
         dense, opt, extra = payload.get("dense"), payload.get("dense_optimizer"), payload.get("extra")
         if not isinstance(dense, dict) or not all(
@@ -396,22 +419,33 @@ def check_payload(payload: Any, manifest: Manifest, rank: int) -> dict[str, Any]
     return payload
 
 
-def _check_entry(where: str, table: TableEntry, tier_name: Any, entry: Any, rank: int, group0: list) -> None:
-    what = f"{where}: table {table.name!r} tier {_show(tier_name)}"
+def _check_entry(
+    where: str, table: TableEntry, tier_name: Any, entry: Any, rank: int, manifest: Manifest
+) -> None:
+    what, group0 = f"{where}: table {table.name!r} tier {_show(tier_name)}", manifest.groups[0]
     if not isinstance(tier_name, str) or tier_name not in [t.label for t in Tier]:
         raise CheckpointError(f"{what}: not a tier (hot, warm, cold)")
     if (tier_name == Tier.HOT.label and rank != 0) or (tier_name == Tier.WARM.label and rank not in group0):
         raise CheckpointError(f"{what}: rank {rank}'s file never holds these rows")
-    if not isinstance(entry, dict) or set(entry) != {"ids", "weights", "state"}:
-        raise CheckpointError(f"{what}: expected ids, weights and state")
-    ids, weights, state = entry["ids"], entry["weights"], entry["state"]
+    state_key = "states" if manifest.schema == SCHEMA else "state"
+    if not isinstance(entry, dict) or set(entry) != {"ids", "weights", state_key}:
+        raise CheckpointError(f"{what}: expected ids, weights and {state_key}")
+    ids, weights = entry["ids"], entry["weights"]
     if not _is_tensor(ids, torch.int64, 1):
         raise CheckpointError(f"{what}: ids are not a 1-D int64 tensor")
     n = int(ids.shape[0])
     if not _is_tensor(weights, torch.float32, 2) or tuple(weights.shape) != (n, table.dim):
         raise CheckpointError(f"{what}: weights are not float32 [{n}, {table.dim}]")
-    if not _is_tensor(state, torch.float32, 1) or tuple(state.shape) != (n,):
-        raise CheckpointError(f"{what}: optimizer state is not float32 [{n}]")
+    if manifest.schema == SCHEMA_2:
+        shapes, states = {"state": ()}, {"state": entry["state"]}
+    else:
+        shapes, states = row_optimizer(manifest.optimizer).state_shapes(table.dim), entry["states"]
+    if not isinstance(states, dict) or set(states) != set(shapes):
+        raise CheckpointError(f"{what}: optimizer states are not {sorted(shapes)} ({manifest.optimizer})")
+    for name, shape in shapes.items():
+        s = states[name]
+        if not _is_tensor(s, torch.float32, 1 + len(shape)) or tuple(s.shape) != (n, *shape):
+            raise CheckpointError(f"{what}: optimizer state {name!r} is not float32 {[n, *shape]}")
     if n and (int(ids.min()) < 0 or int(ids.max()) >= table.num_rows):
         raise CheckpointError(
             f"{what}: ids {int(ids.min())}..{int(ids.max())} outside the table's 0..{table.num_rows - 1}"

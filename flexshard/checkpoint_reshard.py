@@ -129,7 +129,7 @@ def _copy_from(payload: dict[str, Any], where: str, module: ShardedSequenceEmbed
             raise CheckpointError(f"{where}: table {table!r} is not one of {module.table_names}")
         t = module.table_names.index(table)
         for entry in tiers.values():
-            ids, w, s = entry["ids"].numpy(), entry["weights"], entry["state"]
+            ids, w, states = entry["ids"].numpy(), entry["weights"], entry["states"]
             for start in range(0, ids.size, CHUNK_IDS):  # one pass per chunk of ids
                 src, tier, slot, twice = held[t].place(ids[start : start + CHUNK_IDS])
                 if twice >= 0:
@@ -142,7 +142,8 @@ def _copy_from(payload: dict[str, Any], where: str, module: ShardedSequenceEmbed
                     slots = torch.from_numpy(slot[sel]).to(dev)
                     shard = module.shards[(t, kind)]
                     shard.weights.index_copy_(0, slots, w.index_select(0, rows).to(dev))
-                    shard.state.index_copy_(0, slots, s.index_select(0, rows).to(dev))
+                    for n, s in states.items():
+                        shard.states[n].index_copy_(0, slots, s.index_select(0, rows).to(dev))
 
 
 def load_resharded(
@@ -182,6 +183,7 @@ def load_resharded(
         error = str(e)
     _agree(error, module.device)
     module.zero_grad()
+    module.optimizer_step = manifest.optimizer_step
     return manifest.step
 
 

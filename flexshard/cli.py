@@ -27,8 +27,10 @@ from flexshard.cli_stats import cmd_stats
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report, plan_shape, tradeoffs
+from flexshard.runtime.optimizers import OPTIMIZER_CHOICES
 from flexshard.simulate_headline import LEGEND, baseline_keys, headline
 from flexshard.step_report import GROUP_DEDUP, plan_step_lines, step_record, step_table, tier_savings
+from flexshard.training.planning import priced_for
 from flexshard.workloads.readers import FORMATS
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import STRATEGIES, budget_bytes, make_plan
@@ -172,6 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     pl.add_argument("--no-dedup", action="store_true", help="model no per-rank id dedup (default: dedup on)")
+    pl.add_argument(
+        "--optimizer",
+        choices=OPTIMIZER_CHOICES,
+        help="price the state of this row optimizer (train --optimizer): sgd 0 bytes per row, "
+        "rowwise_adagrad (or adagrad) 4, elementwise_adagrad 4 x dim, adam 8 x dim (default: the "
+        "workload's own optimizer_bytes_per_row)",
+    )
     pl.add_argument("--out", help="plan file to write (JSON; default: none, the report only)")
     pl.add_argument("--json", action="store_true", help="print the plan document instead of the report")
 
@@ -241,6 +250,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         check_writable(args.out, "--out", [("--workload", args.workload), ("--topology", args.topology)])
     workload, orders, vocab = _workload(args)
+    if args.optimizer:
+        workload = priced_for(workload, args.optimizer)
     view = cluster_view(load_topology(args.topology))
     budget = budget_bytes(workload, view, args.budget)
     with Progress(1, "plan") as bar:

@@ -134,17 +134,37 @@ def batch_logits(
     return model(padded, mask, cand, user)
 
 
-class DenseOptimizer:
-    """Element-wise SGD or Adagrad on the dense (replicated) parameters, with ``torch.optim``'s math
-    (Adagrad: ``sum += g * g; p -= lr * g / (sqrt(sum) + eps)``, no decay) but without constructing a
-    ``torch.optim.Optimizer``, which imports ``torch._dynamo`` (seconds per process)."""
+DENSE_KINDS = {"sgd": "sgd", "rowwise_adagrad": "adagrad", "elementwise_adagrad": "adagrad", "adam": "adam"}
 
-    def __init__(self, params, kind: str, lr: float, eps: float = 1e-10) -> None:
-        if kind not in ("sgd", "adagrad"):
-            raise ConfigError(f"optimizer: must be 'sgd' or 'adagrad', got {kind!r}")
+
+class DenseOptimizer:
+    """Element-wise SGD, Adagrad or Adam on the dense (replicated) parameters, with ``torch.optim``'s math
+    (Adagrad: ``sum += g * g; p -= lr * g / (sqrt(sum) + eps)``; Adam: ``torch.optim.Adam``'s
+    ``m = lerp(m, g, 1 - b1)``, ``v = b2 v + (1 - b2) g^2``, ``p -= lr / (1 - b1^t) * m /
+    (sqrt(v) / sqrt(1 - b2^t) + eps)``; no decay) but without constructing a ``torch.optim.Optimizer``,
+    which imports ``torch._dynamo`` (seconds per process). ``kind``: an embedding optimizer's name
+    (:data:`DENSE_KINDS`: both Adagrads take Adagrad here; ``adagrad`` is ``rowwise_adagrad``'s alias) or
+    ``adagrad``. ``eps``: None for torch's default (1e-10 Adagrad, 1e-8 Adam)."""
+
+    def __init__(
+        self,
+        params,
+        kind: str,
+        lr: float,
+        eps: float | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+    ) -> None:
+        if kind not in DENSE_KINDS and kind != "adagrad":
+            raise ConfigError(f"optimizer: must be one of {', '.join(DENSE_KINDS)}, adagrad, got {kind!r}")
         self.params = list(params)
-        self.kind, self.lr, self.eps = kind, float(lr), float(eps)
-        self.sums = [torch.zeros_like(p) for p in self.params] if kind == "adagrad" else []
+        self.kind = DENSE_KINDS.get(kind, kind)
+        self.lr, self.betas = float(lr), (float(betas[0]), float(betas[1]))
+        self.eps = float(eps if eps is not None else 1e-8 if self.kind == "adam" else 1e-10)
+        self.sums = [torch.zeros_like(p) for p in self.params] if self.kind == "adagrad" else []
+        self.moments = (
+            [torch.zeros_like(p) for p in self.params for _ in range(2)] if self.kind == "adam" else []
+        )  # m, v of each parameter in turn
+        self.t = 0
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -152,22 +172,33 @@ class DenseOptimizer:
 
     @torch.no_grad()
     def step(self) -> None:
+        self.t += 1
+        b1, b2 = self.betas
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
             if self.kind == "sgd":
                 p.add_(p.grad, alpha=-self.lr)
-            else:
+            elif self.kind == "adagrad":
                 self.sums[i].addcmul_(p.grad, p.grad, value=1)
                 p.addcdiv_(p.grad, self.sums[i].sqrt().add_(self.eps), value=-self.lr)
+            else:
+                m, v = self.moments[2 * i], self.moments[2 * i + 1]
+                m.lerp_(p.grad, 1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                denom = (v.sqrt() / math.sqrt(1 - b2**self.t)).add_(self.eps)
+                p.addcdiv_(m, denom, value=-self.lr / (1 - b1**self.t))
 
     def state_dict(self) -> dict:
-        return {
+        state = {
             "kind": self.kind,
             "lr": self.lr,
             "eps": self.eps,
             "sums": [s.detach().cpu().clone() for s in self.sums],
         }
+        if self.kind == "adam":
+            state.update(moments=[s.detach().cpu().clone() for s in self.moments], step=self.t)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("kind") != self.kind or len(state.get("sums", [])) != len(self.sums):
@@ -175,7 +206,18 @@ class DenseOptimizer:
                 f"dense optimizer state is for {state.get('kind')!r} with {len(state.get('sums', []))} "
                 f"accumulators, this optimizer is {self.kind!r} with {len(self.sums)}"
             )
-        for k, (s, saved) in enumerate(zip(self.sums, state["sums"], strict=True)):
+        if self.kind == "adam":
+            step = state.get("step")
+            if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise CheckpointError(f"dense optimizer state: step {step!r} is not a count")
+            self.t = step
+        saved_all = list(state["sums"]) + list(state.get("moments", []) if self.kind == "adam" else [])
+        mine = self.sums + self.moments
+        if len(saved_all) != len(mine):
+            raise CheckpointError(
+                f"dense optimizer state: {len(saved_all)} tensors, this optimizer has {len(mine)}"
+            )
+        for k, (s, saved) in enumerate(zip(mine, saved_all, strict=True)):
             if not isinstance(saved, torch.Tensor) or saved.shape != s.shape:
                 raise CheckpointError(
                     f"dense optimizer state: accumulator {k} is not a tensor of shape {list(s.shape)}"

@@ -9,7 +9,8 @@
   wire dtype; ``awaitable``: the stages' awaitable results; ``collective_count``: counting a step's
   collectives;
 * ``replicas``: the sync phase (touched mask, hot and warm gradients bucketed per level); ``shards``: the
-  rows a rank holds and their optimizer;
+  rows a rank holds and their optimizer state; ``optimizers``: the row optimizers (sgd, rowwise_adagrad,
+  elementwise_adagrad, adam: fbgemm's arithmetic) and their state per row;
 * ``routing``: tier, owner and slot of every row id (exact and compact layouts);
 * ``groups``: the process groups of a plan; ``initializer``: rows built identically on every rank;
 * ``agreement``: errors agreed over the ranks; ``local``: spawn several local ranks (tests, experiments).
@@ -18,6 +19,7 @@
 from flexshard.runtime.features import features_from_kjt, to_padded
 from flexshard.runtime.groups import ProcessGroups, make_process_groups
 from flexshard.runtime.initializer import seeded_initializer
+from flexshard.runtime.optimizers import OPTIMIZER_CHOICES, OPTIMIZERS, Hyper, RowOptimizer, row_optimizer
 from flexshard.runtime.routing import (
     LAYOUTS,
     CompactTableRouting,
@@ -28,11 +30,14 @@ from flexshard.runtime.routing import (
     deal,
 )
 from flexshard.runtime.sharded import ShardedSequenceEmbedding
-from flexshard.runtime.shards import OPTIMIZERS, Shard
+from flexshard.runtime.shards import Shard
 
 __all__ = [
     "LAYOUTS",
     "OPTIMIZERS",
+    "OPTIMIZER_CHOICES",
+    "Hyper",
+    "RowOptimizer",
     "CompactTableRouting",
     "ProcessGroups",
     "Shard",
@@ -44,6 +49,7 @@ __all__ = [
     "deal",
     "features_from_kjt",
     "make_process_groups",
+    "row_optimizer",
     "seeded_initializer",
     "to_padded",
 ]

@@ -54,7 +54,7 @@ TIERS = (Tier.HOT, Tier.WARM, Tier.COLD)
 def _row_states(shard: RowShard) -> dict[str, torch.Tensor]:
     """The optimizer state tensors of ``shard``'s rows by TorchRec state name, each with a leading rows
     dimension (the one accessor of optimizer state here)."""
-    return {"momentum1": shard.state}
+    return dict(shard.states)
 
 
 def weight_key(table: str, prefix: str = "") -> str:

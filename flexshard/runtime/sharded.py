@@ -46,7 +46,7 @@ import torch.distributed as dist
 
 from core.errors import ConfigError, PlanMismatchError, agreed
 from core.traffic import Traffic
-from core.vocabulary import Component, FetchMode, LinkClass, Tier, WireDtype
+from core.vocabulary import Component, FetchMode, LinkClass, SyncMode, Tier, WireDtype
 from flexshard.contract import tables_mismatch, world_mismatch
 from flexshard.plan_file import PlanFile
 from flexshard.runtime import dcp_state
@@ -58,6 +58,7 @@ from flexshard.runtime.groups import ProcessGroups, make_process_groups
 from flexshard.runtime.initializer import Initializer, seeded_initializer
 from flexshard.runtime.input_dist import PendingInput, Prepared
 from flexshard.runtime.lookups import TableLookup, local_lookups
+from flexshard.runtime.optimizers import Hyper, canonical, row_optimizer
 from flexshard.runtime.replicas import ReplicaSync
 from flexshard.runtime.routing import (
     LAYOUTS,
@@ -66,7 +67,7 @@ from flexshard.runtime.routing import (
     build_compact_routing,
     build_routing,
 )
-from flexshard.runtime.shards import OPTIMIZERS, Shard
+from flexshard.runtime.shards import Shard
 
 
 class _Lookup(torch.autograd.Function):
@@ -99,6 +100,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     ``wire_dtype``: ``"fp32"``, ``"bf16"`` or ``"fp16"``; None follows the plan, another value than the
     plan's is refused (the plan priced its bytes at its own). ``timeout_s``: how long a collective on the
     module's subgroups waits for a peer before it fails (None: torch's default; pass the job's).
+    ``optimizer``: a name of :mod:`flexshard.runtime.optimizers` (``adagrad`` is ``rowwise_adagrad``),
+    with ``lr``, ``eps`` and ``betas`` (Adam's; no weight decay); :attr:`optimizer_step` counts
+    :meth:`step` calls (Adam's bias-correction ``t``), the same on every rank.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         optimizer: str = "sgd",
         lr: float = 0.01,
         eps: float = 1e-8,
+        betas: tuple[float, float] = (0.9, 0.999),
         period: int | None = None,
         device: torch.device | str | None = None,
         layout: str = "exact",
@@ -122,6 +127,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.device = _device(device)
         self.world_size, self.rank = dist.get_world_size(), dist.get_rank()
         self.optimizer, self.lr, self.eps = optimizer, float(lr), float(eps)
+        self.betas = (float(betas[0]), float(betas[1]))
+        self.optimizer_step = 0  # step() calls so far: Adam's t, kept identical on every rank
         self.plan_file = plan_file
         self.dedup, self.sync, self.wire_dtype = (
             plan_file.plan.dedup,
@@ -132,6 +139,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.dims = [int(t[2]) for t in tables]
         self.layout = layout
         self._agree(ConfigError, self._option_problem() or self._wire_problem(wire_dtype))
+        self.optimizer = canonical(optimizer)
+        self.row_optimizer = row_optimizer(optimizer)
         self._agree(
             PlanMismatchError,
             world_mismatch(plan_file, self.world_size) or tables_mismatch(plan_file, tables, orders),
@@ -175,11 +184,26 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.traffic = Traffic.zeros()  # this iteration's bytes
         self.traffic_total = Traffic.zeros()  # bytes of every completed step
 
+    @property
+    def hyper(self) -> Hyper:
+        """The optimizer's hyper-parameters as set now (``lr`` may be changed between steps)."""
+        return Hyper(self.lr, self.eps, *self.betas)
+
     # --- setup ----------------------------------------------------------------------------------
 
     def _option_problem(self) -> str:
-        if self.optimizer not in OPTIMIZERS:
-            return f"optimizer: must be one of {OPTIMIZERS}, got {self.optimizer!r}"
+        try:
+            canonical(self.optimizer)
+        except ConfigError as e:
+            return str(e)
+        if self.hyper.problem():
+            return self.hyper.problem()
+        if self.sync is SyncMode.DENSE and row_optimizer(self.optimizer).zero_gradient_moves:
+            return (
+                f"optimizer: {canonical(self.optimizer)} needs the plan's sync 'sparse' (dense sync updates "
+                "every replicated row, and this optimizer moves rows without gradient); make the plan with "
+                "--sync sparse, or run it with PlanFile.with_overrides(sync='sparse')"
+            )
         if self.layout not in LAYOUTS:
             return f"layout: must be one of {LAYOUTS}, got {self.layout!r}"
         bad = [(n, d) for n, d in zip(self.table_names, self.dims, strict=True) if d <= 0]
@@ -220,7 +244,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
                         f"table {name!r}: initializer returned shape {tuple(w.shape)} for {ids.size} rows, "
                         f"expected {(ids.size, self.dims[t])}"
                     )
-                shards[(t, tier)] = Shard.of(ids, w.to(device=self.device, dtype=torch.float32).contiguous())
+                w = w.to(device=self.device, dtype=torch.float32).contiguous()
+                shards[(t, tier)] = Shard.of(ids, w, self.row_optimizer)
         return shards
 
     # --- forward -----------------------------------------------------------------------------------
@@ -318,10 +343,12 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     def step(self) -> None:
         """Synchronise replica gradients (the ``sync`` phase,
         :class:`~flexshard.runtime.replicas.ReplicaSync`), apply the optimizer to rows that received
-        gradient, zero the gradients. Collective."""
+        gradient (as iteration ``optimizer_step + 1``), zero the gradients. Collective."""
         self.replica_sync.step(self.traffic)
+        self.optimizer_step += 1
+        hyper = self.hyper
         for shard in self.shards.values():
-            shard.apply(self.optimizer, self.lr, self.eps)
+            shard.apply(self.row_optimizer, hyper, self.optimizer_step)
         self.traffic_total += self.traffic
 
     # --- inspection ------------------------------------------------------------------------------
@@ -348,10 +375,14 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         (saved at any world size and plan). Collective."""
         dcp_state.load_dcp_state_dict(self, state_dict, prefix)
 
-    def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
-        """``{(table, tier): (ids, weights, optimizer state)}`` this rank holds, rows in slot order."""
+    def shard_rows(self) -> dict[tuple[str, str], tuple[np.ndarray, torch.Tensor, dict[str, torch.Tensor]]]:
+        """``{(table, tier): (ids, weights, {state name: state})}`` this rank holds, rows in slot order."""
         return {
-            (self.table_names[t], tier.label): (s.ids, s.weights.detach().cpu(), s.state.cpu())
+            (self.table_names[t], tier.label): (
+                s.ids,
+                s.weights.detach().cpu(),
+                {n: v.cpu() for n, v in s.states.items()},
+            )
             for (t, tier), s in self.shards.items()
         }
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-OPTIMIZERS = ("sgd", "adagrad")  # row-wise: one learning rate; Adagrad keeps one accumulator per row
+from flexshard.runtime.optimizers import OPTIMIZERS, Hyper, RowOptimizer
+
+__all__ = ["OPTIMIZERS", "Shard"]
 
 
 @dataclass
@@ -15,22 +17,24 @@ class Shard:
     """The rows of one table in one tier that this rank holds, in slot order.
 
     ``grads`` and ``touched`` collect this step's gradient (summed over every lookup, from every rank)
-    until :meth:`apply` uses and clears them.
+    until :meth:`apply` uses and clears them. ``states``: the optimizer's state of each row, by name
+    (:mod:`flexshard.runtime.optimizers`), each with a leading rows dimension in slot order.
     """
 
     ids: np.ndarray  # int64[rows]: the row ids, slot order
     weights: torch.Tensor  # float32[rows, dim]
-    state: torch.Tensor  # float32[rows]: row-wise Adagrad accumulator (mean of squared gradients, summed)
+    states: dict[str, torch.Tensor]  # name -> float32[rows] or float32[rows, dim]
     grads: torch.Tensor  # float32[rows, dim]
     touched: torch.Tensor  # uint8[rows]: received gradient this step
 
     @classmethod
-    def of(cls, ids: np.ndarray, weights: torch.Tensor) -> Shard:
-        rows = weights.shape[0]
+    def of(cls, ids: np.ndarray, weights: torch.Tensor, optimizer: RowOptimizer) -> Shard:
+        """The rows ``ids`` with ``weights`` and ``optimizer``'s zero state."""
+        rows, dim = weights.shape
         return cls(
             ids,
             weights,
-            torch.zeros(rows, device=weights.device),
+            optimizer.new_states(rows, dim, weights.device),
             torch.zeros_like(weights),
             torch.zeros(rows, dtype=torch.uint8, device=weights.device),
         )
@@ -51,18 +55,17 @@ class Shard:
     def touched_rows(self) -> torch.Tensor:
         return torch.nonzero(self.touched).flatten()
 
-    def apply(self, optimizer: str, lr: float, eps: float) -> None:
-        """Row-wise SGD or Adagrad on the touched rows, then clear their gradients and marks."""
+    def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
+        """``optimizer``'s update of the touched rows (``step``: the module's iteration, from 1), then
+        clear their gradients and marks. Vectorised over the touched rows."""
         rows = self.touched_rows()
         if rows.numel():
             g = self.grads.index_select(0, rows)
-            w = self.weights
-            if optimizer == "sgd":
-                w.index_copy_(0, rows, w.index_select(0, rows) - lr * g)
-            else:
-                s_rows = self.state.index_select(0, rows) + g.pow(2).mean(dim=1)
-                self.state.index_copy_(0, rows, s_rows)
-                w.index_copy_(0, rows, w.index_select(0, rows) - lr * g / (s_rows.sqrt().unsqueeze(1) + eps))
+            before = {n: s.index_select(0, rows) for n, s in self.states.items()}
+            w, after = optimizer.update(self.weights.index_select(0, rows), before, g, hyper, step)
+            self.weights.index_copy_(0, rows, w)
+            for n, s in after.items():
+                self.states[n].index_copy_(0, rows, s)
             self.grads.index_fill_(0, rows, 0.0)  # gradients are non-zero only on touched rows
         self.touched.zero_()
 

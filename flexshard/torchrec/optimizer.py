@@ -29,8 +29,8 @@ class FlexShardFusedOptimizer(FusedOptimizer):
         params, state = {}, {}
         for (t, tier), shard in embedding.shards.items():
             params[f"{embedding.table_names[t]}.{tier.label}"] = shard.weights
-            if embedding.optimizer == "adagrad":
-                state[shard.weights] = {"momentum1": shard.state}
+            if shard.states:  # fbgemm's names: momentum1 (and Adam's momentum2)
+                state[shard.weights] = dict(shard.states)
         group = {"params": list(params.values()), "lr": embedding.lr, "eps": embedding.eps}
         super().__init__(params, state, [group])
 

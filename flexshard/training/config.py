@@ -18,7 +18,8 @@ from core.vocabulary import SamplePlacement, SyncMode, WireDtype
 from flexshard.cli_common import Parser
 from flexshard.logs import DEFAULT_LOG_LEVEL, LOG_LEVEL_HELP, LOG_LEVELS
 from flexshard.model import OBJECTIVES
-from flexshard.runtime import LAYOUTS, OPTIMIZERS
+from flexshard.runtime import LAYOUTS, OPTIMIZER_CHOICES
+from flexshard.runtime.optimizers import canonical
 from flexshard.training.distributed import DEFAULT_TIMEOUT_S
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, DEFAULT_NEGATIVES, DEFAULT_WINDOW
 from solvers.planner import STRATEGIES
@@ -81,7 +82,15 @@ class TrainConfig:
         metadata=_flag(f"samples per rank and step (default: the plan's, else {DEFAULT_BATCH_SIZE_PER_GPU})"),
     )
     lr: float = field(default=0.05, metadata=_flag("learning rate, embeddings and dense"))
-    optimizer: str = field(default="adagrad", metadata=_flag("row-wise optimizer", choices=OPTIMIZERS))
+    optimizer: str = field(
+        default="rowwise_adagrad",
+        metadata=_flag(
+            "embedding row optimizer, fbgemm's arithmetic: sgd (EXACT_SGD), rowwise_adagrad "
+            "(EXACT_ROWWISE_ADAGRAD; 'adagrad' is its older name), elementwise_adagrad (EXACT_ADAGRAD), adam "
+            "(ADAM, betas 0.9 and 0.999, eps 1e-8); the dense model takes torch's SGD, Adagrad or Adam",
+            choices=OPTIMIZER_CHOICES,
+        ),
+    )
     dedup: bool | None = field(
         default=None,
         metadata=_flag(
@@ -210,6 +219,10 @@ class TrainConfig:
             raise ConfigError("--vocab needs --data (it maps the string ids of a data file)")
         if (self.user_col or self.item_col or self.time_col or self.count_col) and not self.data:
             raise ConfigError("--user-col/--item-col/--time-col/--count-col need --data")
+        try:
+            object.__setattr__(self, "optimizer", canonical(self.optimizer))  # 'adagrad' -> 'rowwise_adagrad'
+        except ConfigError as e:
+            raise ConfigError(f"--{e}") from None
         if self.override_plan and not self.plan:
             raise ConfigError("--override-plan needs --plan (without a plan there is nothing to override)")
 

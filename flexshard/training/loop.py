@@ -51,7 +51,7 @@ from flexshard.training.distributed import Phase, allreduce_dense_grads, device
 from flexshard.training.limits import check_step_memory
 from flexshard.training.pipeline import InputPipeline
 from flexshard.training.planning import batch_size, check_plan, check_vocabulary, model_dim, plan_on_the_fly
-from flexshard.training.reference import Reference
+from flexshard.training.reference import Reference, pack
 from flexshard.training.resume import claim_directory, fallback_hint, identity_mismatch, prune, run_identity
 from flexshard.training.summary import RunSummary
 from flexshard.training.verify import Verifier, describe_tolerance
@@ -375,9 +375,13 @@ def _reference(config, source, module, dense, resumed_from, dev) -> Reference:
     """The unsharded reference, from the checkpoint resumed from or from the same initializer."""
     if resumed_from is not None:
         full = checkpoint.load_full(resumed_from)
-        weights, state = full.weights, full.state
+        weights, states = full.weights, full.states
     else:
         init = seeded_initializer(config.seed)
         weights = {n: init(n, np.arange(r), d) for n, r, d in source.tables}
-        state = {n: torch.zeros(r) for n, r, _d in source.tables}
-    return Reference(weights, state, dense, config.optimizer, config.lr, module.eps, source.user_table, dev)
+        states = {n: module.row_optimizer.new_states(r, d, "cpu") for n, r, d in source.tables}
+    opt = module.row_optimizer
+    state = {n: pack(opt, s, weights[n].shape[0]) for n, s in states.items()}  # one tensor per table
+    return Reference(
+        weights, state, dense, config.optimizer, config.lr, module.eps, source.user_table, dev, module.betas
+    )

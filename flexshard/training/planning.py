@@ -9,13 +9,16 @@ resumed at another world size with the old world's plan stops with a line that s
 Without ``--plan``, rank 0 plans the source's workload with ``--strategy`` on ``--groups`` emulated
 NVLink groups of consecutive ranks, priced as H100-class hosts (the ``h100:<groups>x<ranks per group>``
 topology preset: NVSwitch and one 400 Gb/s NIC per GPU) at ``--budget`` times row-wise memory, and
-broadcasts the plan document.
+broadcasts the plan document. Either way the plan must price the state of ``--optimizer``
+(:func:`priced_for`: 0 bytes per row for sgd, 4 for rowwise_adagrad, 4 x dim for elementwise_adagrad,
+8 x dim for adam); a ``--plan`` that priced less is refused unless ``--override-plan``.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch.distributed as dist
@@ -24,10 +27,12 @@ from core.errors import InputError, PlanMismatchError, PlannerError, agreed
 from core.ranks import RankLayout
 from flexshard.contract import sampling_mismatch, settings_mismatch, show_setting, world_mismatch
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
+from flexshard.runtime.optimizers import state_bytes_per_row
 from flexshard.training.config import DEFAULT_DIM, TrainConfig
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, Vocabulary, fingerprint
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import budget_bytes, make_plan
+from solvers.types import Workload
 from topology.presets import h100_cluster
 from topology.views import cluster_view
 
@@ -71,6 +76,11 @@ def check_plan(
             f"--plan: {message}; --resume re-deals the checkpoint to a plan for {world} ranks, or to the "
             "plan made on the fly without --plan"
         )
+    message = state_mismatch(plan_file, config.optimizer)
+    if message and not config.override_plan:
+        raise PlanMismatchError(message)
+    if message:
+        notes.append(f"override: {message.split(';')[0]}")
     if config.groups is not None:
         message = world_mismatch(plan_file, world, RankLayout.consecutive(world, config.groups, "--groups"))
         if message:
@@ -108,12 +118,34 @@ def check_vocabulary(plan_file: PlanFile, vocabulary: Vocabulary | None) -> None
         )
 
 
+def priced_for(workload: Workload, optimizer: str) -> Workload:
+    """``workload`` with every table's optimizer state priced for ``optimizer`` (bytes per row)."""
+    tables = tuple(
+        replace(t, optimizer_bytes_per_row=state_bytes_per_row(optimizer, t.dim)) for t in workload.tables
+    )
+    return replace(workload, tables=tables)
+
+
+def state_mismatch(plan_file: PlanFile, optimizer: str) -> str:
+    """'' when the plan priced at least ``optimizer``'s state for every table, else one line saying which
+    table it underpriced (its memory budget would not hold the state)."""
+    for t in plan_file.tables:
+        need = state_bytes_per_row(optimizer, t.dim)
+        if t.optimizer_bytes_per_row < need:
+            return (
+                f"--plan priced table {t.name!r} with {t.optimizer_bytes_per_row} optimizer bytes per row, "
+                f"--optimizer {optimizer} keeps {need}; make the plan with flexshard plan --optimizer "
+                f"{optimizer} (or run it anyway with --override-plan)"
+            )
+    return ""
+
+
 def plan_on_the_fly(config: TrainConfig, source, world: int, rank: int) -> PlanFile:
     """Plan on rank 0 and broadcast the plan document; every rank reads it back (collective)."""
     layout = RankLayout.consecutive(world, config.groups or 1, "--groups")
 
     def document() -> dict:
-        workload = source.workload()
+        workload = priced_for(source.workload(), config.optimizer)
         view = cluster_view(h100_cluster(layout.num_groups, world // layout.num_groups))
         planned = make_plan(
             config.strategy or "flexshard",

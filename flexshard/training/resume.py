@@ -62,7 +62,7 @@ def identity_mismatch(path: Path, saved: dict[str, str] | None, current: dict[st
         return ""  # saved before checkpoints recorded their run: nothing to compare
     resized = saved.get("world") != current.get("world")
     for key, value in current.items():
-        if saved.get(key) != value and not (resized and key in RESIZABLE):
+        if _named(saved.get(key)) != _named(value) and not (resized and key in RESIZABLE):
             what = (
                 "another plan: its tiers, owners or hotness orders differ"
                 if key == "plan"
@@ -73,6 +73,12 @@ def identity_mismatch(path: Path, saved: dict[str, str] | None, current: dict[st
                 "start this run in another --checkpoint-dir (or over this one with --overwrite)"
             )
     return ""
+
+
+def _named(value: str | None) -> str | None:
+    """An identity value with row-wise Adagrad's older name ('adagrad, lr ...', the same optimizer) as
+    its canonical one, so runs saved before the rename resume."""
+    return "rowwise_" + value if isinstance(value, str) and value.startswith("adagrad, ") else value
 
 
 _LEFTOVER = re.compile(r"^\.(tmp|old)-step-\d{8,}$")

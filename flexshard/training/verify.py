@@ -13,7 +13,8 @@ One step ``k``:
      equal), and every touched row has a canonical copy;
    * the normwise relative difference (:func:`normwise`) of this rank's logits, of the dense gradient
      (summed over ranks, before torch's optimizer), and of each table's update of the touched rows
-     (weights, and the Adagrad accumulator) is at most :func:`tolerance`;
+     (weights, and the optimizer state: every state of the row packed into one vector,
+     :func:`~flexshard.training.reference.pack`) is at most :func:`tolerance`;
 
 4. the reference takes the canonical rows and the dense parameters: the next step starts from the same
    state, so rounding is judged one step at a time and never compounds. (Training is chaotic: with
@@ -47,7 +48,7 @@ from core.errors import agreed as mark_agreed
 from core.vocabulary import Tier, WireDtype
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
-from flexshard.training.reference import Reference, ReferenceStep
+from flexshard.training.reference import Reference, ReferenceStep, pack
 
 UNIT_ROUNDOFF = {WireDtype.FP32: 2.0**-24, WireDtype.BF16: 2.0**-8, WireDtype.FP16: 2.0**-11}
 TOLERANCE_UNITS = 16.0
@@ -130,7 +131,7 @@ class Verifier:
         """Step ``step``'s checks (``batches``: every rank's; ``dense_grads``: this run's summed dense
         gradients), then the reference takes the run's state. Raises :class:`VerifyError` on every rank."""
         self.step = step
-        ref = self.reference.step(batches)
+        ref = self.reference.step(batches, step)  # t = the training step, not the module's own count
         canon = self._gather_canonical(ref)
         message = self._copies_problem(ref, canon) or self._difference_problem(
             ref, canon, logits, dense_grads
@@ -150,7 +151,8 @@ class Verifier:
         dtype (its share of the allowance x 16), what it was and at which step."""
         rows = self.module.shard_rows()
         message = _unheld_row(rows, self.reference, self.module.device)
-        for (name, tier), (ids, w, s) in rows.items():
+        for (name, tier), (ids, w, states) in rows.items():
+            s = pack(self.module.row_optimizer, states, w.shape[0])
             if message:
                 break
             idx = torch.as_tensor(ids, dtype=torch.int64)
@@ -186,7 +188,7 @@ class Verifier:
         for (t, tier), shard in self.module.shards.items():
             name = self.module.table_names[t]
             if self.canonical[tier] and shard.num_rows:
-                held = _held_rows(shard, ref.rows[name].numpy())
+                held = _held_rows(shard, ref.rows[name].numpy(), self.module.row_optimizer)
                 if held[0].numel():
                     mine.setdefault(name, []).append(held)
         everyone: list = [None] * dist.get_world_size()
@@ -217,7 +219,7 @@ class Verifier:
                 continue  # these rows are the canonical copies themselves
             name = self.module.table_names[t]
             ids, w, s = canon[name]
-            mine, mw, ms = _held_rows(shard, ids.numpy())
+            mine, mw, ms = _held_rows(shard, ids.numpy(), self.module.row_optimizer)
             at = torch.from_numpy(np.searchsorted(ids.numpy(), mine.numpy()))
             row = _first_unequal(mine, (mw, ms), (w[at], s[at]))
             if row is not None:
@@ -262,18 +264,20 @@ class Verifier:
 def _first_unequal(ids: torch.Tensor, got: tuple, want: tuple) -> int | None:
     """The first id whose (weights, state) in ``got`` differ from ``want`` in any bit, or None."""
     (w, s), (want_w, want_s) = got, want
-    bad = ~((w == want_w).all(dim=1) & (s == want_s))
+    same = s == want_s
+    bad = ~((w == want_w).all(dim=1) & (same.flatten(1).all(dim=1) if same.dim() > 1 else same))
     return int(ids[int(torch.nonzero(bad)[0])]) if bool(bad.any()) else None
 
 
-def _held_rows(shard, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rows of ``shard`` whose ids are in ``ids``: (ids, weights, optimizer state) on the CPU."""
+def _held_rows(shard, ids: np.ndarray, optimizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows of ``shard`` whose ids are in ``ids``: (ids, weights, ``optimizer``'s state packed by
+    :func:`~flexshard.training.reference.pack`) on the CPU."""
     hit = np.isin(shard.ids, ids)
     sel = torch.from_numpy(np.nonzero(hit)[0]).to(shard.weights.device)
     return (
         torch.from_numpy(shard.ids[hit]),
         shard.weights.index_select(0, sel).cpu(),
-        shard.state.index_select(0, sel).cpu(),
+        pack(optimizer, {n: s.index_select(0, sel) for n, s in shard.states.items()}, sel.numel()).cpu(),
     )
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.errors import PlanMismatchError
+from core.errors import ConfigError, PlanMismatchError
 from core.ranks import RankLayout
 from core.vocabulary import INDEX_BYTES, FetchMode
 from flexshard.plan_file import OWNER_PATTERN_PERIOD, PlanFile, read_plan, to_dict, write_plan
-from flexshard.runtime import ShardedSequenceEmbedding, complete_order, seeded_initializer
+from flexshard.runtime import ShardedSequenceEmbedding, complete_order
 from flexshard.runtime.local import run_on_ranks
 from solvers.cost_model import evaluate
 from solvers.dealing import interleave_pattern
@@ -248,63 +248,6 @@ def expected_traffic(
 # --- single-process reference ---------------------------------------------------------------------
 
 
-def full_weights() -> dict[str, torch.Tensor]:
-    init = seeded_initializer(SEED)
-    return {name: init(name, np.arange(rows), dim) for name, rows, dim in TABLES}
-
-
-def reference_training(world: int, steps: int, optimizer: str, lr: float = 0.05, eps: float = 1e-8):
-    """Single process: the same weights, all ranks' batches, loss = sum over ranks."""
-    w = full_weights()
-    s = {n: torch.zeros(t.shape[0]) for n, t in w.items()}
-    for step in range(steps):
-        for name, rows, dim in TABLES:
-            g = torch.zeros(rows, dim)
-            touched = torch.zeros(rows, dtype=torch.bool)
-            for r in range(world):
-                feats = random_batch(SEED, step, r)
-                g.index_add_(0, feats[name][0], loss_weights(SEED, step, r, feats)[name])
-                touched[feats[name][0]] = True
-            rows_t = torch.nonzero(touched).flatten()
-            if optimizer == "sgd":
-                w[name][rows_t] -= lr * g[rows_t]
-            else:
-                s[name][rows_t] += g[rows_t].pow(2).mean(1)
-                w[name][rows_t] -= lr * g[rows_t] / (s[name][rows_t].sqrt().unsqueeze(1) + eps)
-    return w, s
-
-
-def check_training(plan_file, results, optimizer: str, steps: int) -> None:
-    world = plan_file.world_size
-    ref_w, ref_s = reference_training(world, steps, optimizer.split("-")[0])
-    positions = {r: p for members in plan_file.groups for p, r in enumerate(members)}
-    held = {
-        (name, tier): np.zeros(rows, dtype=np.int64) for name, rows, _ in TABLES for tier in ("warm", "cold")
-    }
-    for r, res in enumerate(results):
-        for (name, tier), (ids, w, s) in res["train"][optimizer]["rows"].items():
-            ids_t = torch.as_tensor(ids, dtype=torch.int64)
-            torch.testing.assert_close(w, ref_w[name][ids_t], rtol=0, atol=1e-5)
-            torch.testing.assert_close(s, ref_s[name][ids_t], rtol=0, atol=1e-5)
-            if tier != "hot":
-                np.add.at(held[(name, tier)], ids, 1)
-            # replicas bitwise equal: hot on every rank, warm on the ranks at the same position
-            peers = (
-                range(world) if tier == "hot" else [q for q in range(world) if positions[q] == positions[r]]
-            )
-            if tier != "cold":
-                for q in peers:
-                    ids_q, w_q, s_q = results[q]["train"][optimizer]["rows"][(name, tier)]
-                    assert np.array_equal(ids, ids_q) and torch.equal(w, w_q) and torch.equal(s, s_q)
-    tiers = {tp.name: tp for tp in plan_file.plan.tables}
-    routes = owners(plan_file, make_orders())
-    for (name, tier), count in held.items():  # every warm row once per group, every cold row once
-        want = np.where(
-            routes[name][0] == (1 if tier == "warm" else 2), len(plan_file.groups) if tier == "warm" else 1, 0
-        )
-        assert np.array_equal(count, want), (name, tier, tiers[name])
-
-
 # --- the spawned process ---------------------------------------------------------------------------
 
 
@@ -325,6 +268,18 @@ def _train(model, world, rank, steps, seed):
     return traffic
 
 
+# (optimizer, sync) of scenario_main's training runs; keyed "opt" (sparse) or "opt-dense"
+TRAIN_RUNS = (
+    ("sgd", "sparse"),
+    ("adagrad", "sparse"),
+    ("adagrad", "dense"),
+    ("elementwise_adagrad", "sparse"),
+    ("elementwise_adagrad", "dense"),
+    ("adam", "sparse"),
+)
+TRAIN_KEYS = [opt if sync == "sparse" else f"{opt}-{sync}" for opt, sync in TRAIN_RUNS]
+
+
 def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
     orders = make_orders()
     res = {"forward": {}, "train": {}, "errors": {}}
@@ -335,7 +290,7 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
             out = model(feats)
         res["forward"][dedup] = {n: o.detach().cpu().clone() for n, o in out.items()}
         res["padded"] = model.padded(out["b"], feats["b"][1]).cpu()
-    for opt, sync in (("sgd", "sparse"), ("adagrad", "sparse"), ("adagrad", "dense")):
+    for opt, sync in TRAIN_RUNS:
         model = ShardedSequenceEmbedding(
             plan_file.with_overrides(sync=sync), TABLES, orders, init=SEED, optimizer=opt, lr=0.05
         )
@@ -391,6 +346,11 @@ def scenario_main(rank: int, world: int, plan_file: PlanFile) -> dict:
             res["errors"][case] = None
         except PlanMismatchError as e:
             res["errors"][case] = str(e)
+    try:  # Adam moves rows without gradient: dense sync (every replicated row updated) is refused
+        ShardedSequenceEmbedding(plan_file.with_overrides(sync="dense"), TABLES, orders, optimizer="adam")
+        res["errors"]["adam dense"] = None
+    except ConfigError as e:
+        res["errors"]["adam dense"] = str(e)
     return res
 
 

@@ -96,13 +96,14 @@ def test_a_checkpoint_reads_back_and_records_its_binding(saved):
     assert manifest.path == saved / "step-00000002" and manifest.step == 2
     doc = _manifest_doc(manifest.path)
     content = (manifest.path / "rank0.pt").read_bytes()
-    assert doc["schema"] == "flexshard-checkpoint/2"
+    assert doc["schema"] == "flexshard-checkpoint/3"
+    assert (doc["optimizer"], doc["optimizer_step"]) == ("rowwise_adagrad", 2)
     assert doc["files"] == [
         {"name": "rank0.pt", "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
     ]
     payload = read_rank_file(manifest, 0)
     assert (payload["format"], payload["rank"], payload["step"], payload["layout"]) == (
-        "flexshard-checkpoint/2", 0, 2, manifest.layout,
+        "flexshard-checkpoint/3", 0, 2, manifest.layout,
     )  # fmt: skip
     assert payload["run"] == hashlib.sha256(json.dumps(manifest.run, sort_keys=True).encode()).hexdigest()
     assert manifest.document() == doc  # what was read is what is written
@@ -177,8 +178,8 @@ def test_the_reproductions_of_the_issue(saved, tmp_path):
     _write_manifest(other, doc)
     assert _refused(other) == (
         f"checkpoint {str(other)!r}: manifest.json: schema 'flexshard-checkpoint/1' is from another "
-        "FlexShard version (this one reads 'flexshard-checkpoint/2', whose manifest records every rank "
-        "file's hash); start a fresh run (here: --overwrite)"
+        "FlexShard version (this one reads 'flexshard-checkpoint/3' and 'flexshard-checkpoint/2', whose "
+        "manifests record every rank file's hash); start a fresh run (here: --overwrite)"
     )
 
 
@@ -219,7 +220,11 @@ def _payload_mutations(payload: dict, manifest: Manifest) -> list:
         mutated(lambda p: p["rows"].update({table: []})),
         mutated(lambda p: p["rows"][table].update(lukewarm=entry(p))),
         mutated(lambda p: p["rows"][table].update({tier: []})),
-        mutated(lambda p: entry(p).pop("state")),
+        mutated(lambda p: entry(p).pop("states")),
+        mutated(lambda p: entry(p).update(states={})),
+        mutated(lambda p: entry(p).update(states=entry(p)["states"]["momentum1"])),
+        mutated(lambda p: entry(p)["states"].update(momentum2=entry(p)["states"]["momentum1"])),
+        mutated(lambda p: entry(p).update(state=entry(p).pop("states")["momentum1"])),  # schema 2's key
         mutated(lambda p: entry(p).update(extra=torch.zeros(1))),
         mutated(lambda p: entry(p).update(ids=entry(p)["ids"].to(torch.int32))),
         mutated(lambda p: entry(p).update(ids=entry(p)["ids"].reshape(-1, 1))),
@@ -231,9 +236,10 @@ def _payload_mutations(payload: dict, manifest: Manifest) -> list:
         mutated(lambda p: entry(p).update(weights=entry(p)["weights"][:, :-1])),
         mutated(lambda p: entry(p).update(weights=entry(p)["weights"][:-1])),
         mutated(lambda p: entry(p).update(weights=entry(p)["weights"].to_sparse())),
-        mutated(lambda p: entry(p).update(state=entry(p)["state"].half())),
-        mutated(lambda p: entry(p).update(state=entry(p)["state"][:-1])),
-        mutated(lambda p: entry(p).update(state=np.zeros(3))),
+        mutated(lambda p: entry(p)["states"].update(momentum1=entry(p)["states"]["momentum1"].half())),
+        mutated(lambda p: entry(p)["states"].update(momentum1=entry(p)["states"]["momentum1"][:-1])),
+        mutated(lambda p: entry(p)["states"].update(momentum1=entry(p)["weights"])),  # per element
+        mutated(lambda p: entry(p)["states"].update(momentum1=np.zeros(3))),
         mutated(lambda p: p.pop("dense")),
         mutated(lambda p: p.update(dense={"w": 1.0})),
         mutated(lambda p: p.update(dense_optimizer=[1])),
@@ -334,8 +340,9 @@ def test_fuzz_every_malformed_file_is_one_checkpoint_error(saved, tmp_path):
         for value in odd:
             doc = copy.deepcopy(real_doc)
             doc[key] = value
-            if doc == real_doc or (key == "run" and value is None) or (key == "optimizer" and value == "x"):
-                continue  # the same document; a run of none, an optimizer's name: checked against the job
+            count = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if doc == real_doc or (key == "run" and value is None) or (key == "optimizer_step" and count):
+                continue  # the same document; a run of none; another iteration count (a count is valid)
             _write_manifest(folder, doc)
             check()
     for value in odd:  # inside the entries of tables and files

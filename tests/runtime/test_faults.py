@@ -80,7 +80,8 @@ def _wait_for_checkpoint(ckpt: Path, step: int, timeout_s: float = 120.0) -> Non
 
 def _assert_same_state(got, expected) -> None:
     for name, w in expected.weights.items():
-        assert torch.equal(got.weights[name], w) and torch.equal(got.state[name], expected.state[name])
+        assert torch.equal(got.weights[name], w) and got.states[name].keys() == expected.states[name].keys()
+        assert all(torch.equal(got.states[name][k], s) for k, s in expected.states[name].items())
     for key, value in expected.dense.items():
         assert torch.equal(got.dense[key], value)
 

@@ -18,12 +18,11 @@ from runtime_workers import (
     FETCH_VARIANTS,
     SEED,
     TABLES,
+    TRAIN_KEYS,
     WARM_BY_POSITION,
     WARM_SHARE_4,
     balanced_batch,
-    check_training,
     expected_traffic,
-    full_weights,
     make_orders,
     owners,
     random_batch,
@@ -34,6 +33,7 @@ from runtime_workers import (
     write_test_plan,
 )
 from torch.nn.functional import embedding
+from training_reference import check_training, full_weights
 
 from core.ranks import RankLayout
 from core.vocabulary import FLOAT32_BYTES, Component, FetchMode, LinkClass, SyncMode
@@ -97,7 +97,7 @@ def test_forward_equals_unsharded_embedding(four, dedup):
         check_forward(res["forward"][dedup], r)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adagrad-dense"])
+@pytest.mark.parametrize("optimizer", TRAIN_KEYS)
 def test_training_matches_single_process_reference(four, optimizer):
     plan_file, results = four
     check_training(plan_file, results, optimizer, steps=3)

@@ -80,7 +80,10 @@ def resized(tmp_path_factory):
     again = torch.load(twice / step3 / "rank0.pt", weights_only=True)["rows"]["item"]["cold"]
     payload = torch.load(twice / step3 / "rank1.pt", weights_only=True)
     mine = payload["rows"]["item"]["cold"]  # rank 0's cold item rows saved a second time, by rank 1
-    payload["rows"]["item"]["cold"] = {k: torch.cat([mine[k], again[k]]) for k in ("ids", "weights", "state")}
+    payload["rows"]["item"]["cold"] = {k: torch.cat([mine[k], again[k]]) for k in ("ids", "weights")}
+    payload["rows"]["item"]["cold"]["states"] = {
+        k: torch.cat([s, again["states"][k]]) for k, s in mine["states"].items()
+    }
     _rewrite(twice / step3 / "rank1.pt", payload)
     cases = {
         "2x1": (_copy(saved, root, "2x1"), ["--groups", "1"]),
@@ -138,11 +141,13 @@ def test_every_row_and_its_state_equal_the_saved_ones_after_a_resize(resized, ca
             for tier, entry in d["rows"][table].items():
                 ids = entry["ids"]
                 assert torch.equal(entry["weights"], weights[ids]), (case, table, tier, r)  # row for row
-                assert torch.equal(entry["state"], old.state[table][ids]), (case, table, tier, r)
+                assert entry["states"].keys() == old.states[table].keys() == {"momentum1"}
+                for k, s in entry["states"].items():
+                    assert torch.equal(s, old.states[table][k][ids]), (case, table, tier, r, k)
                 if tier == "cold" or (tier == "warm" and r in groups[0]) or (tier == "hot" and r == 0):
                     np.add.at(count, ids.numpy(), 1)
         assert (count == 1).all()  # the new world holds every row (once per copy rule)
-        assert old.state[table].abs().sum() > 0  # Adagrad's state is there to compare
+        assert old.states[table]["momentum1"].abs().sum() > 0  # Adagrad's state is there to compare
     # the rows are really re-dealt: each new rank holds rows that were saved in two or more old rank files
     files = [
         torch.load(f, weights_only=True)["rows"]
@@ -255,7 +260,7 @@ def test_one_process_resumes_the_four_ranks_checkpoint(resized, monkeypatch, cap
         assert torch.equal(ids.sort().values, torch.arange(weights.shape[0]))  # one rank holds every row
         for entry in dump["rows"][table].values():
             assert torch.equal(entry["weights"], weights[entry["ids"]])
-            assert torch.equal(entry["state"], old.state[table][entry["ids"]])
+            assert torch.equal(entry["states"]["momentum1"], old.states[table]["momentum1"][entry["ids"]])
     out, err = capsys.readouterr()
     assert rc == 0 and "global batch 1 x 16 samples (was 4 x 16)" in err and "verify: OK (1 steps" in out
 

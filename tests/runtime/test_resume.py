@@ -29,7 +29,7 @@ def test_the_manifest_records_the_run_and_resume_refuses_another(tmp_path, capsy
     ckpt = tmp_path / "ckpt"
     assert _train(ckpt, "--steps", "2", "--seed", "0") == 0
     run = json.loads((checkpoint.latest(ckpt) / "manifest.json").read_text())["run"]
-    assert run["seed"] == "0" and run["optimizer"] == "adagrad, lr 0.05, eps 1e-08"
+    assert run["seed"] == "0" and run["optimizer"] == "rowwise_adagrad, lr 0.05, eps 1e-08"
     assert set(run) == {"world", "plan", "data", "seed", "optimizer", "model", "batch", "exchange"}
     capsys.readouterr()
     assert _train(ckpt, "--steps", "4", "--seed", "1", "--resume") == 2
@@ -40,8 +40,9 @@ def test_the_manifest_records_the_run_and_resume_refuses_another(tmp_path, capsy
         "(or over this one with --overwrite)"
     )
     assert _train(ckpt, "--steps", "4", "--lr", "0.1", "--resume") == 2
-    assert "(optimizer: 'adagrad, lr 0.05, eps 1e-08' there, 'adagrad, lr 0.1, eps 1e-08' here)" in (
-        capsys.readouterr().err
+    assert (
+        "(optimizer: 'rowwise_adagrad, lr 0.05, eps 1e-08' there, 'rowwise_adagrad, lr 0.1, eps 1e-08' here)"
+        in (capsys.readouterr().err)
     )
     assert checkpoint.latest(ckpt).name == "step-00000002"  # nothing was written by the refused runs
     loud = ["--checkpoint-dir", str(ckpt), "--batch-size", "8", "--dim", "8", "--steps", "3", "--resume"]

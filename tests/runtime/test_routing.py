@@ -5,8 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from runtime_workers import SEED, TABLES, check_training, random_batch, run, write_test_plan
+from runtime_workers import (
+    SEED,
+    TABLES,
+    random_batch,
+    run,
+    write_test_plan,
+)
 from torch.nn.functional import embedding
+from training_reference import check_training
 
 from core.vocabulary import Tier
 from flexshard.plan_file import read_plan

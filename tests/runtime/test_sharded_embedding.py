@@ -14,12 +14,11 @@ from runtime_workers import (
     COLD_SHARE_8,
     SEED,
     TABLES,
+    TRAIN_KEYS,
     WARM_BY_POSITION,
     WARM_SHARE_4,
     balanced_ids,
-    check_training,
     expected_traffic,
-    full_weights,
     make_orders,
     owners,
     random_batch,
@@ -27,6 +26,7 @@ from runtime_workers import (
     write_test_plan,
 )
 from torch.nn.functional import embedding
+from training_reference import check_training, full_weights
 
 from flexshard.plan_file import read_plan
 from solvers.cost_model import Exchanges, hierarchical_allreduce_bytes, lookup_traffic, split_bytes
@@ -89,7 +89,7 @@ def test_forward_eight_ranks(eight):
 # --- (b) training -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adagrad-dense"])
+@pytest.mark.parametrize("optimizer", TRAIN_KEYS)
 def test_training_matches_single_process_reference(four, optimizer):
     plan_file, results = four
     check_training(plan_file, results, optimizer, steps=3)
@@ -183,6 +183,11 @@ def test_bad_input_raises_on_every_rank(four):
     assert e["dim"].startswith("table 'c': the plan was made for dim 16, the model has dim 8")
     assert e["data"].startswith("table 'b': the plan was made from other data (hotness order ")
     assert e["no order"].startswith("table 'c': the plan was made from other data")
+    assert e["adam dense"] == (
+        "optimizer: adam needs the plan's sync 'sparse' (dense sync updates every replicated row, and this "
+        "optimizer moves rows without gradient); make the plan with --sync sparse, or run it with "
+        "PlanFile.with_overrides(sync='sparse')"
+    )
     assert all("\n" not in message for message in e.values())
     w = full_weights()
     for r, res in enumerate(results):  # the job goes on after the error

@@ -172,8 +172,8 @@ def test_checkpoint_resume_equals_straight_training(four):
         assert x.step == y.step == step
         for name in x.weights:
             torch.testing.assert_close(x.weights[name], y.weights[name], rtol=0, atol=1e-6)
-            torch.testing.assert_close(x.state[name], y.state[name], rtol=0, atol=1e-6)
-        assert x.state["item"].abs().sum() > 0  # adagrad state is saved
+            torch.testing.assert_close(x.states[name], y.states[name], rtol=0, atol=1e-6)
+        assert x.states["item"]["momentum1"].abs().sum() > 0  # rowwise_adagrad's state is saved
         for key in x.dense:
             torch.testing.assert_close(x.dense[key], y.dense[key], rtol=0, atol=1e-6)
         assert x.dense_optimizer is not None and x.dense_optimizer["kind"] == "adagrad"

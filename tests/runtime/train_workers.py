@@ -60,6 +60,13 @@ def _skew_update(module, n: int) -> None:
         module.lr *= 1.1
 
 
+def _skip_an_iteration(module, n: int) -> None:
+    """After step 2 the module's iteration count runs one ahead (Adam's bias correction of step 3 uses
+    t = 4): only the comparison with the reference, which counts the training steps, can find it."""
+    if n == 2:
+        module.optimizer_step += 1
+
+
 def _stall_rank_1(module, n: int) -> None:
     """After step 1, rank 1 stops answering for 8 s (as a rank stopped by SIGSTOP, or a slow host)."""
     if n == 1 and module.rank == 1:
@@ -70,7 +77,7 @@ def _stall_rank_1(module, n: int) -> None:
 def _dump_resharded_load():
     """After ``checkpoint_reshard.load_resharded``, each rank saves what its module and dense model hold to
     ``<checkpoint-dir>-loaded/rank<r>.pt`` (beside the checkpoint folder): ``world``, ``groups``, ``rows``
-    (``{table: {tier: {ids, weights, state}}}``), ``dense``, ``dense_optimizer``."""
+    (``{table: {tier: {ids, weights, states}}}``), ``dense``, ``dense_optimizer``."""
     from flexshard import checkpoint_reshard
 
     original = checkpoint_reshard.load_resharded
@@ -81,7 +88,7 @@ def _dump_resharded_load():
         folder.mkdir(exist_ok=True)
         rows: dict = {}
         for (table, tier), (ids, w, s) in module.shard_rows().items():
-            rows.setdefault(table, {})[tier] = {"ids": torch.from_numpy(ids), "weights": w, "state": s}
+            rows.setdefault(table, {})[tier] = {"ids": torch.from_numpy(ids), "weights": w, "states": s}
         dump = {
             "world": module.world_size,
             "groups": module.pg.groups,
@@ -135,6 +142,7 @@ PATCHES = {
     "stall_rank_1": lambda: _patched_step(_stall_rank_1),
     "diverge_replica": lambda: _patched_step(_diverge_replica),
     "skew_update": lambda: _patched_step(_skew_update),
+    "skip_an_iteration": lambda: _patched_step(_skip_an_iteration),
 }
 
 
