@@ -67,9 +67,8 @@ batch's id exchange. "communication" is latency plus bandwidth, the part the Fle
 (about 6x lower communication latency than TorchRec's default) speaks of."""
 
 
-def _bench(nproc: int, batch: int, plan_for: str, quick: bool) -> list[dict]:
+def _bench(nproc: int, batch: int, plan_for: str, steps: str, rounds: str) -> list[dict]:
     """``flexshard bench --json`` records of one configuration."""
-    steps, rounds = ("4", "2") if quick else ("8", "3")
     cmd = [sys.executable, "-m", "flexshard.cli", "bench", "--nproc", str(nproc), "--groups", "2"]
     cmd += ["--batch", str(batch), "--steps", steps, "--rounds", rounds, "--plan-for", plan_for, "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=study.cpu_job_env(), check=False)
@@ -78,7 +77,7 @@ def _bench(nproc: int, batch: int, plan_for: str, quick: bool) -> list[dict]:
     return [r for r in json.loads(out.stdout) if "skipped" not in r]
 
 
-def measured(quick: bool) -> tuple[str, list[dict]]:
+def measured(batches: tuple[int, ...], steps: int, rounds: int) -> tuple[str, list[dict]]:
     """Part 1's table and its rows (one per configuration and strategy)."""
     rows, table = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,9 +88,9 @@ def measured(quick: bool) -> tuple[str, list[dict]]:
                 [*probe, "--groups", "2", "--out", topo],
                 capture_output=True, env=study.cpu_job_env(), check=True,
             )  # fmt: skip
-            for batch in QUICK_BATCHES if quick else BATCHES:
+            for batch in batches:
                 for plan_for, label in ((topo, "probed"), ("h100", "h100")):
-                    recs = _bench(nproc, batch, plan_for, quick)
+                    recs = _bench(nproc, batch, plan_for, str(steps), str(rounds))
                     base = next(r for r in recs if r["strategy"] == "row_wise")["step_ms_median"]
                     medians = {r["strategy"]: r["step_ms_median"] for r in recs}
                     torchrec = medians.get("torchrec_row_wise")
@@ -111,7 +110,20 @@ def measured(quick: bool) -> tuple[str, list[dict]]:
                     print(f"measured {nproc} ranks, batch {batch}, plans for {label}", file=sys.stderr)
     header = ["ranks", "batch", "planned for", "strategy", "median step ms", "vs ablation", "vs TorchRec"]
     header += ["collectives", "modeled ms", "model error"]
-    return study.md_table(header, table, "rrllrrrrrr"), rows
+    return study.md_table(header, table, "rrllrrrrrr") + "\n\n" + error_summary(rows), rows
+
+
+def error_summary(rows: list[dict]) -> str:
+    """One line per strategy: the model's error range over the rows, and how many are within 20%."""
+    lines = []
+    for label in dict.fromkeys(r["label"] for r in rows):
+        errors = [r["predicted_step_ms"] / r["step_ms_median"] - 1 for r in rows if r["label"] == label]
+        within = sum(abs(e) <= 0.2 for e in errors)
+        lines.append(
+            f"- {label}: model error {min(errors):+.0%} to {max(errors):+.0%}; within 20% in {within} of "
+            f"{len(errors)} rows"
+        )
+    return "\n".join(lines)
 
 
 def modeled() -> str:
@@ -148,16 +160,27 @@ def modeled() -> str:
 def main() -> None:
     args = study.arguments(__doc__, quick="two batch sizes, fewer steps")
     args.add_argument("--no-measure", action="store_true", help="part 2 only (the model at scale)")
+    args.add_argument("--batches", help=f"batches per rank, comma-separated (default {BATCHES})")
+    args.add_argument("--steps", type=int, help="timed steps per round (default 8; --quick 4)")
+    args.add_argument("--rounds", type=int, help="rounds (default 3; --quick 2)")
     args = args.parse_args()
+    default = QUICK_BATCHES if args.quick else BATCHES
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else default
+    steps = args.steps or (4 if args.quick else 8)
+    rounds = args.rounds or (2 if args.quick else 3)
     start = time.time()
     parts = ["## 2. The model at scale (embedded default, NCCL presets)\n", modeled()]
     if not args.no_measure:
-        table, _rows = measured(args.quick)
+        table, _rows = measured(batches, steps, rounds)
         parts = ["## 1. Measured against modeled (gloo over loopback)\n", table, "", *parts]
     text = "\n".join(parts)
     print(text)
     if not args.no_write:
-        cmd = study.command(__file__, *(["--quick"] if args.quick else []))
+        flags = ["--quick"] if args.quick else []
+        flags += [f"--batches {args.batches}"] if args.batches else []
+        flags += [f"--steps {args.steps}"] if args.steps else []
+        flags += [f"--rounds {args.rounds}"] if args.rounds else []
+        cmd = study.command(__file__, *flags)
         head = f"# Step time\n\n{study.generated(cmd, time.time() - start)}\n\n{METHOD}\n\n"
         study.write_markdown(study.RESULTS / "step_time.md", head + text)
 
