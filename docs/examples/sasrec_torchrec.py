@@ -51,9 +51,13 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from core.vocabulary import LinkClass
 from flexshard.bench.recorder import recording
+from flexshard.plan_file import to_dict, write_plan
 from flexshard.torchrec import FlexShardSharder, flexshard_module_plan
+from flexshard.workloads import fingerprint
 from flexshard.workloads.synthetic import sample_ids, zipf_histogram
 from solvers.baselines import torchrec_default_report
+from solvers.optimizer import OptimizerConfig
+from solvers.planner import budget_bytes, make_plan
 from solvers.types import RowHistogram, TableSpec, Workload
 from topology.presets import h100_cluster
 from topology.views import cluster_view
@@ -202,7 +206,7 @@ def next_item_loss(
 
 
 def shard(
-    model: SASRec, sharding: str, data: Data, groups: int, plan: str | None
+    model: SASRec, sharding: str, data: Data, groups: int, plan: str | None, objective: str
 ) -> DistributedModelParallel:
     """DMP over the job's ranks: the collection row-wise by TorchRec, or by FlexShard's plan; the user
     table data-parallel by TorchRec in both."""
@@ -212,7 +216,11 @@ def shard(
             ec_sharder = FlexShardSharder(plan, orders=data.orders, fused_params=FUSED)
         else:  # planned on rank 0 when DMP shards the collection, for H100 nodes of `groups` groups
             ec_sharder = FlexShardSharder(
-                stats=data.workload, groups=groups, orders=data.orders, fused_params=FUSED
+                stats=data.workload,
+                groups=groups,
+                orders=data.orders,
+                objective=objective,
+                fused_params=FUSED,
             )
         ec_plan = flexshard_module_plan(model.ec, ec_sharder)
     else:
@@ -238,6 +246,16 @@ def shard(
     )
 
 
+def write_plan_file(path: str, data: Data, world: int, groups: int, objective: str) -> None:
+    """The plan FlexShardSharder makes on the fly for this job (H100 nodes of ``groups`` groups, 2x
+    row-wise memory, minimising ``objective``), written as a plan file for ``--plan``."""
+    view = cluster_view(h100_cluster(groups, world // groups))
+    w = data.workload
+    config = OptimizerConfig(step_time=objective == "step")
+    made = make_plan("flexshard", w, view, budget_bytes(w, view, 2.0), config=config)
+    write_plan(path, to_dict(made.plan, w, view, made.report, fingerprint(w), data.orders))
+
+
 def predicted_inter_bytes(dmp: DistributedModelParallel, sharding: str, data: Data, groups: int) -> dict:
     """The cost model's inter-group bytes per step of the busiest rank: FlexShard's plan's (its report)
     and TorchRec row-wise's for the same workload (contiguous id ranges, no dedup)."""
@@ -259,8 +277,10 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--groups", type=int, default=2, help="NVLink groups of consecutive ranks (emulated)")
     p.add_argument("--plan", default=None, help="a plan file from `flexshard plan` (else planned on the fly)")
+    p.add_argument("--objective", choices=("bytes", "step"), default="bytes", help="what the plan minimises")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="rank 0 writes the per-step figures and the summary here")
+    p.add_argument("--write-plan", default=None, help="write the plan made on the fly here and exit")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -269,10 +289,18 @@ def main() -> None:
         raise SystemExit(f"--groups: must divide the {world} ranks, got {args.groups}")
     torch.set_num_threads(1)
     data = synthetic_data(args.batch, args.seed)
+    if args.write_plan:
+        if rank == 0:
+            write_plan_file(args.write_plan, data, world, args.groups, args.objective)
+            print(f"wrote {args.write_plan}: the plan for {world} ranks in {args.groups} groups")
+        dist.destroy_process_group()
+        return
     torch.manual_seed(args.seed)  # the unsharded model's weights: the same in both runs
     model = SASRec()
     users = {k: v.detach().clone() for k, v in model.ebc.state_dict().items()}
-    dmp = shard(model, args.sharding, data, args.groups, args.plan)  # keeps the collection's rows
+    dmp = shard(
+        model, args.sharding, data, args.groups, args.plan, args.objective
+    )  # keeps the collection's rows
     dmp.module.ebc.load_state_dict(users)  # TorchRec re-initialises data-parallel tables: restore them
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())),
@@ -283,6 +311,10 @@ def main() -> None:
     steps = []
     if rank == 0:
         print(f"{args.sharding}: {world} ranks in {args.groups} groups, batch {args.batch} per rank")
+        if args.sharding == "flexshard":
+            for t in dmp.module.ec.embedding.plan_file.plan.tables:
+                tiers = f"{t.hot_rows:,} hot, {t.warm_rows:,} warm, {t.cold_rows:,} cold rows"
+                print(f"  plan: {t.name}: {tiers}, cold fetch {t.fetch.value}")
         print(f"{'step':>4} {'loss':>10} {'intra-group B':>14} {'inter-group B':>14}  (busiest rank)")
     for step in range(args.steps):
         batch = data.make_batch(step, rank)

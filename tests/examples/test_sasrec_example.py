@@ -8,7 +8,8 @@ TorchRec's row-wise sharding and 4 with FlexShardSharder, on the same batches fr
 * bytes (inter-group, busiest rank, mean over steps, counted by ``flexshard.bench.recorder``): FlexShard's
   within 3% of its plan's prediction, TorchRec's within 3% of the cost model's row-wise prediction, and
   the measured ratio FlexShard / TorchRec within 5% of the predicted ratio (the saving is what the plan
-  says it is).
+  says it is);
+* ``--write-plan`` then ``--plan`` runs the plan made on the fly: the same losses and bytes, bit for bit.
 """
 
 from __future__ import annotations
@@ -31,16 +32,16 @@ EXAMPLE = ROOT / "docs" / "examples" / "sasrec_torchrec.py"
 WORLD, GROUPS, STEPS = 4, 2, 4
 
 
-def launch(sharding: str, out: Path) -> tuple[dict, str]:
+def launch(sharding: str, out: Path, *extra: str, steps: int = STEPS) -> tuple[dict, str]:
     """(the example's --json record, its stdout) of one torchrun job."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
-    cmd += [str(EXAMPLE), "--sharding", sharding, "--groups", str(GROUPS), "--steps", str(STEPS)]
-    cmd += ["--json", str(out)]
+    cmd += [str(EXAMPLE), "--sharding", sharding, "--groups", str(GROUPS), "--steps", str(steps)]
+    cmd += ["--json", str(out), *extra]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text()), proc.stdout
+    return (json.loads(out.read_text()) if out.exists() else {}), proc.stdout
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +73,17 @@ def test_flexshard_moves_the_plans_bytes_and_saves_what_it_predicts(runs):
     assert plan < 0.8 * row_wise  # a saving worth showing, not noise
     assert f"FlexShard's plan predicts {plan:,.0f}" in our_out
     assert f"{base:,.0f} measured; TorchRec row-wise predicted {row_wise:,.0f}" in their_out
+
+
+def test_a_written_plan_file_runs_the_same_plan(runs, tmp_path):
+    plan = tmp_path / "plan.json"
+    _none, said = launch("flexshard", tmp_path / "none.json", "--write-plan", str(plan))
+    assert f"wrote {plan}" in said
+    document = json.loads(plan.read_text())
+    assert document["world"] == {"size": WORLD, "groups": [[0, 1], [2, 3]]}
+    item = document["tables"][0]
+    assert item["name"] == "item" and item["hot_rows"] > 0 and item["fetch"] == "group"  # tiers, group fetch
+    again, out = launch("flexshard", tmp_path / "again.json", "--plan", str(plan), steps=2)
+    assert again["steps"] == runs["flexshard"][0]["steps"][:2]
+    assert again["predicted_inter_bytes"] == runs["flexshard"][0]["predicted_inter_bytes"]
+    assert "plan: item: " in out
