@@ -276,7 +276,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--groups", type=int, default=2, help="NVLink groups of consecutive ranks (emulated)")
-    p.add_argument("--plan", default=None, help="a plan file from `flexshard plan` (else planned on the fly)")
+    p.add_argument(
+        "--plan", default=None, help="a plan file (--write-plan, flexshard plan); else planned on the fly"
+    )
     p.add_argument("--objective", choices=("bytes", "step"), default="bytes", help="what the plan minimises")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="rank 0 writes the per-step figures and the summary here")
@@ -298,9 +300,8 @@ def main() -> None:
     torch.manual_seed(args.seed)  # the unsharded model's weights: the same in both runs
     model = SASRec()
     users = {k: v.detach().clone() for k, v in model.ebc.state_dict().items()}
-    dmp = shard(
-        model, args.sharding, data, args.groups, args.plan, args.objective
-    )  # keeps the collection's rows
+    # DMP keeps the collection's rows (both shardings); the user table is restored below
+    dmp = shard(model, args.sharding, data, args.groups, args.plan, args.objective)
     dmp.module.ebc.load_state_dict(users)  # TorchRec re-initialises data-parallel tables: restore them
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())),
