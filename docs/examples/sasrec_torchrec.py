@@ -14,7 +14,8 @@ EXACT_ROWWISE_ADAGRAD in both runs; the dense layers (and the user table) Adam.
 The data is synthetic and deterministic, a function of (seed, step, rank): histories of 50-100 items
 drawn from a Zipf-like head plus a uniform tail, mapped to ids by a fixed random permutation; each item's
 category is fixed; negatives are uniform over the items. FlexShard plans on the fly from these
-statistics for H100 nodes of ``--groups`` NVLink groups of consecutive ranks (or runs ``--plan``).
+statistics for H100 nodes of ``--groups`` NVLink groups of consecutive ranks, minimising inter-group
+bytes (``--objective``), or runs ``--plan`` (a file ``--write-plan`` wrote).
 
 Rank 0 prints per step the loss (mean over ranks) and the bytes the busiest rank sent on each link class
 (counted by ``flexshard.bench.recorder``: every ``torch.distributed`` collective TorchRec or FlexShard
