@@ -17,10 +17,11 @@ category is fixed; negatives are uniform over the items. FlexShard plans on the 
 statistics for H100 nodes of ``--groups`` NVLink groups of consecutive ranks, minimising inter-group
 bytes (``--objective``), or runs ``--plan`` (a file ``--write-plan`` wrote).
 
-Rank 0 prints per step the loss (mean over ranks) and the bytes the busiest rank sent on each link class
-(counted by ``flexshard.bench.recorder``: every ``torch.distributed`` collective TorchRec or FlexShard
-issues; DDP's gradient all-reduce runs in C++, is not counted, and is the same in both runs), then the
-mean inter-group bytes per step beside the cost model's prediction for the run's sharding.
+Rank 0 prints per step the loss (mean over ranks) and the bytes the busiest rank moves on each link
+class, the larger of what it sends and receives as the cost model counts them (counted by
+``flexshard.bench.recorder``: every ``torch.distributed`` collective TorchRec or FlexShard issues; DDP's
+gradient all-reduce runs in C++, is not counted, and is the same in both runs), then the mean
+inter-group bytes per step beside the cost model's prediction for the run's sharding.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from core.vocabulary import LinkClass
 from flexshard.bench.recorder import recording
 from flexshard.plan_file import to_dict, write_plan
+from flexshard.runtime.routing import complete_order
 from flexshard.torchrec import FlexShardSharder, flexshard_module_plan
-from flexshard.workloads import fingerprint
+from flexshard.workloads import fingerprint, load_stats
 from flexshard.workloads.synthetic import sample_ids, zipf_histogram
 from solvers.baselines import torchrec_default_report
 from solvers.optimizer import OptimizerConfig
@@ -85,10 +87,10 @@ class Data:
     """The tables' statistics as the planner sees them (``workload``, per table its hotness ``orders``:
     ids hottest first) and what the batches are drawn from."""
 
-    workload: Workload
-    orders: dict[str, np.ndarray]
+    workload: Workload  # tables "item" (history + negatives) and "category"
+    orders: dict[str, np.ndarray]  # full hotness orders: the id of each hotness rank
     history: RowHistogram  # the history items' popularity (hotness ranks)
-    category_of: np.ndarray  # int64[ITEMS]: each item's category
+    category_of: np.ndarray | None  # each item's category; None: drawn from the category popularity
     seed: int
 
     def make_batch(self, step: int, rank: int) -> Batch:
@@ -98,10 +100,14 @@ class Data:
         lengths = torch.from_numpy(rng.integers(LEN_MIN, LEN_MAX + 1, batch))
         n = int(lengths.sum())
         items = self.orders["item"][sample_ids(self.history, n, rng)]  # hotness rank -> id
-        negatives = rng.integers(0, ITEMS, n)
+        negatives = rng.integers(0, self.workload.tables[0].num_rows, n)
+        if self.category_of is not None:
+            categories = self.category_of[items]
+        else:
+            categories = self.orders["category"][sample_ids(self.workload.tables[1].hist, n, rng)]
         sequences = KeyedJaggedTensor(
             keys=["item_seq", "neg_seq", "cat_seq"],
-            values=torch.from_numpy(np.concatenate([items, negatives, self.category_of[items]])),
+            values=torch.from_numpy(np.concatenate([items, negatives, categories])),
             lengths=torch.cat([lengths, lengths, lengths]),
         )
         users = KeyedJaggedTensor(
@@ -112,54 +118,76 @@ class Data:
         return Batch(users, sequences)
 
 
-def synthetic_data(batch: int, seed: int) -> Data:
-    """History items: Zipf(ALPHA) over HEAD_ROWS plus a uniform tail, ids a random permutation of the
-    hotness ranks. The item table serves a history and as many uniform negatives, so per lookup its rows
-    follow the half-and-half mixture. Categories: a fixed random category per item, so a category's
-    probability is its items' total. Each table's lookups are independent draws, as the cost model takes
-    them."""
-    rng = np.random.default_rng(seed)
+def make_data(batch: int, seed: int, stats: str | None) -> Data:
+    """The item and category tables, synthetic or (``stats``) a stats file's first two tables. The item
+    table serves a history and as many uniform negatives, so per lookup its rows follow the half-and-half
+    mixture; every table's lookups are independent draws, as the cost model takes them."""
+    if stats is None:
+        history, item_ids, category_hist, category_ids, category_of = synthetic_tables(seed)
+    else:
+        history, item_ids, category_hist, category_ids, category_of = stats_tables(stats)
+    items = history.num_rows
     lengths = np.arange(LEN_MIN, LEN_MAX + 1)
     pmf = np.full(lengths.size, 1.0 / lengths.size)
-    history = zipf_histogram(ITEMS, ALPHA, TAIL_MASS, head_rows=HEAD_ROWS)
-    item_ids = rng.permutation(ITEMS)  # the id of each hotness rank
-    item_hist = RowHistogram(history.rows, 0.5 * history.prob + 0.5 / ITEMS)  # history + negatives
+    mixture = RowHistogram(history.rows, 0.5 * history.prob + 0.5 / items)  # history + negatives
     item = TableSpec(
-        "item", ITEMS, DIM, 2 * lengths.mean(), item_hist, length_values=2 * lengths, length_probs=pmf
+        "item", items, DIM, 2 * lengths.mean(), mixture, length_values=2 * lengths, length_probs=pmf
     )
-    category_of = rng.integers(0, CATEGORIES, ITEMS)
-    per_rank = np.repeat(history.prob, history.rows)  # a history item's probability, per hotness rank
-    per_category = np.bincount(category_of[item_ids], weights=per_rank, minlength=CATEGORIES)
     category = TableSpec(
         "category",
-        CATEGORIES,
+        category_hist.num_rows,
         DIM,
         lengths.mean(),
-        RowHistogram.from_counts(per_category),
+        category_hist,
         length_values=lengths,
         length_probs=pmf,
     )
-    orders = {"item": item_ids, "category": np.argsort(-per_category, kind="stable")}
-    workload = Workload("sasrec-synthetic", (item, category), batch).with_orders(orders)
+    orders = {"item": item_ids, "category": category_ids}
+    workload = Workload("sasrec", (item, category), batch).with_orders(orders)
     return Data(workload, orders, history, category_of, seed)
+
+
+def synthetic_tables(seed: int) -> tuple:
+    """History items: Zipf(ALPHA) over HEAD_ROWS plus a uniform tail, ids a random permutation of the
+    hotness ranks; a fixed random category per item, so a category's probability is its items' total."""
+    rng = np.random.default_rng(seed)
+    history = zipf_histogram(ITEMS, ALPHA, TAIL_MASS, head_rows=HEAD_ROWS)
+    item_ids = rng.permutation(ITEMS)  # the id of each hotness rank
+    category_of = rng.integers(0, CATEGORIES, ITEMS)
+    per_rank = np.repeat(history.prob, history.rows)  # a history item's probability, per hotness rank
+    per_category = np.bincount(category_of[item_ids], weights=per_rank, minlength=CATEGORIES)
+    category_ids = np.argsort(-per_category, kind="stable")
+    return history, item_ids, RowHistogram.from_counts(per_category), category_ids, category_of
+
+
+def stats_tables(path: str) -> tuple:
+    """A stats file's (``flexshard stats``) first two tables as the item and category tables: their rows,
+    popularity and hotness orders (e.g. Amazon Beauty's item_id and item_attribute)."""
+    workload, orders = load_stats(path)
+    if len(workload.tables) < 2:
+        raise SystemExit(f"--stats: {path} has {len(workload.tables)} table(s); the example needs two")
+    item, attribute = workload.tables[:2]
+    item_ids = complete_order(orders.get(item.name), item.num_rows, item.name)
+    attribute_ids = complete_order(orders.get(attribute.name), attribute.num_rows, attribute.name)
+    return item.hist, item_ids, attribute.hist, attribute_ids, None
 
 
 # --- the model ------------------------------------------------------------------------------------
 
 
 class SASRec(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, items: int, categories: int) -> None:
         super().__init__()
         self.ec = EmbeddingCollection(
             tables=[
                 EmbeddingConfig(
-                    name="item",
+                    num_embeddings=items,
                     embedding_dim=DIM,
-                    num_embeddings=ITEMS,
+                    name="item",
                     feature_names=["item_seq", "neg_seq"],
                 ),
                 EmbeddingConfig(
-                    name="category", embedding_dim=DIM, num_embeddings=CATEGORIES, feature_names=["cat_seq"]
+                    num_embeddings=categories, embedding_dim=DIM, name="category", feature_names=["cat_seq"]
                 ),
             ]
         )
@@ -281,6 +309,7 @@ def main() -> None:
         "--plan", default=None, help="a plan file (--write-plan, flexshard plan); else planned on the fly"
     )
     p.add_argument("--objective", choices=("bytes", "step"), default="bytes", help="what the plan minimises")
+    p.add_argument("--stats", default=None, help="a stats file: its first two tables (else synthetic)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="rank 0 writes the per-step figures and the summary here")
     p.add_argument("--write-plan", default=None, help="write the plan made on the fly here and exit")
@@ -291,7 +320,7 @@ def main() -> None:
     if args.groups <= 0 or world % args.groups:
         raise SystemExit(f"--groups: must divide the {world} ranks, got {args.groups}")
     torch.set_num_threads(1)
-    data = synthetic_data(args.batch, args.seed)
+    data = make_data(args.batch, args.seed, args.stats)
     if args.write_plan:
         if rank == 0:
             write_plan_file(args.write_plan, data, world, args.groups, args.objective)
@@ -299,7 +328,7 @@ def main() -> None:
         dist.destroy_process_group()
         return
     torch.manual_seed(args.seed)  # the unsharded model's weights: the same in both runs
-    model = SASRec()
+    model = SASRec(*(t.num_rows for t in data.workload.tables))
     users = {k: v.detach().clone() for k, v in model.ebc.state_dict().items()}
     # DMP keeps the collection's rows (both shardings); the user table is restored below
     dmp = shard(model, args.sharding, data, args.groups, args.plan, args.objective)
@@ -325,7 +354,8 @@ def main() -> None:
             loss = dmp(batch)
             loss.backward()
             opt.step()
-        mine = torch.tensor([loss.item(), rec.bytes_sent[INTRA], rec.bytes_sent[INTER]], dtype=torch.float64)
+        moved = np.maximum(rec.bytes_sent, rec.bytes_received)  # per link class, B
+        mine = torch.tensor([loss.item(), moved[INTRA], moved[INTER]], dtype=torch.float64)
         every = [torch.zeros_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
         every = torch.stack(every)

@@ -5,11 +5,13 @@ TorchRec's row-wise sharding and 4 with FlexShardSharder, on the same batches fr
   ``1e-5`` relative per rank and step: the fused row-wise Adagrad sums a row's gradient terms in another
   order (FlexShard adds a rank's duplicates before sending, TorchRec's owner adds every lookup's), a float32
   rounding difference (about 1e-7 relative) carried into later steps;
-* bytes (inter-group, busiest rank, mean over steps, counted by ``flexshard.bench.recorder``): FlexShard's
-  within 3% of its plan's prediction, TorchRec's within 3% of the cost model's row-wise prediction, and
-  the measured ratio FlexShard / TorchRec within 5% of the predicted ratio (the saving is what the plan
-  says it is);
-* ``--write-plan`` then ``--plan`` runs the plan made on the fly: the same losses and bytes, bit for bit.
+* bytes (inter-group, the busiest rank's larger of sent and received, mean over steps, counted by
+  ``flexshard.bench.recorder``): FlexShard's within 3% of its plan's prediction, TorchRec's within 3% of
+  the cost model's row-wise prediction, and the measured ratio FlexShard / TorchRec within 5% of the
+  predicted ratio (the saving is what the plan says it is);
+* ``--write-plan`` then ``--plan`` runs the plan made on the fly: the same losses and bytes, bit for bit;
+* ``--stats FILE`` (2 ranks in 2 groups, 3 steps) takes the file's first two tables: losses within 1e-5 and
+  bytes, each within 3% of its prediction.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ EXAMPLE = ROOT / "docs" / "examples" / "sasrec_torchrec.py"
 WORLD, GROUPS, STEPS = 4, 2, 4
 
 
-def launch(sharding: str, out: Path, *extra: str, steps: int = STEPS) -> tuple[dict, str]:
+def launch(sharding: str, out: Path, *extra: str, steps: int = STEPS, world: int = WORLD) -> tuple[dict, str]:
     """(the example's --json record, its stdout) of one torchrun job."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world)]
     cmd += [str(EXAMPLE), "--sharding", sharding, "--groups", str(GROUPS), "--steps", str(steps)]
     cmd += ["--json", str(out), *extra]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
@@ -87,3 +89,23 @@ def test_a_written_plan_file_runs_the_same_plan(runs, tmp_path):
     assert again["steps"] == runs["flexshard"][0]["steps"][:2]
     assert again["predicted_inter_bytes"] == runs["flexshard"][0]["predicted_inter_bytes"]
     assert "plan: item: " in out
+
+
+def test_a_stats_files_tables(tmp_path):
+    from flexshard.workloads import save_stats, zipf_table
+    from solvers.types import Workload
+
+    rng = np.random.default_rng(3)
+    tables = (zipf_table("views", 3000, 8, 10.0, 1.05, 0.02), zipf_table("genres", 90, 8, 30.0, 1.2))
+    orders = {"views": rng.permutation(3000)[:2500], "genres": rng.permutation(90)}  # views: touched ids
+    stats = str(save_stats(tmp_path / "stats.npz", Workload("test", tables, 512), orders))
+    ours, _ = launch("flexshard", tmp_path / "ours.json", "--stats", stats, steps=3, world=2)
+    theirs, _ = launch("torchrec", tmp_path / "theirs.json", "--stats", stats, steps=3, world=2)
+    plan = ours["predicted_inter_bytes"]["flexshard_plan"]
+    row_wise = theirs["predicted_inter_bytes"]["torchrec_row_wise"]
+    got, base = ours["measured_inter_bytes"], theirs["measured_inter_bytes"]
+    assert got == pytest.approx(plan, rel=0.03), (got, plan)
+    assert base == pytest.approx(row_wise, rel=0.03), (base, row_wise)
+    assert plan < row_wise
+    for a, b in zip(ours["steps"], theirs["steps"], strict=True):
+        np.testing.assert_allclose(a["rank_losses"], b["rank_losses"], rtol=1e-5, atol=0)
