@@ -346,7 +346,8 @@ def main() -> None:
             for t in dmp.module.ec.embedding.plan_file.plan.tables:
                 tiers = f"{t.hot_rows:,} hot, {t.warm_rows:,} warm, {t.cold_rows:,} cold rows"
                 print(f"  plan: {t.name}: {tiers}, cold fetch {t.fetch.value}")
-        print(f"{'step':>4} {'loss':>10} {'intra-group B':>14} {'inter-group B':>14}  (busiest rank)")
+        header = f"{'step':>4} {'loss':>10} {'intra-group B':>14} {'inter-group B':>14}"
+        print(header + "  (busiest rank, max of sent and received)")
     for step in range(args.steps):
         batch = data.make_batch(step, rank)
         with recording(world // args.groups) as rec:  # every collective this rank issues in the step
