@@ -22,7 +22,14 @@ from flexshard.checkpoint_dcp import add_parser as add_convert_parser
 from flexshard.checkpoint_dcp import cmd_convert
 from flexshard.cli_bench import add_parser as add_bench_parser
 from flexshard.cli_bench import cmd_bench
-from flexshard.cli_common import Parser, add_objective, first_line, positive_float, positive_int
+from flexshard.cli_common import (
+    Parser,
+    add_objective,
+    first_line,
+    optimizer_config,
+    positive_float,
+    positive_int,
+)
 from flexshard.cli_stats import cmd_stats
 from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
@@ -262,7 +269,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             budget,
             not args.no_dedup,
             args.sync,
-            OptimizerConfig(step_time=args.objective == "step"),
+            optimizer_config(args),
             progress=bar.note,
             wire=args.wire_dtype,
         )
@@ -354,7 +361,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     workload, _orders, _vocab = _workload(args)
     view = cluster_view(load_topology(args.topology))
     dedups = {"on": [True], "off": [False], "both": [True, False]}[args.dedup]
-    config = OptimizerConfig(step_time=args.objective == "step")
+    config = optimizer_config(args)
     records = simulate_records(
         workload, view, args.budgets, dedups, strategies, args.sync, config, wire=args.wire_dtype
     )
@@ -376,7 +383,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 workload, view, budgets, [dedup], [strategy], args.sync, config, wire=args.wire_dtype
             )
         print("\n" + "\n".join(headline(records, extra)))
-        print("\nModeled step time (ms, slowest rank): collective latency + bytes / bandwidth + local work")
+        print(
+            "\nModeled step time (ms, slowest rank): collective latency + bytes / bandwidth + local work"
+            + (" - overlapped (pipelined, --pipeline on)" if config.overlap else "")
+        )
         print(step_table(records))
         saved_extra = []
         for dedup in dedups:

@@ -6,6 +6,7 @@ import argparse
 from typing import NoReturn
 
 from core.errors import ConfigError
+from solvers.tier_program import OptimizerConfig
 
 
 class Parser(argparse.ArgumentParser):
@@ -54,12 +55,27 @@ def first_line(err: BaseException) -> str:
 OBJECTIVES = ("step", "bytes")  # what the planner minimises (solvers.tier_program.OptimizerConfig.step_time)
 
 
-def add_objective(p: argparse.ArgumentParser) -> None:
-    """The ``--objective`` flag of every command that plans."""
+def add_objective(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
+    """The ``--objective`` flag of every command that plans, and (``pipeline``) ``--pipeline``."""
     p.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="step",
         help="what the planner minimises: the modeled step time (collective latency, bytes over bandwidth "
         "and local work; docs/cost_model.md section 10) or bytes over bandwidth alone (default step)",
+    )
+    if pipeline:
+        p.add_argument(
+            "--pipeline",
+            choices=("on", "off"),
+            default="on",
+            help="price the step as `train --pipeline` runs it: on, the replica sync overlaps the next "
+            "batch's id exchange (train's default); off, one after the other (default on)",
+        )
+
+
+def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
+    """The planner's knobs from ``--objective`` and ``--pipeline``."""
+    return OptimizerConfig(
+        step_time=args.objective == "step", overlap=getattr(args, "pipeline", "off") == "on"
     )

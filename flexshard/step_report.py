@@ -3,7 +3,9 @@ bandwidth and local work, its collectives per step, and what the hot and warm ti
 ``row_wise_group_dedup`` (:mod:`solvers.time_model`).
 
 Records are :func:`flexshard.cli.simulate_records`'s, with ``step_s``, ``latency_s``, ``bandwidth_s``,
-``local_s``, ``collectives`` and the plan's ``hot_rows`` / ``warm_rows``.
+``local_s``, ``overlapped_s`` (priced as ``train --pipeline on`` runs: the next batch's id exchange
+beside the replica sync hides the shorter of the two; ``step = latency + bandwidth + local -
+overlapped``), ``collectives`` and the plan's ``hot_rows`` / ``warm_rows``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from solvers.time_types import StepTime
 from solvers.types import Plan
 
 GROUP_DEDUP = "row_wise_group_dedup"
-STEP_KEYS = ("step_s", "latency_s", "bandwidth_s", "local_s", "collectives")
+STEP_KEYS = ("step_s", "latency_s", "bandwidth_s", "local_s", "overlapped_s", "collectives")
 
 
 def step_record(step: StepTime | None) -> dict[str, Any]:
@@ -28,6 +30,7 @@ def step_record(step: StepTime | None) -> dict[str, Any]:
         "latency_s": step.latency_s,
         "bandwidth_s": step.bandwidth_s,
         "local_s": step.local_s,
+        "overlapped_s": step.overlapped_s,
         "collectives": step.collectives,
     }
 
@@ -47,10 +50,12 @@ def step_table(records: Sequence[dict[str, Any]]) -> str:
                 f"{r['latency_s'] * 1e3:.3f}",
                 f"{r['bandwidth_s'] * 1e3:.3f}",
                 f"{r['local_s'] * 1e3:.3f}",
+                f"{-(r.get('overlapped_s') or 0.0) * 1e3:.3f}" if r.get("overlapped_s") else "0.000",
                 str(r["collectives"]),
             ]
         )
-    header = ["budget", "strategy", "dedup", "step ms", "latency", "bandwidth", "local", "collectives"]
+    header = ["budget", "strategy", "dedup", "step ms", "latency", "bandwidth", "local", "overlapped"]
+    header.append("collectives")
     return format_table(header, rows)
 
 
@@ -97,7 +102,8 @@ def plan_step_lines(plan: Plan, step: StepTime | None, baseline: StepTime | None
         f"Modeled step time: {step.total_s * 1e3:.3f} ms at rank {step.slowest_rank} = collective latency "
         f"{step.latency_s * 1e3:.3f} ms ({step.collectives} collectives: "
         + ", ".join(s.name for s in step.stages)
-        + f") + bandwidth {step.bandwidth_s * 1e3:.3f} ms + local work {step.local_s * 1e3:.3f} ms",
+        + f") + bandwidth {step.bandwidth_s * 1e3:.3f} ms + local work {step.local_s * 1e3:.3f} ms"
+        + (f" - overlapped {step.overlapped_s * 1e3:.3f} ms (pipelined)" if step.overlap else ""),
         f"  latencies: {step.latency_source or '-'}; local work: {step.rates_source or '-'}",
     ]
     if baseline is not None and plan.strategy == "flexshard":

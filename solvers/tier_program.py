@@ -56,6 +56,9 @@ class OptimizerConfig:
     step_time: bool = True
     latency: LatencyTable | None = None  # collective latencies; None: the view's (LatencyTable.from_view)
     rates: LocalRates | None = None  # local work; None: LocalRates.for_view(view)
+    # price the pipelined step (train --pipeline on): the replica sync beside the next batch's input
+    # distribution (solvers.time_model.step_time's overlap); candidates are compared at that price
+    overlap: bool = False
     fetch_modes: tuple[FetchMode, ...] = (FetchMode.FLAT, FetchMode.GROUP)  # cold fetch modes to choose from
 
 

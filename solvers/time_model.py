@@ -144,12 +144,14 @@ def step_time(
     local = sum(work[p] for p in PIECES)
     bandwidth = by_comp.sum(axis=1)
     total = lat + bandwidth + local
+    hidden = np.zeros_like(total)
     if overlap:
         input_lat = sum(s.latency_s for s in stages if s.name in INPUT_STAGES)
         sync_lat = sum(s.latency_s for s in stages if s.phase == Phase.SYNC.value)
         input_part = input_lat + by_comp[:, Component.IDS] + work["input"]
         sync_part = sync_lat + by_comp[:, Component.SYNC] + work["synced"]
-        total = total - input_part - sync_part + np.maximum(input_part, sync_part)
+        hidden = np.minimum(input_part, sync_part)
+        total = total - hidden
     r = int(np.argmax(total))
     return StepTime(
         latency_s=lat,
@@ -163,6 +165,7 @@ def step_time(
         slowest_rank=r,
         per_rank_total_s=total,
         overlap=overlap,
+        overlapped_s=float(hidden[r]),
         latency_source=latency.source,
         rates_source=rates.source,
     )

@@ -261,5 +261,8 @@ class StepTime:
     slowest_rank: int
     per_rank_total_s: np.ndarray  # float64[N]
     overlap: bool = False
+    # with ``overlap``: the slowest rank's seconds hidden by running the next batch's input distribution
+    # beside the replica sync (the shorter of the two); total = latency + bandwidth + local - overlapped
+    overlapped_s: float = 0.0
     latency_source: str = ""  # where the latencies come from (LatencyTable.source)
     rates_source: str = ""  # where the local rates come from (LocalRates.source)

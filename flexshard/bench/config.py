@@ -105,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=2.0,
         help="FlexShard's memory per rank, a multiple of row-wise sharding's (default 2)",
     )
-    add_objective(p)
+    add_objective(p, pipeline=False)  # the bench's steps are not pipelined
     p.add_argument(
         "--rates",
         default="measured",

@@ -30,9 +30,8 @@ def _record(strategy: str, step_ms: float, hot: int = 0, warm: int = 0, collecti
 
 
 def test_step_table_splits_each_strategy():
-    table = step_table(
-        [_record("flexshard", 2.0, 10, collectives=10), _record("row_wise", 3.0, collectives=4)]
-    )
+    piped = {**_record("flexshard", 2.0, 10, collectives=10), "overlapped_s": 0.125e-3, "local_s": 0.375e-3}
+    table = step_table([piped, _record("row_wise", 3.0, collectives=4)])
     lines = table.splitlines()
     assert lines[0].split() == [
         "budget",
@@ -43,10 +42,12 @@ def test_step_table_splits_each_strategy():
         "latency",
         "bandwidth",
         "local",
+        "overlapped",
         "collectives",
     ]
-    assert lines[2].split() == ["2x", "*flexshard", "on", "2.000", "0.250", "1.500", "0.250", "10"]
-    assert lines[3].split() == ["2x", "row_wise", "on", "3.000", "0.250", "2.500", "0.250", "4"]
+    # pipelined: 2.000 = 0.250 + 1.500 + 0.375 - 0.125; a record without the field overlaps nothing
+    assert lines[2].split() == ["2x", "*flexshard", "on", "2.000", "0.250", "1.500", "0.375", "-0.125", "10"]
+    assert lines[3].split() == ["2x", "row_wise", "on", "3.000", "0.250", "2.500", "0.250", "0.000", "4"]
 
 
 def test_tier_savings_name_the_saving_or_say_no_replicas():
@@ -66,21 +67,25 @@ def test_tier_savings_name_the_saving_or_say_no_replicas():
     ]
 
 
-@pytest.mark.parametrize("objective", ["step", "bytes"])
-def test_simulate_prints_the_step_table_and_the_tiers_line(capsys, objective):
-    rc, text, err = run(capsys, "simulate", *SMALL, "--budgets", "2", "--objective", objective)
+@pytest.mark.parametrize(("objective", "pipeline"), [("step", "on"), ("bytes", "on"), ("step", "off")])
+def test_simulate_prints_the_step_table_and_the_tiers_line(capsys, objective, pipeline):
+    flags = ["--objective", objective, "--pipeline", pipeline]
+    rc, text, err = run(capsys, "simulate", *SMALL, "--budgets", "2", *flags)
     assert rc == 0, err
     assert "Modeled step time (ms, slowest rank): collective latency + bytes / bandwidth + local work" in text
+    assert ("- overlapped (pipelined, --pipeline on)" in text) == (pipeline == "on")
     step_rows = text.split("Modeled step time (ms, slowest rank)")[1].splitlines()
     assert any(line.split()[:2] == ["2x", "*flexshard"] for line in step_rows if line.strip())
     tiers = [line for line in step_rows if line.startswith("Tiers of FlexShard at 2x, dedup on: ")]
     assert len(tiers) == 1 and "row_wise_group_dedup" in tiers[0]
-    rc, doc, _ = run(capsys, "simulate", *SMALL, "--budgets", "2", "--objective", objective, "--json")
+    rc, doc, _ = run(capsys, "simulate", *SMALL, "--budgets", "2", *flags, "--json")
     records = json.loads(doc)
     for r in records:
         if r["feasible"]:
-            parts = r["latency_s"] + r["bandwidth_s"] + r["local_s"]
+            parts = r["latency_s"] + r["bandwidth_s"] + r["local_s"] - r["overlapped_s"]
             assert r["step_s"] == pytest.approx(parts, rel=1e-12) and r["collectives"] >= 1
+            replicas = r["hot_rows"] + r["warm_rows"] > 0  # only a replica sync overlaps anything
+            assert (r["overlapped_s"] > 0) == (pipeline == "on" and replicas), r["strategy"]
     ours = next(r for r in records if r["strategy"] == "flexshard")
     feasible = [r for r in records if r["feasible"]]
     if objective == "step":  # chosen by modeled step: never above a feasible baseline

@@ -225,6 +225,8 @@ def test_one_hot_row_step_by_hand():
     sync_part = 4.5 + (8.982585741312 / 100 + 4.491292870656 / 10) + 30.0 * touched
     piped = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, RATES, overlap=True, dealt=False)
     assert piped.total_s == pytest.approx(st.total_s - input_part - sync_part + max(input_part, sync_part))
+    assert piped.overlapped_s == pytest.approx(min(input_part, sync_part))  # what the pipeline hides
+    assert st.overlapped_s == 0.0
 
 
 def test_dedup_prices_every_lookup_and_one_rank_has_no_collectives():
@@ -246,3 +248,31 @@ def test_rates_of_ranks_sharing_a_core_scale_every_piece():
     for name in LocalRates.FIELDS:
         assert getattr(twice, name) == pytest.approx(2.0 * getattr(base, name), rel=1e-15)
     assert "2 ranks per core" in twice.source
+
+
+def test_a_plan_priced_pipelined_is_never_above_a_baseline_pipelined():
+    """OptimizerConfig(overlap=True) (plan/simulate --pipeline on) compares candidates by the pipelined
+    step: here a baseline's replicas pay once their sync hides under the next batch's id exchange, so the
+    plan differs from the unpipelined objective's and is cheaper pipelined; no baseline is cheaper."""
+    from core.errors import PlannerError
+    from flexshard import workloads
+    from solvers.planner import BASELINES, budget_bytes, make_plan
+    from solvers.tier_program import OptimizerConfig
+    from topology import cluster_view, from_preset
+
+    w = workloads.synthetic_workload(4, 200_000, 1.0)
+    view = cluster_view(from_preset("h100:8"))
+    budget = budget_bytes(w, view, 2.0)
+    on = make_plan("flexshard", w, view, budget, config=OptimizerConfig(overlap=True))
+    off = make_plan("flexshard", w, view, budget)
+    assert on.step.overlap and not off.step.overlap
+    assert sum(tp.hot_rows + tp.warm_rows for tp in on.plan.tables) > 0  # replicas, their sync hidden
+    assert sum(tp.hot_rows + tp.warm_rows for tp in off.plan.tables) == 0
+    assert on.step.overlapped_s > 0
+    assert on.step.total_s < step_time(w, view, off.plan, overlap=True).total_s
+    for name in BASELINES:
+        try:
+            base = make_plan(name, w, view, budget)
+        except PlannerError:  # infeasible under the budget
+            continue
+        assert on.step.total_s <= step_time(w, view, base.plan, overlap=True).total_s * (1 + 1e-9), name
