@@ -35,8 +35,11 @@ import study
 from core.vocabulary import INDEX_BYTES
 from flexshard import workloads
 from solvers.planner import budget_bytes, make_plan
+from solvers.tier_program import OptimizerConfig
 from solvers.types import Workload
 from topology import cluster_view, h100_cluster
+
+PIPELINED = OptimizerConfig(overlap=True)  # as `flexshard plan` and `simulate` plan by default
 
 
 def inter_group_bytes(workload: Workload, num_ranks: int, group_size: int, dedup: bool) -> dict[str, float]:
@@ -81,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             planned = distance = busiest = "-"
             if not args.no_planner:
                 budget = budget_bytes(wl, view, 2.0)
-                fs = make_plan("flexshard", wl, view, budget, dedup).report.inter_group_bytes
-                rw = make_plan("row_wise", wl, view, budget, dedup).report.inter_group_bytes
+                fs = make_plan(
+                    "flexshard", wl, view, budget, dedup, config=PIPELINED
+                ).report.inter_group_bytes
+                rw = make_plan("row_wise", wl, view, budget, dedup, config=PIPELINED).report.inter_group_bytes
                 planned = f"{fs / 1e6:.2f} MB ({1 - fs / b['row_wise']:.1%})"
                 distance = f"{fs / b['bound'] - 1:+.2%}"
                 busiest = f"{rw / 1e6:.2f} MB ({1 - fs / rw:.1%})"
