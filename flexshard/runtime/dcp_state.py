@@ -12,8 +12,16 @@ Keys (TorchRec's, so that a TorchRec module can expose the same state): the weig
 ``model["embeddings.<t>.weight"]`` (``EmbeddingCollection``'s key); its optimizer state tensors are
 ``optim["state"]["embeddings.<t>.weight"]["<t>.<name>"]`` as TorchRec's fused optimizer names them
 (``KeyedOptimizer.state_dict``: the first state is ``momentum1``, e.g. row-wise Adagrad's accumulator
-``[rows]``, later ones keep FBGEMM's name, e.g. Adam's ``exp_avg_sq`` ``[rows, dim]``). :func:`dcp_state_dict`
-returns ``{"model": {...}, "optim": {"state": {...}}}``, what a TorchRec user saves with DCP.
+``[rows]``, later ones keep FBGEMM's name: Adam's ``momentum2`` is ``exp_avg_sq`` ``[rows, dim]``,
+:data:`TORCHREC_NAMES`). An optimizer whose update reads the iteration (Adam's ``t``) also has
+``optim["state"]["embeddings.<t>.weight"]["<t>.step"]``: the module's ``optimizer_step`` as a 0-d int64
+tensor (the same on every rank, so DCP saves it once as a replicated tensor and every rank loads it).
+:func:`dcp_state_dict` returns ``{"model": {...}, "optim": {"state": {...}}}``, what a TorchRec user saves
+with DCP.
+
+Weights and optimizer state move separately when asked (``names`` of :func:`to_canonical` and
+:func:`from_canonical`): TorchRec exposes them from two methods (the module's ``state_dict`` and the fused
+optimizer's), each its own collective move.
 
 Moving rows (:func:`to_canonical`, :func:`from_canonical`): ONE ``all_to_all_single`` each way carries every
 table's weights and states (rows flattened to float32 columns, buffers ordered by peer then table); split
@@ -48,7 +56,10 @@ from flexshard.runtime.shards import Shard as RowShard
 ShardedSequenceEmbedding = Any
 
 WEIGHT = "weight"
+STEP = "step"  # the per-table key (after "<t>.") of optimizer_step, for optimizers that use it
 TIERS = (Tier.HOT, Tier.WARM, Tier.COLD)
+TORCHREC_NAMES = {"momentum2": "exp_avg_sq"}  # runtime state name -> TorchRec's (fbgemm's Adam) key
+RUNTIME_NAMES = {v: k for k, v in TORCHREC_NAMES.items()}
 
 
 def _row_states(shard: RowShard) -> dict[str, torch.Tensor]:
@@ -64,8 +75,20 @@ def weight_key(table: str, prefix: str = "") -> str:
 
 
 def state_key(table: str, name: str) -> str:
-    """TorchRec fused optimizer's key of a table's optimizer state ``name`` (under its weight key)."""
-    return f"{table}.{name}"
+    """TorchRec fused optimizer's key of a table's optimizer state ``name`` (the runtime's, e.g.
+    ``momentum2``; under its weight key): ``<t>.momentum1``, ``<t>.exp_avg_sq``, ``<t>.step``."""
+    return f"{table}.{TORCHREC_NAMES.get(name, name)}"
+
+
+def state_name(table: str, key: str) -> str:
+    """The runtime's state name of a TorchRec state key of ``table`` (inverse of :func:`state_key`)."""
+    name = key[len(table) + 1 :] if key.startswith(f"{table}.") else key
+    return RUNTIME_NAMES.get(name, name)
+
+
+def uses_step(module: ShardedSequenceEmbedding) -> bool:
+    """Whether ``module``'s optimizer reads the iteration (then its DCP state carries ``<t>.step``)."""
+    return bool(getattr(module.row_optimizer, "uses_step", False))
 
 
 def block_bounds(num_rows: int, world: int, rank: int) -> tuple[int, int]:
@@ -92,23 +115,36 @@ class Canonical:
     blocks: dict[str, dict[str, torch.Tensor]]
 
 
-def _tensors_of(module: ShardedSequenceEmbedding, t: int, tier: Tier) -> dict[str, torch.Tensor]:
+Names = frozenset[str] | None  # which tensors of a row move: None every one (weight and states)
+
+
+def _tensors_of(
+    module: ShardedSequenceEmbedding, t: int, tier: Tier, names: Names = None
+) -> dict[str, torch.Tensor]:
     shard = module.shards[(t, tier)]
-    return {WEIGHT: shard.weights, **_row_states(shard)}
+    out = {WEIGHT: shard.weights, **_row_states(shard)}
+    return out if names is None else {k: v for k, v in out.items() if k in names}
 
 
-def _row_shapes(module: ShardedSequenceEmbedding, t: int) -> dict[str, tuple[int, ...]]:
+def state_names(module: ShardedSequenceEmbedding) -> frozenset[str]:
+    """The optimizer state names of ``module``'s rows (no weight)."""
+    return frozenset(_row_states(module.shards[(0, Tier.HOT)])) if module.shards else frozenset()
+
+
+def _row_shapes(module: ShardedSequenceEmbedding, t: int, names: Names = None) -> dict[str, tuple[int, ...]]:
     """Per tensor name, the shape of one row (``(dim,)`` for weights, ``()`` for a row-wise state)."""
-    return {k: tuple(v.shape[1:]) for k, v in _tensors_of(module, t, Tier.HOT).items()}
+    return {k: tuple(v.shape[1:]) for k, v in _tensors_of(module, t, Tier.HOT, names).items()}
 
 
 def _width(shapes: dict[str, tuple[int, ...]]) -> int:
     return sum(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
 
 
-def _flat(module: ShardedSequenceEmbedding, t: int, tier: Tier, rows: torch.Tensor) -> torch.Tensor:
+def _flat(
+    module: ShardedSequenceEmbedding, t: int, tier: Tier, rows: torch.Tensor, names: Names = None
+) -> torch.Tensor:
     """``rows`` of a shard as float32 ``[len(rows), width]`` (weights, then each state flattened)."""
-    tensors = _tensors_of(module, t, tier).values()
+    tensors = _tensors_of(module, t, tier, names).values()
     return torch.cat([_as_rows(v.index_select(0, rows)) for v in tensors], dim=1)
 
 
@@ -168,23 +204,24 @@ def _exchange(send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, 
     return recv, starts
 
 
-def _check_float32(module: ShardedSequenceEmbedding) -> str:
+def _check_float32(module: ShardedSequenceEmbedding, names: Names = None) -> str:
     for t, name in enumerate(module.table_names):
-        for key, v in _tensors_of(module, t, Tier.HOT).items():
+        for key, v in _tensors_of(module, t, Tier.HOT, names).items():
             if v.dtype != torch.float32:
                 return f"table {name!r}: {key} is {v.dtype}, the DCP state supports float32 only"
     return ""
 
 
-def to_canonical(module: ShardedSequenceEmbedding) -> Canonical:
-    """Every row of every table (weights and optimizer states) moved into the canonical blocks, each row
-    taken from exactly one copy (module docstring). Collective: one all-to-all."""
-    _agree(_check_float32(module), module.device)
+def to_canonical(module: ShardedSequenceEmbedding, names: Names = None) -> Canonical:
+    """Every row of every table (weights and optimizer states; ``names``: only those tensors) moved into
+    the canonical blocks, each row taken from exactly one copy (module docstring). Collective: one
+    all-to-all."""
+    _agree(_check_float32(module, names), module.device)
     world, me, dev = module.world_size, module.rank, module.device
     group_of = torch.as_tensor(module.pg.layout.group_of_rank, dtype=torch.int64, device=dev)
     members = _members(module)
     n_tables = len(module.table_names)
-    shapes = [_row_shapes(module, t) for t in range(n_tables)]
+    shapes = [_row_shapes(module, t, names) for t in range(n_tables)]
     widths = np.array([_width(s) for s in shapes], dtype=np.int64)
     send_rows = np.zeros((world, n_tables), dtype=np.int64)
     recv_rows = np.zeros((world, n_tables), dtype=np.int64)
@@ -220,7 +257,7 @@ def to_canonical(module: ShardedSequenceEmbedding) -> Canonical:
 
     def rows_of(t: int) -> tuple[torch.Tensor, torch.Tensor]:
         parts, order = outgoing[t]
-        return torch.cat([_flat(module, t, tier, slots) for tier, slots in parts]), order
+        return torch.cat([_flat(module, t, tier, slots, names) for tier, slots in parts]), order
 
     send = _send_buffer(send_rows, widths, rows_of, dev)
     recv, starts = _exchange(send, send_rows, recv_rows, widths)
@@ -246,15 +283,16 @@ def to_canonical(module: ShardedSequenceEmbedding) -> Canonical:
     )
 
 
-def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical) -> None:
-    """Every row ``module`` holds (in any tier) set from the canonical blocks, each replica from the same
-    block row (module docstring). Checks the blocks' tables, tensors and shapes first (one agreed
-    :class:`~core.errors.CheckpointError`). Clears gradients. Collective: one all-to-all."""
+def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical, names: Names = None) -> None:
+    """Every row ``module`` holds (in any tier) set from the canonical blocks (``names``: only those
+    tensors), each replica from the same block row (module docstring). Checks the blocks' tables, tensors
+    and shapes first (one agreed :class:`~core.errors.CheckpointError`). Clears gradients. Collective: one
+    all-to-all."""
     world, me, dev = module.world_size, module.rank, module.device
-    _agree(_check_float32(module) or _blocks_problem(module, canonical), dev)
+    _agree(_check_float32(module, names) or _blocks_problem(module, canonical, names), dev)
     members = _members(module)
     n_tables = len(module.table_names)
-    shapes = [_row_shapes(module, t) for t in range(n_tables)]
+    shapes = [_row_shapes(module, t, names) for t in range(n_tables)]
     widths = np.array([_width(s) for s in shapes], dtype=np.int64)
     send_rows = np.zeros((world, n_tables), dtype=np.int64)
     recv_rows = np.zeros((world, n_tables), dtype=np.int64)
@@ -313,30 +351,30 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical) -> No
                 if not sel.numel():
                     continue
                 slots = slot_of[at : at + k].index_select(0, sel)
-                for key, dst in _tensors_of(module, t, kind).items():
+                for key, dst in _tensors_of(module, t, kind, names).items():
                     dst.index_copy_(0, slots, parts[key].index_select(0, sel))
             at += k
     module.zero_grad()
 
 
-def _empty_canonical(module: ShardedSequenceEmbedding) -> Canonical:
-    """Uninitialised canonical blocks of this rank (templates for a DCP load)."""
+def empty_canonical(module: ShardedSequenceEmbedding, names: Names = None) -> Canonical:
+    """Uninitialised canonical blocks of this rank (templates for a DCP load; ``names``: those tensors)."""
     blocks, lo = {}, []
     for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
         a, b = block_bounds(r.num_rows, module.world_size, module.rank)
-        shapes = _row_shapes(module, t)
+        shapes = _row_shapes(module, t, names)
         blocks[name] = {k: torch.empty((b - a, *s), device=module.device) for k, s in shapes.items()}
         lo.append(a)
     return Canonical(list(module.table_names), [r.num_rows for r in module.routing], lo, blocks)
 
 
-def _blocks_problem(module: ShardedSequenceEmbedding, canonical: Canonical) -> str:
+def _blocks_problem(module: ShardedSequenceEmbedding, canonical: Canonical, names: Names = None) -> str:
     """'' when ``canonical`` has every table of ``module`` with its tensors in this rank's block shape."""
     for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
         block = canonical.blocks.get(name)
         if block is None:
             return f"DCP state: no table {name!r} (it has {sorted(canonical.blocks)})"
-        shapes = _row_shapes(module, t)
+        shapes = _row_shapes(module, t, names)
         if set(block) != set(shapes):
             return (
                 f"DCP state: table {name!r} has tensors {sorted(block)}, this module's optimizer keeps "
@@ -376,9 +414,18 @@ def dcp_state_dict(module: ShardedSequenceEmbedding, empty: bool = False, prefix
     ``torch.distributed.checkpoint.save`` saves and ``load`` fills in place. ``empty``: blocks allocated
     but not filled (no move), a template for ``load``. ``prefix``: before every weight key
     (:func:`weight_key`), to match a TorchRec model's keys. Collective."""
-    canonical = _empty_canonical(module) if empty else to_canonical(module)
+    canonical = empty_canonical(module) if empty else to_canonical(module)
     model, state = as_dtensors(canonical, device_mesh(module), prefix)
+    if uses_step(module):
+        for name in module.table_names:
+            state[weight_key(name, prefix)][state_key(name, STEP)] = step_tensor(module)
     return {"model": model, "optim": {"state": state}}
+
+
+def step_tensor(module: ShardedSequenceEmbedding) -> torch.Tensor:
+    """``module.optimizer_step`` as the 0-d int64 tensor the DCP state carries (CPU: DCP saves it as a
+    replicated tensor, written once)."""
+    return torch.tensor(int(module.optimizer_step), dtype=torch.int64)
 
 
 def as_dtensors(
@@ -403,35 +450,62 @@ def load_dcp_state_dict(
     """Set every row ``module`` holds from a state dict of :func:`dcp_state_dict`'s form (as
     ``torch.distributed.checkpoint.load`` filled it, possibly saved at another world size or plan). A
     missing table or state, or one of another shape, is one agreed CheckpointError. Collective."""
-    problem, blocks = "", {}
+    problem, blocks, step = "", {}, None
     try:
-        blocks = _blocks_of(module, state_dict, prefix)
+        blocks, step = _blocks_of(module, state_dict, prefix)
     except CheckpointError as e:
         problem = str(e)
     _agree(problem, module.device)
+    from_canonical(module, canonical_of(module, blocks))
+    if step is not None:
+        module.optimizer_step = step
+
+
+def canonical_of(module: ShardedSequenceEmbedding, blocks: dict[str, dict[str, torch.Tensor]]) -> Canonical:
+    """``blocks`` (this rank's, per table and tensor name) as the module's :class:`Canonical`."""
     lo = [block_bounds(r.num_rows, module.world_size, module.rank)[0] for r in module.routing]
     rows = [r.num_rows for r in module.routing]
-    from_canonical(module, Canonical(list(module.table_names), rows, lo, blocks))
+    return Canonical(list(module.table_names), rows, lo, blocks)
+
+
+def step_of(name: str, value: Any, where: str) -> int:
+    """The iteration a ``<t>.step`` entry holds (a 0-d integer tensor or an int); CheckpointError else."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        return int(value.reshape(()).item())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise CheckpointError(f"DCP state: {where}.{state_key(name, STEP)} is not an integer, got {value!r}")
 
 
 def _blocks_of(
     module: ShardedSequenceEmbedding, state_dict: Any, prefix: str = ""
-) -> dict[str, dict[str, torch.Tensor]]:
-    """The canonical blocks in ``state_dict`` (local tensors of its DTensors), checked against ``module``."""
+) -> tuple[dict[str, dict[str, torch.Tensor]], int | None]:
+    """The canonical blocks in ``state_dict`` (local tensors of its DTensors), checked against ``module``,
+    and the saved ``optimizer_step`` (None when the optimizer does not use it; a module whose optimizer
+    uses it needs it: CheckpointError)."""
     model = state_dict.get("model") if isinstance(state_dict, dict) else None
     optim = state_dict.get("optim") if isinstance(state_dict, dict) else None
     states = optim.get("state") if isinstance(optim, dict) else None
     if not isinstance(model, dict) or not isinstance(states, dict):
         raise CheckpointError("DCP state: expected {'model': {...}, 'optim': {'state': {...}}}")
     blocks: dict[str, dict[str, torch.Tensor]] = {}
+    step = None
     for name, r in zip(module.table_names, module.routing, strict=True):
         key = weight_key(name, prefix)
         if key not in model:
             raise CheckpointError(f"DCP state: no key model.{key} (table {name!r}; it has {sorted(model)})")
-        per_table = states.get(key, {})
+        per_table = dict(states.get(key, {}))
+        saved_step = per_table.pop(state_key(name, STEP), None)
+        if uses_step(module):
+            if saved_step is None:
+                raise CheckpointError(
+                    f"DCP state: no optim.state.{key}.{state_key(name, STEP)} (the iteration "
+                    f"{module.optimizer!r} needs)"
+                )
+            step = step_of(name, saved_step, f"optim.state.{key}")
         block = {WEIGHT: model[key]}
         for skey, value in per_table.items():
-            block[skey[len(name) + 1 :] if skey.startswith(f"{name}.") else skey] = value
+            block[state_name(name, skey)] = value
         lo, hi = block_bounds(r.num_rows, module.world_size, module.rank)
         for k, v in block.items():
             if tuple(v.shape[:1]) != (r.num_rows,):
@@ -441,7 +515,7 @@ def _blocks_of(
                 )
             block[k] = v.to_local() if isinstance(v, DTensor) else v[lo:hi]  # a full tensor: this block
         blocks[name] = block
-    return blocks
+    return blocks, step
 
 
 def _agree(error: str, device: torch.device) -> None:
@@ -466,7 +540,16 @@ class DcpStateful:
 
 
 __all__ = [
+    "STEP",
+    "TORCHREC_NAMES",
     "Canonical",
+    "canonical_of",
+    "empty_canonical",
+    "state_name",
+    "state_names",
+    "step_of",
+    "step_tensor",
+    "uses_step",
     "as_dtensors",
     "DcpStateful",
     "block_bounds",
