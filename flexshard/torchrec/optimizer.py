@@ -31,7 +31,13 @@ class FlexShardFusedOptimizer(FusedOptimizer):
             params[f"{embedding.table_names[t]}.{tier.label}"] = shard.weights
             if shard.states:  # fbgemm's names: momentum1 (and Adam's momentum2)
                 state[shard.weights] = dict(shard.states)
-        group = {"params": list(params.values()), "lr": embedding.lr, "eps": embedding.eps}
+        group = {
+            "params": list(params.values()),
+            "lr": embedding.lr,
+            "eps": embedding.eps,
+            "beta1": embedding.betas[0],
+            "beta2": embedding.betas[1],
+        }
         super().__init__(params, state, [group])
 
     def step(self, closure: Any = None) -> None:
@@ -40,6 +46,7 @@ class FlexShardFusedOptimizer(FusedOptimizer):
             raise ValueError("closure: FlexShardFusedOptimizer.step takes no closure")
         group = next(iter(self.param_groups))
         self._embedding.lr, self._embedding.eps = float(group["lr"]), float(group["eps"])
+        self._embedding.betas = (float(group["beta1"]), float(group["beta2"]))
         self._embedding.step()
 
     def zero_grad(self, set_to_none: bool = False) -> None:

@@ -172,6 +172,7 @@ class FlexShardEmbeddingCollection(
             optimizer=settings.optimizer,
             lr=settings.lr,
             eps=settings.eps,
+            betas=settings.betas,
             device=device,
             layout=layout,
             timeout_s=timeout_s,

@@ -44,7 +44,12 @@ FEATURES = {"item": ["hist", "target"], "tag": ["tag_hist"]}
 TIERS = {"item": (12, 40), "tag": (6, 14)}  # hot, warm rows
 FETCH = {"item": FetchMode.GROUP, "tag": FetchMode.FLAT}
 USERS = 50
-OPTIMIZERS = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+OPTIMIZERS = {
+    "sgd": EmbOptimType.EXACT_SGD,
+    "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    "elementwise_adagrad": EmbOptimType.EXACT_ADAGRAD,
+    "adam": EmbOptimType.ADAM,
+}
 LR, DENSE_LR, EPS = 0.05, 0.1, 1e-8
 
 
