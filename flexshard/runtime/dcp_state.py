@@ -402,7 +402,8 @@ def device_mesh(module: ShardedSequenceEmbedding) -> DeviceMesh:
     return mesh
 
 
-def _dtensor(local: torch.Tensor, num_rows: int, mesh: DeviceMesh) -> DTensor:
+def dtensor(local: torch.Tensor, num_rows: int, mesh: DeviceMesh) -> DTensor:
+    """``local`` (this rank's canonical block) as the ``Shard(0)`` DTensor of ``num_rows`` rows."""
     shape = torch.Size((num_rows, *local.shape[1:]))
     stride = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
@@ -437,9 +438,9 @@ def as_dtensors(
     model, state = {}, {}
     for name, n in zip(canonical.tables, canonical.num_rows, strict=True):
         block = canonical.blocks[name]
-        model[weight_key(name, prefix)] = _dtensor(block[WEIGHT], n, mesh)
+        model[weight_key(name, prefix)] = dtensor(block[WEIGHT], n, mesh)
         state[weight_key(name, prefix)] = {
-            state_key(name, k): _dtensor(v, n, mesh) for k, v in block.items() if k != WEIGHT
+            state_key(name, k): dtensor(v, n, mesh) for k, v in block.items() if k != WEIGHT
         }
     return model, state
 
@@ -524,6 +525,11 @@ def _agree(error: str, device: torch.device) -> None:
         raise agreed(CheckpointError(message))
 
 
+def check_agreed(error: str, device: torch.device) -> None:
+    """Raise one CheckpointError on every rank when any rank's ``error`` is not '' (collective)."""
+    _agree(error, device)
+
+
 class DcpStateful:
     """``module``'s DCP state as a ``torch.distributed.checkpoint.stateful.Stateful``: put it in the state
     dict given to ``dcp.save`` / ``dcp.load`` (e.g. ``{"embedding": DcpStateful(module), ...}``); DCP calls
@@ -544,6 +550,8 @@ __all__ = [
     "TORCHREC_NAMES",
     "Canonical",
     "canonical_of",
+    "check_agreed",
+    "dtensor",
     "empty_canonical",
     "state_name",
     "state_names",
