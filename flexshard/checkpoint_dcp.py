@@ -53,6 +53,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from core.errors import CheckpointError, agreed
+from core.vocabulary import Tier
 from flexshard.checkpoint import _atomic_text, _atomic_torch_save, load_full, step_dir
 from flexshard.checkpoint_manifest import (
     BLOCKS_LAYOUT,
@@ -84,7 +85,7 @@ def _expected(module: ShardedSequenceEmbedding, prefix: str = "") -> dict[str, t
     for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
         key = weight_key(name, prefix)
         out[f"model.{key}"] = (name, [r.num_rows, module.dims[t]])
-        hot = module.shards[(t, dcp_state.Tier.HOT)]
+        hot = module.shards[(t, Tier.HOT)]
         for s, v in dcp_state._row_states(hot).items():
             out[f"optim.state.{key}.{state_key(name, s)}"] = (name, [r.num_rows, *v.shape[1:]])
         if dcp_state.uses_step(module):

@@ -14,6 +14,14 @@ backward           ``grads``, ``rail_grads`` (autograd)
 ``fused_optimizer``  ``step()``: the replica ``sync`` and the row update
 =================  ====================================================================================
 
+Checkpoints: ``state_dict()`` gives every row once as ``Shard(0)`` DTensors of contiguous row blocks at
+``<path>.embeddings.<t>.weight`` (TorchRec's keys; :mod:`flexshard.runtime.dcp_state`) and
+``_load_from_state_dict`` (what ``Module.load_state_dict`` and DMP call) re-deals them by this rank's
+plan; the fused optimizer's ``state_dict()`` / ``load_state_dict()`` do the same for the optimizer state
+(:mod:`flexshard.torchrec.optimizer`). Each is collective (one all-to-all), as TorchRec's own sharded
+state dicts are: every rank calls them, in the same order, e.g. ``dcp.save({"model": dmp.state_dict(),
+"optim": dmp.fused_optimizer.state_dict()})``.
+
 Gradients: as TorchRec's own sharded modules, a row's gradient is the mean over the ranks of the
 gradient of each rank's loss while ``torchrec.distributed.comm_ops.get_gradient_division()`` (the
 default; the sum when it is off), matching DDP's mean of the dense gradients.
