@@ -154,3 +154,20 @@ def pipelined(
             save(dmp, save_to)
     state = full_state(dmp)
     return {"losses": losses, "step0": step0, "state": state if rank == 0 else None}
+
+
+def state_keys(rank: int, world: int, plan_path: str) -> dict:
+    """The keys (and global shapes) of ``dmp.state_dict()`` and ``dmp.fused_optimizer.state_dict()`` of the
+    test model with the collection by FlexShardSharder and by TorchRec's row-wise sharding (both row-wise
+    Adagrad)."""
+    out = {}
+    for kind in ("flexshard", "torchrec"):
+        dmp, _opt = build(kind, "adagrad", plan_path if kind == "flexshard" else None)
+        model = {k: tuple(v.size()) for k, v in dmp.state_dict().items()}
+        optim = {
+            (k, s): tuple(v.size())
+            for k, states in dmp.fused_optimizer.state_dict()["state"].items()
+            for s, v in states.items()
+        }
+        out[kind] = (model, optim)
+    return out

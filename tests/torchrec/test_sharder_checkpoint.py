@@ -5,6 +5,8 @@ gloo ranks. The model: users in an EmbeddingBagCollection by TorchRec's own shar
 the sequence tables in an EmbeddingCollection by FlexShardSharder (Adam, plans with hot, warm and cold
 rows), a dense layer (DDP, SGD).
 
+* ``dmp.state_dict()`` and ``dmp.fused_optimizer.state_dict()`` have the keys and global shapes of the
+  same model with the collection row-wise by TorchRec (row-wise Adagrad);
 * saved at 4 ranks (2 groups) and loaded at 2 (2 groups of 1), then trained, saved and loaded at 4: every
   row of every table, its optimizer state (Adagrad's ``momentum1``; Adam's ``momentum1``, ``momentum2``),
   Adam's iteration and the dense layer equal the saved ones exactly;
@@ -85,3 +87,14 @@ def test_a_pipelined_dmp_job_resumes_from_dcp_at_another_world_size(tmp_path):
     for name in ("item", "tag", "users"):
         diff = (ref[(name, "weight")] - res[(name, "weight")]).abs().max()
         assert diff <= 1e-5, (name, diff)
+
+
+def test_the_state_dicts_have_torchrecs_keys_and_shapes(tmp_path):
+    """What a user saves is keyed and shaped as with TorchRec's own row-wise collection, so the same
+    ``dcp.save`` / ``dcp.load`` code serves both (weights ``[rows, dim]``, ``momentum1 [rows]``)."""
+    results = run_on_ranks(cw.state_keys, 2, _plans(tmp_path)[2], timeout_s=300)
+    for r in results:
+        assert r["flexshard"] == r["torchrec"]
+        model, optim = r["flexshard"]
+        assert model["ec.embeddings.item.weight"] == (240, w.DIM)
+        assert optim[("ec.embeddings.tag.weight", "tag.momentum1")] == (60,)
