@@ -10,18 +10,23 @@ of the same shape, no other optimizer state): a difference is one line, on every
 Conversion (offline, one process, whole tables in memory: ``num_rows * (dim + state) * 4`` bytes per
 table), ``flexshard convert-checkpoint SRC DST`` (the direction is what SRC is):
 
-* **flexshard -> DCP** (:func:`flexshard_to_dcp`): the tables and their row-wise state as
-  ``model.embeddings.<t>.weight`` and ``optim.state.embeddings.<t>.weight.<t>.momentum1`` (omitted for SGD),
-  and under ``flexshard`` one bytes entry with what only ``flexshard train`` uses: the manifest (step,
-  world, groups, optimizer, run identity), the dense model, the dense optimizer and ``extra``. A job loads
-  it with :func:`load_dcp` (or TorchRec's DCP load) at any world size and plan.
+* **flexshard -> DCP** (:func:`flexshard_to_dcp`): the tables and their optimizer states as
+  ``model.embeddings.<t>.weight`` and ``optim.state.embeddings.<t>.weight.<t>.<state>`` (TorchRec's keys,
+  :func:`~flexshard.runtime.dcp_state.state_key`: ``momentum1``, Adam's ``exp_avg_sq``; none for SGD; Adam's
+  iteration as ``<t>.step``, the manifest's ``optimizer_step``), and under ``flexshard`` one bytes entry
+  with what only ``flexshard train`` uses: the manifest (step, world, groups, optimizer, run identity),
+  the dense model, the dense optimizer and ``extra``. A job loads it with :func:`load_dcp` (or TorchRec's
+  DCP load) at any world size and plan.
 * **DCP -> flexshard** (:func:`dcp_to_flexshard`): a checkpoint folder ``DST/step-NNNNNNNN`` whose rank
   files hold the rows in contiguous blocks (as cold rows; every row once) and whose manifest records the
   layout :data:`~flexshard.checkpoint_manifest.BLOCKS_LAYOUT`, so that ``flexshard train --resume`` re-deals
   it to its plan (:mod:`flexshard.checkpoint_reshard`) at any world size, the saved one included. World,
   groups, step, run identity and dense state are the ``flexshard`` entry's when there is one (a checkpoint
-  that came from flexshard), else 1 rank, step 0, no identity and no dense state. The format keeps one
-  row-wise state (``momentum1 [rows]``); another optimizer state is refused.
+  that came from flexshard), else 1 rank, step 0, no identity and no dense state. The optimizer is the
+  ``flexshard`` entry's, else the one of the registry (:mod:`flexshard.runtime.optimizers`) whose state
+  names and shapes are the saved ones (none: SGD; ``momentum1 [rows]``: row-wise Adagrad; ``momentum1
+  [rows, dim]``: element-wise Adagrad; with ``exp_avg_sq [rows, dim]``: Adam); its ``optimizer_step`` the
+  entry's, else ``<t>.step``, else 0. States no optimizer keeps are one line.
 
 A round trip either way gives back the same rows, states, dense state, step and identity (the flexshard
 side's rank files are then in blocks rather than by the first plan).
@@ -48,6 +53,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from core.errors import CheckpointError, agreed
+from core.vocabulary import Tier
 from flexshard.checkpoint import _atomic_text, _atomic_torch_save, load_full, step_dir
 from flexshard.checkpoint_manifest import (
     BLOCKS_LAYOUT,
@@ -60,10 +66,10 @@ from flexshard.checkpoint_manifest import (
 )
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
-from flexshard.runtime.dcp_state import block_bounds, state_key, weight_key
+from flexshard.runtime.dcp_state import STEP, block_bounds, state_key, step_of, weight_key
+from flexshard.runtime.optimizers import REGISTRY, row_optimizer
 
 META = ".metadata"  # the file DCP's FileSystemWriter writes last
-ROW_STATE = "momentum1"  # the flexshard format's one row-wise optimizer state
 
 
 def _table_of(key: str, prefix: str = "") -> str:
@@ -79,9 +85,11 @@ def _expected(module: ShardedSequenceEmbedding, prefix: str = "") -> dict[str, t
     for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
         key = weight_key(name, prefix)
         out[f"model.{key}"] = (name, [r.num_rows, module.dims[t]])
-        hot = module.shards[(t, dcp_state.Tier.HOT)]
+        hot = module.shards[(t, Tier.HOT)]
         for s, v in dcp_state._row_states(hot).items():
             out[f"optim.state.{key}.{state_key(name, s)}"] = (name, [r.num_rows, *v.shape[1:]])
+        if dcp_state.uses_step(module):
+            out[f"optim.state.{key}.{state_key(name, STEP)}"] = (name, [])
     return out
 
 
@@ -162,11 +170,14 @@ def flexshard_to_dcp(src: str | os.PathLike, dst: str | os.PathLike, prefix: str
     full = load_full(src)
     manifest = full.manifest
     model = {weight_key(t.name, prefix): full.weights[t.name] for t in manifest.tables}
-    with_state = manifest.optimizer != "sgd"
-    states = {
-        weight_key(t.name, prefix): {state_key(t.name, ROW_STATE): full.state[t.name]} if with_state else {}
-        for t in manifest.tables
-    }
+    step = row_optimizer(manifest.optimizer).uses_step
+    states = {}
+    for t in manifest.tables:
+        states[weight_key(t.name, prefix)] = {state_key(t.name, n): v for n, v in full.states[t.name].items()}
+        if step:
+            states[weight_key(t.name, prefix)][state_key(t.name, STEP)] = torch.tensor(
+                manifest.optimizer_step
+            )
     meta = {
         "manifest": manifest.document(),
         "dense": full.dense,
@@ -218,8 +229,7 @@ def dcp_to_flexshard(
         raise CheckpointError(
             f"{where}: no model.{head}<table>.weight tensors (its model keys: {sorted(model)})"
         )
-    tables, weights, rows_state = [], {}, {}
-    with_state = set()
+    tables, weights, rows_states, optimizers, steps = [], {}, {}, set(), set()
     for name in names:
         w = model.get(weight_key(name, prefix))
         if not isinstance(w, torch.Tensor) or w.dim() != 2 or w.dtype != torch.float32:
@@ -227,18 +237,37 @@ def dcp_to_flexshard(
                 f"{where}: model.{weight_key(name, prefix)} is not a float32 [rows, dim] tensor"
             )
         saved = dict(optim.get(weight_key(name, prefix), {}))
-        s = saved.pop(state_key(name, ROW_STATE), None)
-        if saved or (s is not None and tuple(s.shape) != (w.shape[0],)):
-            kinds = sorted([*saved, *([state_key(name, ROW_STATE)] if s is not None else [])])
-            raise CheckpointError(
-                f"{where}: table {name!r} has optimizer state {kinds}; flexshard train checkpoints keep one "
-                f"row-wise state {state_key(name, ROW_STATE)} [rows]"
+        if state_key(name, STEP) in saved:
+            steps.add(
+                step_of(name, saved.pop(state_key(name, STEP)), f"optim.state.{weight_key(name, prefix)}")
             )
-        if s is not None:
-            with_state.add(name)
+        kind = doc.get("optimizer") or _optimizer_of(name, saved, w.shape, where)
+        states = row_optimizer(kind).state_shapes(int(w.shape[1]))
+        rows_states[name] = {}
+        for n, shape in states.items():
+            s = saved.pop(state_key(name, n), None)
+            if not isinstance(s, torch.Tensor) or tuple(s.shape) != (w.shape[0], *shape):
+                got = list(s.shape) if isinstance(s, torch.Tensor) else None
+                raise CheckpointError(
+                    f"{where}: table {name!r} optimizer state {state_key(name, n)} is {got}, "
+                    f"{kind} keeps {[int(w.shape[0]), *shape]}"
+                )
+            rows_states[name][n] = s
+        if saved:
+            raise CheckpointError(
+                f"{where}: table {name!r} has optimizer state {sorted(saved)} {kind} does not keep"
+            )
+        optimizers.add(kind)
         tables.append(TableEntry(name, int(w.shape[0]), int(w.shape[1])))
-        weights[name], rows_state[name] = w, s if s is not None else torch.zeros(w.shape[0])
-    optimizer = doc.get("optimizer") or ("adagrad" if with_state else "sgd")
+        weights[name] = w
+    if len(optimizers) > 1:
+        raise CheckpointError(
+            f"{where}: the tables' optimizer states are of {sorted(optimizers)}; one optimizer per checkpoint"
+        )
+    if len(steps) > 1:
+        raise CheckpointError(f"{where}: the tables' <t>.step differ ({sorted(steps)})")
+    optimizer = optimizers.pop() if optimizers else "sgd"
+    optimizer_step = int(doc.get("optimizer_step", steps.pop() if steps else 0))
     world, groups = int(doc.get("world_size", 1)), doc.get("groups", [[0]])
     run = doc.get("run")
     step = int(doc["step"]) if doc else int(step or 0)
@@ -254,7 +283,7 @@ def dcp_to_flexshard(
                 rows[t.name] = {"cold": {
                     "ids": torch.arange(lo, hi, dtype=torch.int64),
                     "weights": weights[t.name][lo:hi].clone(),
-                    "state": rows_state[t.name][lo:hi].clone(),
+                    "states": {n: v[lo:hi].clone() for n, v in rows_states[t.name].items()},
                 }}  # fmt: skip
         payload = {"format": SCHEMA, "rank": rank, "step": step, "layout": BLOCKS_LAYOUT,
                    "run": run_digest(run), "rows": rows}  # fmt: skip
@@ -262,9 +291,25 @@ def dcp_to_flexshard(
             payload |= {"dense": meta.get("dense", {}), "dense_optimizer": meta.get("dense_optimizer"),
                         "extra": meta.get("extra", {})}  # fmt: skip
         files.append(_atomic_torch_save(payload, final / f"rank{rank}.pt"))
-    document = manifest_document(step, world, groups, tables, optimizer, BLOCKS_LAYOUT, files, run)
+    document = manifest_document(
+        step, world, groups, tables, optimizer, BLOCKS_LAYOUT, files, run, optimizer_step
+    )
     _atomic_text(json.dumps(document, indent=1) + "\n", final / MANIFEST)
     return final
+
+
+def _optimizer_of(name: str, saved: dict[str, Any], shape: torch.Size, where: str) -> str:
+    """The optimizer of the registry whose states (TorchRec keys, shapes) are exactly ``saved``'s, for a
+    table ``name`` of ``shape`` ``[rows, dim]``; CheckpointError in one line when none is."""
+    got = {k: tuple(v.shape) if isinstance(v, torch.Tensor) else None for k, v in saved.items()}
+    for kind, opt in REGISTRY.items():
+        want = {state_key(name, n): (int(shape[0]), *s) for n, s in opt.state_shapes(int(shape[1])).items()}
+        if want == got:
+            return kind
+    shown = {k: list(v) if v is not None else "not a tensor" for k, v in sorted(got.items())}
+    raise CheckpointError(
+        f"{where}: table {name!r} has optimizer state {shown}, the state of none of {sorted(REGISTRY)}"
+    )
 
 
 def convert(src: str | os.PathLike, dst: str | os.PathLike, prefix: str = "") -> Path:

@@ -7,54 +7,57 @@ tensor of it, as one logical ``[num_rows, ...]`` tensor split in contiguous row 
 ``[min(r*B, n), min((r+1)*B, n))`` with ``B = ceil(n / world)``, as ``torch.chunk`` and DTensor split
 them). DCP reshards such tensors between world sizes itself, so a checkpoint saved at world 4 under plan A
 loads at world 2 under plan B: the canonical blocks change, and each rank re-deals them by its own plan.
+The moves between the plan's placement and the blocks are :mod:`flexshard.runtime.canonical_rows`'s.
 
 Keys (TorchRec's, so that a TorchRec module can expose the same state): the weights of table ``t`` are
 ``model["embeddings.<t>.weight"]`` (``EmbeddingCollection``'s key); its optimizer state tensors are
 ``optim["state"]["embeddings.<t>.weight"]["<t>.<name>"]`` as TorchRec's fused optimizer names them
 (``KeyedOptimizer.state_dict``: the first state is ``momentum1``, e.g. row-wise Adagrad's accumulator
-``[rows]``, later ones keep FBGEMM's name, e.g. Adam's ``exp_avg_sq`` ``[rows, dim]``). :func:`dcp_state_dict`
-returns ``{"model": {...}, "optim": {"state": {...}}}``, what a TorchRec user saves with DCP.
+``[rows]``, later ones keep FBGEMM's name: Adam's ``momentum2`` is ``exp_avg_sq`` ``[rows, dim]``,
+:data:`TORCHREC_NAMES`). An optimizer whose update reads the iteration (Adam's ``t``) also has
+``optim["state"]["embeddings.<t>.weight"]["<t>.step"]``: the module's ``optimizer_step`` as a 0-d int64
+tensor (the same on every rank, so DCP saves it once as a replicated tensor and every rank loads it).
+:func:`dcp_state_dict` returns ``{"model": {...}, "optim": {"state": {...}}}``, what a TorchRec user saves
+with DCP.
 
-Moving rows (:func:`to_canonical`, :func:`from_canonical`): ONE ``all_to_all_single`` each way carries every
-table's weights and states (rows flattened to float32 columns, buffers ordered by peer then table); split
-sizes are not exchanged, since both ends compute them from the plan's routing. Saving, every row is sent
-exactly once: a hot row by its block owner itself (every rank holds it), a warm row by the rank of the
-block owner's group at the row's warm position (so warm rows stay inside the group), a cold row by its
-owner. Loading, a block owner sends each row to every rank that holds a copy (hot: all ranks; warm: the
-rank at its position in every group; cold: its owner), so every replica gets the same bits. Rows travel in
-ascending id order, which is also block order, so each side places them with one vectorised index per
-(peer, table) slice: no Python loop per row. Memory per rank: the canonical blocks, the send buffer (the
-rows it sends; on load hot rows once per rank; filled one table at a time, so one table's rows more while
-it is) and a receive buffer of what it receives (on save: its block).
+Weights and optimizer state move separately when asked (``names`` of :func:`to_canonical` and
+:func:`from_canonical`): TorchRec exposes them from two methods (the module's ``state_dict`` and the fused
+optimizer's), each its own collective move.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
-from core.errors import CheckpointError, agreed
-from core.vocabulary import Tier
-from flexshard.runtime.agreement import agreed_message
-from flexshard.runtime.shards import Shard as RowShard
+from core.errors import CheckpointError
+from flexshard.runtime.canonical_rows import (  # noqa: F401 - re-exported: the DCP state's one import
+    TIERS,
+    WEIGHT,
+    Canonical,
+    _agree,
+    _row_shapes,
+    _row_states,
+    block_bounds,
+    block_owner,
+    canonical_of,
+    check_agreed,
+    empty_canonical,
+    from_canonical,
+    state_names,
+    to_canonical,
+)
 
 # a flexshard.runtime.ShardedSequenceEmbedding, which imports this module (so not imported here)
 ShardedSequenceEmbedding = Any
 
-WEIGHT = "weight"
-TIERS = (Tier.HOT, Tier.WARM, Tier.COLD)
-
-
-def _row_states(shard: RowShard) -> dict[str, torch.Tensor]:
-    """The optimizer state tensors of ``shard``'s rows by TorchRec state name, each with a leading rows
-    dimension (the one accessor of optimizer state here)."""
-    return dict(shard.states)
+STEP = "step"  # the per-table key (after "<t>.") of optimizer_step, for optimizers that use it
+TORCHREC_NAMES = {"momentum2": "exp_avg_sq"}  # runtime state name -> TorchRec's (fbgemm's Adam) key
+RUNTIME_NAMES = {v: k for k, v in TORCHREC_NAMES.items()}
 
 
 def weight_key(table: str, prefix: str = "") -> str:
@@ -64,292 +67,20 @@ def weight_key(table: str, prefix: str = "") -> str:
 
 
 def state_key(table: str, name: str) -> str:
-    """TorchRec fused optimizer's key of a table's optimizer state ``name`` (under its weight key)."""
-    return f"{table}.{name}"
+    """TorchRec fused optimizer's key of a table's optimizer state ``name`` (the runtime's, e.g.
+    ``momentum2``; under its weight key): ``<t>.momentum1``, ``<t>.exp_avg_sq``, ``<t>.step``."""
+    return f"{table}.{TORCHREC_NAMES.get(name, name)}"
 
 
-def block_bounds(num_rows: int, world: int, rank: int) -> tuple[int, int]:
-    """Rows ``[lo, hi)`` of ``rank``'s canonical block (``torch.chunk`` / DTensor ``Shard(0)`` split)."""
-    size = -(-num_rows // world) if num_rows else 0
-    lo = min(rank * size, num_rows)
-    return lo, min(lo + size, num_rows)
+def state_name(table: str, key: str) -> str:
+    """The runtime's state name of a TorchRec state key of ``table`` (inverse of :func:`state_key`)."""
+    name = key[len(table) + 1 :] if key.startswith(f"{table}.") else key
+    return RUNTIME_NAMES.get(name, name)
 
 
-def block_owner(ids: torch.Tensor, num_rows: int, world: int) -> torch.Tensor:
-    """The rank whose canonical block holds each of ``ids`` (int64)."""
-    size = max(-(-num_rows // world), 1)
-    return torch.div(ids, size, rounding_mode="floor")
-
-
-@dataclass
-class Canonical:
-    """This rank's canonical blocks: per table ``{"weight": [hi - lo, dim], <state>: [hi - lo, ...]}``,
-    rows ``lo..hi-1`` of the logical tensors of ``num_rows`` rows."""
-
-    tables: list[str]
-    num_rows: list[int]
-    lo: list[int]
-    blocks: dict[str, dict[str, torch.Tensor]]
-
-
-def _tensors_of(module: ShardedSequenceEmbedding, t: int, tier: Tier) -> dict[str, torch.Tensor]:
-    shard = module.shards[(t, tier)]
-    return {WEIGHT: shard.weights, **_row_states(shard)}
-
-
-def _row_shapes(module: ShardedSequenceEmbedding, t: int) -> dict[str, tuple[int, ...]]:
-    """Per tensor name, the shape of one row (``(dim,)`` for weights, ``()`` for a row-wise state)."""
-    return {k: tuple(v.shape[1:]) for k, v in _tensors_of(module, t, Tier.HOT).items()}
-
-
-def _width(shapes: dict[str, tuple[int, ...]]) -> int:
-    return sum(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
-
-
-def _flat(module: ShardedSequenceEmbedding, t: int, tier: Tier, rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` of a shard as float32 ``[len(rows), width]`` (weights, then each state flattened)."""
-    tensors = _tensors_of(module, t, tier).values()
-    return torch.cat([_as_rows(v.index_select(0, rows)) for v in tensors], dim=1)
-
-
-def _as_rows(v: torch.Tensor) -> torch.Tensor:
-    """``v [n, ...]`` as ``[n, prod(...)]`` (also for n = 0)."""
-    return v.reshape(v.shape[0], int(np.prod(v.shape[1:], dtype=np.int64)))
-
-
-def _unflat(flat: torch.Tensor, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """Views of ``flat [n, width]`` column ranges, one per tensor, shaped ``[n, *row shape]``."""
-    out, at = {}, 0
-    for name, shape in shapes.items():
-        w = int(np.prod(shape, dtype=np.int64))
-        out[name] = flat[:, at : at + w].reshape(flat.shape[0], *shape)
-        at += w
-    return out
-
-
-def _members(module: ShardedSequenceEmbedding) -> torch.Tensor:
-    """int64[groups, max group size]: the rank at each position of each group (-1 past a group's end)."""
-    groups = module.pg.groups
-    out = torch.full((len(groups), max(len(g) for g in groups)), -1, dtype=torch.int64)
-    for g, members in enumerate(groups):
-        out[g, : len(members)] = torch.tensor(members, dtype=torch.int64)
-    return out.to(module.device)
-
-
-def _send_buffer(send_rows: np.ndarray, widths: np.ndarray, rows_of, device: torch.device) -> torch.Tensor:
-    """The float32 send buffer, peer-major then table: ``rows_of(t)`` gives table ``t``'s rows ``[n, width]``
-    and the order to send them in (grouped by peer, ``send_rows[peer, t]`` each); made one table at a
-    time and copied straight into the buffer (peak: the buffer and one table's rows)."""
-    elems = send_rows * widths
-    starts = np.concatenate([[0], np.cumsum(elems.ravel())])[:-1].reshape(elems.shape)
-    send = torch.empty(int(elems.sum()), dtype=torch.float32, device=device)
-    for t in range(send_rows.shape[1]):
-        if not send_rows[:, t].any():
-            continue
-        flat, order = rows_of(t)
-        at, w = 0, int(widths[t])
-        for p in range(send_rows.shape[0]):
-            k = int(send_rows[p, t])
-            out = send[int(starts[p, t]) : int(starts[p, t]) + k * w].view(k, w)
-            torch.index_select(flat, 0, order[at : at + k], out=out)
-            at += k
-        del flat
-    return send
-
-
-def _exchange(send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, widths: np.ndarray):
-    """One all_to_all_single of float32 rows: ``send_rows[peer, table]`` rows of ``widths[table]`` columns
-    to each peer, ``recv_rows[peer, table]`` from each. Returns the receive buffer and element offsets."""
-    send_elems = (send_rows * widths).sum(axis=1)
-    recv_elems = recv_rows * widths
-    recv = torch.empty(int(recv_elems.sum()), dtype=torch.float32, device=send.device)
-    dist.all_to_all_single(recv, send, recv_elems.sum(axis=1).tolist(), send_elems.tolist())
-    starts = np.concatenate([[0], np.cumsum(recv_elems.ravel())])[:-1].reshape(recv_rows.shape)
-    return recv, starts
-
-
-def _check_float32(module: ShardedSequenceEmbedding) -> str:
-    for t, name in enumerate(module.table_names):
-        for key, v in _tensors_of(module, t, Tier.HOT).items():
-            if v.dtype != torch.float32:
-                return f"table {name!r}: {key} is {v.dtype}, the DCP state supports float32 only"
-    return ""
-
-
-def to_canonical(module: ShardedSequenceEmbedding) -> Canonical:
-    """Every row of every table (weights and optimizer states) moved into the canonical blocks, each row
-    taken from exactly one copy (module docstring). Collective: one all-to-all."""
-    _agree(_check_float32(module), module.device)
-    world, me, dev = module.world_size, module.rank, module.device
-    group_of = torch.as_tensor(module.pg.layout.group_of_rank, dtype=torch.int64, device=dev)
-    members = _members(module)
-    n_tables = len(module.table_names)
-    shapes = [_row_shapes(module, t) for t in range(n_tables)]
-    widths = np.array([_width(s) for s in shapes], dtype=np.int64)
-    send_rows = np.zeros((world, n_tables), dtype=np.int64)
-    recv_rows = np.zeros((world, n_tables), dtype=np.int64)
-    outgoing, incoming = [], []
-    for t, r in enumerate(module.routing):
-        n = r.num_rows
-        # what this rank sends: hot rows of its own block, warm rows of blocks in its group, its cold rows
-        payload, dests = [], []
-        for tier in TIERS:
-            ids = torch.as_tensor(module.shards[(t, tier)].ids, dtype=torch.int64, device=dev)
-            dest = block_owner(ids, n, world)
-            keep = dest == me if tier is Tier.HOT else group_of.index_select(0, dest) == module.pg.group
-            if tier is Tier.COLD:
-                keep = torch.ones_like(keep)
-            slots = torch.nonzero(keep).flatten()
-            payload.append((tier, slots, ids.index_select(0, slots)))
-            dests.append(dest.index_select(0, slots))
-        order = torch.argsort(torch.cat([p[2] for p in payload]), stable=True)  # ascending: by destination
-        send_rows[:, t] = torch.bincount(torch.cat(dests), minlength=world).cpu().numpy()
-        outgoing.append(([(tier, slots) for tier, slots, _ in payload], order))
-        # what this rank receives: its block, each row from the copy chosen for it
-        lo, hi = block_bounds(n, world, me)
-        ids = torch.arange(lo, hi, dtype=torch.int64, device=dev)
-        tier, owner, _slot = r.lookup(ids)
-        position = torch.where(tier == int(Tier.WARM), owner, 0)
-        warm_sender = members[module.pg.group].index_select(0, position)
-        sender = torch.where(
-            tier == int(Tier.HOT), me, torch.where(tier == int(Tier.WARM), warm_sender, owner)
-        )
-        by_sender = torch.argsort(sender, stable=True)  # per sender: ascending ids
-        recv_rows[:, t] = torch.bincount(sender, minlength=world).cpu().numpy()
-        incoming.append(by_sender)
-
-    def rows_of(t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        parts, order = outgoing[t]
-        return torch.cat([_flat(module, t, tier, slots) for tier, slots in parts]), order
-
-    send = _send_buffer(send_rows, widths, rows_of, dev)
-    recv, starts = _exchange(send, send_rows, recv_rows, widths)
-    del send
-    blocks = {}
-    for t, name in enumerate(module.table_names):
-        lo, hi = block_bounds(module.routing[t].num_rows, world, me)
-        canon = {k: torch.empty((hi - lo, *s), dtype=torch.float32, device=dev) for k, s in shapes[t].items()}
-        at = 0
-        for p in range(world):
-            k = int(recv_rows[p, t])
-            rows = recv[int(starts[p, t]) : int(starts[p, t]) + k * int(widths[t])].view(k, int(widths[t]))
-            pos = incoming[t][at : at + k]
-            for key, part in _unflat(rows, shapes[t]).items():
-                canon[key].index_copy_(0, pos, part)
-            at += k
-        blocks[name] = canon
-    return Canonical(
-        list(module.table_names),
-        [r.num_rows for r in module.routing],
-        [block_bounds(r.num_rows, world, me)[0] for r in module.routing],
-        blocks,
-    )
-
-
-def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical) -> None:
-    """Every row ``module`` holds (in any tier) set from the canonical blocks, each replica from the same
-    block row (module docstring). Checks the blocks' tables, tensors and shapes first (one agreed
-    :class:`~core.errors.CheckpointError`). Clears gradients. Collective: one all-to-all."""
-    world, me, dev = module.world_size, module.rank, module.device
-    _agree(_check_float32(module) or _blocks_problem(module, canonical), dev)
-    members = _members(module)
-    n_tables = len(module.table_names)
-    shapes = [_row_shapes(module, t) for t in range(n_tables)]
-    widths = np.array([_width(s) for s in shapes], dtype=np.int64)
-    send_rows = np.zeros((world, n_tables), dtype=np.int64)
-    recv_rows = np.zeros((world, n_tables), dtype=np.int64)
-    outgoing, incoming = [], []
-    ranks = torch.arange(world, dtype=torch.int64, device=dev)
-    for t, r in enumerate(module.routing):
-        n = r.num_rows
-        lo, hi = block_bounds(n, world, me)
-        ids = torch.arange(lo, hi, dtype=torch.int64, device=dev)
-        tier, owner, _slot = r.lookup(ids)
-        idx = torch.arange(hi - lo, dtype=torch.int64, device=dev)
-        hot, warm, cold = (tier == int(v) for v in TIERS)
-        # (destination, block row) pairs: hot rows to every rank, warm rows to their position in every group
-        hot_idx = idx[hot]
-        warm_idx = idx[warm]
-        warm_dest = members[:, owner[warm]].T  # [warm rows, groups]
-        pairs_dest = torch.cat([
-            ranks.repeat(hot_idx.numel()), warm_dest.reshape(-1), owner[cold]
-        ])  # fmt: skip
-        pairs_idx = torch.cat([
-            hot_idx.repeat_interleave(world),
-            warm_idx.repeat_interleave(members.shape[0]),
-            idx[cold],
-        ])  # fmt: skip
-        key = pairs_dest * max(hi - lo, 1) + pairs_idx
-        order = torch.argsort(key)  # by destination, then ascending row
-        outgoing.append(pairs_idx.index_select(0, order))
-        send_rows[:, t] = torch.bincount(pairs_dest, minlength=world).cpu().numpy()
-        # what this rank receives: every row it holds, ascending ids (= by source block)
-        held = [torch.as_tensor(module.shards[(t, k)].ids, dtype=torch.int64, device=dev) for k in TIERS]
-        tier_of = torch.cat(
-            [torch.full((h.numel(),), i, dtype=torch.int64, device=dev) for i, h in enumerate(held)]
-        )
-        slot_of = torch.cat([torch.arange(h.numel(), dtype=torch.int64, device=dev) for h in held])
-        all_ids = torch.cat(held)
-        by_id = torch.argsort(all_ids, stable=True)
-        recv_rows[:, t] = torch.bincount(block_owner(all_ids, n, world), minlength=world).cpu().numpy()
-        incoming.append((tier_of.index_select(0, by_id), slot_of.index_select(0, by_id)))
-
-    def rows_of(t: int) -> tuple[torch.Tensor, torch.Tensor]:
-        block = canonical.blocks[module.table_names[t]]
-        return torch.cat([_as_rows(block[k]) for k in shapes[t]], dim=1).to(dev), outgoing[t]
-
-    send = _send_buffer(send_rows, widths, rows_of, dev)
-    recv, starts = _exchange(send, send_rows, recv_rows, widths)
-    del send
-    for t in range(n_tables):
-        tier_of, slot_of = incoming[t]
-        at = 0
-        for p in range(world):
-            k = int(recv_rows[p, t])
-            rows = recv[int(starts[p, t]) : int(starts[p, t]) + k * int(widths[t])].view(k, int(widths[t]))
-            parts = _unflat(rows, shapes[t])
-            for i, kind in enumerate(TIERS):
-                sel = torch.nonzero(tier_of[at : at + k] == i).flatten()
-                if not sel.numel():
-                    continue
-                slots = slot_of[at : at + k].index_select(0, sel)
-                for key, dst in _tensors_of(module, t, kind).items():
-                    dst.index_copy_(0, slots, parts[key].index_select(0, sel))
-            at += k
-    module.zero_grad()
-
-
-def _empty_canonical(module: ShardedSequenceEmbedding) -> Canonical:
-    """Uninitialised canonical blocks of this rank (templates for a DCP load)."""
-    blocks, lo = {}, []
-    for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
-        a, b = block_bounds(r.num_rows, module.world_size, module.rank)
-        shapes = _row_shapes(module, t)
-        blocks[name] = {k: torch.empty((b - a, *s), device=module.device) for k, s in shapes.items()}
-        lo.append(a)
-    return Canonical(list(module.table_names), [r.num_rows for r in module.routing], lo, blocks)
-
-
-def _blocks_problem(module: ShardedSequenceEmbedding, canonical: Canonical) -> str:
-    """'' when ``canonical`` has every table of ``module`` with its tensors in this rank's block shape."""
-    for t, (name, r) in enumerate(zip(module.table_names, module.routing, strict=True)):
-        block = canonical.blocks.get(name)
-        if block is None:
-            return f"DCP state: no table {name!r} (it has {sorted(canonical.blocks)})"
-        shapes = _row_shapes(module, t)
-        if set(block) != set(shapes):
-            return (
-                f"DCP state: table {name!r} has tensors {sorted(block)}, this module's optimizer keeps "
-                f"{sorted(shapes)}"
-            )
-        lo, hi = block_bounds(r.num_rows, module.world_size, module.rank)
-        for key, shape in shapes.items():
-            if tuple(block[key].shape) != (hi - lo, *shape):
-                return (
-                    f"DCP state: table {name!r} {key} block is {list(block[key].shape)}, this module needs "
-                    f"{[hi - lo, *shape]} (rows {lo}..{hi - 1} of {r.num_rows})"
-                )
-    return ""
+def uses_step(module: ShardedSequenceEmbedding) -> bool:
+    """Whether ``module``'s optimizer reads the iteration (then its DCP state carries ``<t>.step``)."""
+    return bool(getattr(module.row_optimizer, "uses_step", False))
 
 
 # --- DTensors and the state dict ------------------------------------------------------------------------
@@ -364,7 +95,8 @@ def device_mesh(module: ShardedSequenceEmbedding) -> DeviceMesh:
     return mesh
 
 
-def _dtensor(local: torch.Tensor, num_rows: int, mesh: DeviceMesh) -> DTensor:
+def dtensor(local: torch.Tensor, num_rows: int, mesh: DeviceMesh) -> DTensor:
+    """``local`` (this rank's canonical block) as the ``Shard(0)`` DTensor of ``num_rows`` rows."""
     shape = torch.Size((num_rows, *local.shape[1:]))
     stride = tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=shape, stride=stride)
@@ -376,9 +108,18 @@ def dcp_state_dict(module: ShardedSequenceEmbedding, empty: bool = False, prefix
     ``torch.distributed.checkpoint.save`` saves and ``load`` fills in place. ``empty``: blocks allocated
     but not filled (no move), a template for ``load``. ``prefix``: before every weight key
     (:func:`weight_key`), to match a TorchRec model's keys. Collective."""
-    canonical = _empty_canonical(module) if empty else to_canonical(module)
+    canonical = empty_canonical(module) if empty else to_canonical(module)
     model, state = as_dtensors(canonical, device_mesh(module), prefix)
+    if uses_step(module):
+        for name in module.table_names:
+            state[weight_key(name, prefix)][state_key(name, STEP)] = step_tensor(module)
     return {"model": model, "optim": {"state": state}}
+
+
+def step_tensor(module: ShardedSequenceEmbedding) -> torch.Tensor:
+    """``module.optimizer_step`` as the 0-d int64 tensor the DCP state carries (CPU: DCP saves it as a
+    replicated tensor, written once)."""
+    return torch.tensor(int(module.optimizer_step), dtype=torch.int64)
 
 
 def as_dtensors(
@@ -390,9 +131,9 @@ def as_dtensors(
     model, state = {}, {}
     for name, n in zip(canonical.tables, canonical.num_rows, strict=True):
         block = canonical.blocks[name]
-        model[weight_key(name, prefix)] = _dtensor(block[WEIGHT], n, mesh)
+        model[weight_key(name, prefix)] = dtensor(block[WEIGHT], n, mesh)
         state[weight_key(name, prefix)] = {
-            state_key(name, k): _dtensor(v, n, mesh) for k, v in block.items() if k != WEIGHT
+            state_key(name, k): dtensor(v, n, mesh) for k, v in block.items() if k != WEIGHT
         }
     return model, state
 
@@ -403,35 +144,55 @@ def load_dcp_state_dict(
     """Set every row ``module`` holds from a state dict of :func:`dcp_state_dict`'s form (as
     ``torch.distributed.checkpoint.load`` filled it, possibly saved at another world size or plan). A
     missing table or state, or one of another shape, is one agreed CheckpointError. Collective."""
-    problem, blocks = "", {}
+    problem, blocks, step = "", {}, None
     try:
-        blocks = _blocks_of(module, state_dict, prefix)
+        blocks, step = _blocks_of(module, state_dict, prefix)
     except CheckpointError as e:
         problem = str(e)
     _agree(problem, module.device)
-    lo = [block_bounds(r.num_rows, module.world_size, module.rank)[0] for r in module.routing]
-    rows = [r.num_rows for r in module.routing]
-    from_canonical(module, Canonical(list(module.table_names), rows, lo, blocks))
+    from_canonical(module, canonical_of(module, blocks))
+    if step is not None:
+        module.optimizer_step = step
+
+
+def step_of(name: str, value: Any, where: str) -> int:
+    """The iteration a ``<t>.step`` entry holds (a 0-d integer tensor or an int); CheckpointError else."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        return int(value.reshape(()).item())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise CheckpointError(f"DCP state: {where}.{state_key(name, STEP)} is not an integer, got {value!r}")
 
 
 def _blocks_of(
     module: ShardedSequenceEmbedding, state_dict: Any, prefix: str = ""
-) -> dict[str, dict[str, torch.Tensor]]:
-    """The canonical blocks in ``state_dict`` (local tensors of its DTensors), checked against ``module``."""
+) -> tuple[dict[str, dict[str, torch.Tensor]], int | None]:
+    """The canonical blocks in ``state_dict`` (local tensors of its DTensors), checked against ``module``,
+    and the saved ``optimizer_step`` (None when the optimizer does not use it; a module whose optimizer
+    uses it needs it: CheckpointError)."""
     model = state_dict.get("model") if isinstance(state_dict, dict) else None
     optim = state_dict.get("optim") if isinstance(state_dict, dict) else None
     states = optim.get("state") if isinstance(optim, dict) else None
     if not isinstance(model, dict) or not isinstance(states, dict):
         raise CheckpointError("DCP state: expected {'model': {...}, 'optim': {'state': {...}}}")
     blocks: dict[str, dict[str, torch.Tensor]] = {}
+    step = None
     for name, r in zip(module.table_names, module.routing, strict=True):
         key = weight_key(name, prefix)
         if key not in model:
             raise CheckpointError(f"DCP state: no key model.{key} (table {name!r}; it has {sorted(model)})")
-        per_table = states.get(key, {})
+        per_table = dict(states.get(key, {}))
+        saved_step = per_table.pop(state_key(name, STEP), None)
+        if uses_step(module):
+            if saved_step is None:
+                raise CheckpointError(
+                    f"DCP state: no optim.state.{key}.{state_key(name, STEP)} (the iteration "
+                    f"{module.optimizer!r} needs)"
+                )
+            step = step_of(name, saved_step, f"optim.state.{key}")
         block = {WEIGHT: model[key]}
         for skey, value in per_table.items():
-            block[skey[len(name) + 1 :] if skey.startswith(f"{name}.") else skey] = value
+            block[state_name(name, skey)] = value
         lo, hi = block_bounds(r.num_rows, module.world_size, module.rank)
         for k, v in block.items():
             if tuple(v.shape[:1]) != (r.num_rows,):
@@ -441,13 +202,7 @@ def _blocks_of(
                 )
             block[k] = v.to_local() if isinstance(v, DTensor) else v[lo:hi]  # a full tensor: this block
         blocks[name] = block
-    return blocks
-
-
-def _agree(error: str, device: torch.device) -> None:
-    message = agreed_message(error, device)
-    if message:
-        raise agreed(CheckpointError(message))
+    return blocks, step
 
 
 class DcpStateful:
@@ -466,7 +221,18 @@ class DcpStateful:
 
 
 __all__ = [
+    "STEP",
+    "TORCHREC_NAMES",
     "Canonical",
+    "canonical_of",
+    "check_agreed",
+    "dtensor",
+    "empty_canonical",
+    "state_name",
+    "state_names",
+    "step_of",
+    "step_tensor",
+    "uses_step",
     "as_dtensors",
     "DcpStateful",
     "block_bounds",

@@ -73,6 +73,7 @@ class RowOptimizer(ABC):
     # whether a row looked up with a zero gradient still changes (Adam: its moments decay and it moves);
     # if not, updating an untouched row as touched is harmless (the runtime's dense sync does)
     zero_gradient_moves: bool = False
+    uses_step: bool = False  # whether update reads the iteration t (Adam's bias corrections)
 
     def state_shapes(self, dim: int) -> dict[str, tuple[int, ...]]:
         """State name -> its shape per row: ``()`` per row, ``(dim,)`` per element."""
@@ -147,7 +148,13 @@ REGISTRY: dict[str, RowOptimizer] = {
         _Sgd("sgd", "EXACT_SGD"),
         _RowwiseAdagrad("rowwise_adagrad", "EXACT_ROWWISE_ADAGRAD", per_row=("momentum1",)),
         _ElementwiseAdagrad("elementwise_adagrad", "EXACT_ADAGRAD", per_element=("momentum1",)),
-        _Adam("adam", "ADAM", per_element=("momentum1", "momentum2"), zero_gradient_moves=True),
+        _Adam(
+            "adam",
+            "ADAM",
+            per_element=("momentum1", "momentum2"),
+            zero_gradient_moves=True,
+            uses_step=True,
+        ),
     )
 }
 OPTIMIZERS = tuple(REGISTRY)  # canonical names

@@ -14,6 +14,14 @@ backward           ``grads``, ``rail_grads`` (autograd)
 ``fused_optimizer``  ``step()``: the replica ``sync`` and the row update
 =================  ====================================================================================
 
+Checkpoints: ``state_dict()`` gives every row once as ``Shard(0)`` DTensors of contiguous row blocks at
+``<path>.embeddings.<t>.weight`` (TorchRec's keys; :mod:`flexshard.runtime.dcp_state`) and
+``_load_from_state_dict`` (what ``Module.load_state_dict`` and DMP call) re-deals them by this rank's
+plan; the fused optimizer's ``state_dict()`` / ``load_state_dict()`` do the same for the optimizer state
+(:mod:`flexshard.torchrec.optimizer`). Each is collective (one all-to-all), as TorchRec's own sharded
+state dicts are: every rank calls them, in the same order, e.g. ``dcp.save({"model": dmp.state_dict(),
+"optim": dmp.fused_optimizer.state_dict()})``.
+
 Gradients: as TorchRec's own sharded modules, a row's gradient is the mean over the ranks of the
 gradient of each rank's loss while ``torchrec.distributed.comm_ops.get_gradient_division()`` (the
 default; the sum when it is off), matching DDP's mean of the dense gradients.
@@ -26,11 +34,14 @@ as weights when the collection has ``need_indices``, as ``EmbeddingCollection.fo
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.embedding_sharding import KJTListSplitsAwaitable
 from torchrec.distributed.embedding_types import KJTList, ShardedEmbeddingModule
@@ -43,7 +54,7 @@ from torchrec.streamable import Multistreamable
 from core.errors import BatchError, ConfigError
 from core.vocabulary import Tier
 from flexshard.plan_file import PlanFile
-from flexshard.runtime import ShardedSequenceEmbedding, features_from_kjt, seeded_initializer
+from flexshard.runtime import ShardedSequenceEmbedding, dcp_state, features_from_kjt, seeded_initializer
 from flexshard.runtime.awaitable import Pending
 from flexshard.runtime.exchange_protocol import Asked, Routed
 from flexshard.runtime.initializer import Initializer
@@ -172,6 +183,7 @@ class FlexShardEmbeddingCollection(
             optimizer=settings.optimizer,
             lr=settings.lr,
             eps=settings.eps,
+            betas=settings.betas,
             device=device,
             layout=layout,
             timeout_s=timeout_s,
@@ -226,6 +238,53 @@ class FlexShardEmbeddingCollection(
                 ids = ctx.indices[name][j] if self._need_indices else None
                 result[emb_name] = JaggedTensor(values=chunks[j], lengths=ctx.lengths[name][j], weights=ids)
         return result
+
+    # --- state dict (torch.distributed.checkpoint) -----------------------------------------------
+
+    def state_dict(self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False):
+        """``{prefix + "embeddings.<t>.weight": DTensor}``, every row once in the canonical layout of
+        :mod:`flexshard.runtime.dcp_state` (keys as TorchRec's ``EmbeddingCollection``), what
+        ``dcp.save`` saves and ``dcp.load`` fills. Collective (one all-to-all), like TorchRec's sharded
+        state dicts: every rank calls it, in the same order. ``keep_vars`` changes nothing."""
+        if args:  # nn.Module's deprecated positional form: destination, prefix, keep_vars
+            destination, prefix, *_ = (*args, prefix)
+        out = OrderedDict() if destination is None else destination
+        emb = self.embedding
+        canonical = dcp_state.to_canonical(emb, frozenset({dcp_state.WEIGHT}))
+        model, _state = dcp_state.as_dtensors(canonical, dcp_state.device_mesh(emb), prefix)
+        out.update(model)
+        return out
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        """Every row held here from ``state_dict[prefix + "embeddings.<t>.weight"]`` (DTensors as
+        :meth:`state_dict` gave them and ``dcp.load`` filled them, saved at any world size and plan, or
+        whole tensors). Collective (one all-to-all); a missing table is reported in ``missing_keys`` and
+        nothing moves; a block of another shape is one agreed CheckpointError."""
+        emb = self.embedding
+        keys = {dcp_state.weight_key(t, prefix): t for t in self._tables}
+        missing = [k for k in keys if k not in state_dict]
+        missing_keys.extend(missing)
+        if strict:
+            head = f"{prefix}embeddings."
+            unexpected_keys.extend(k for k in state_dict if k.startswith(head) and k not in keys)
+        if missing:
+            return
+        blocks = {}
+        for t, (key, table) in enumerate(keys.items()):
+            v = state_dict[key]
+            lo, hi = dcp_state.block_bounds(emb.routing[t].num_rows, emb.world_size, emb.rank)
+            blocks[table] = {dcp_state.WEIGHT: v.to_local() if isinstance(v, DTensor) else v[lo:hi]}
+        weight = frozenset({dcp_state.WEIGHT})
+        dcp_state.from_canonical(emb, dcp_state.canonical_of(emb, blocks), weight)
 
     @property
     def fused_optimizer(self) -> FlexShardFusedOptimizer:

@@ -46,8 +46,9 @@ class FlexShardSharder(BaseEmbeddingSharder[EmbeddingCollection]):
     job's world size and groups and the collection's tables (name, rows, dim), else one
     ``PlanMismatchError`` line on every rank.
 
-    ``fused_params``: TorchRec's ``{"optimizer": EmbOptimType.EXACT_SGD | EXACT_ROWWISE_ADAGRAD,
-    "learning_rate": lr, "eps": eps}`` (:mod:`flexshard.torchrec.fused_params`). The update runs in the
+    ``fused_params``: TorchRec's ``{"optimizer": EmbOptimType.EXACT_SGD | EXACT_ROWWISE_ADAGRAD |
+    EXACT_ADAGRAD | ADAM, "learning_rate": lr, "eps": eps, "beta1": b1, "beta2": b2}``
+    (:mod:`flexshard.torchrec.fused_params`; ``weight_decay`` 0 only). The update runs in the
     module's ``fused_optimizer.step()`` (replica sync, then the rows), which DMP's ``fused_optimizer`` and
     TorchRec's ``CombinedOptimizer`` call. ``seed``: the rows of a collection on the meta device (one with
     real weights keeps them). ``layout``, ``timeout_s``: as

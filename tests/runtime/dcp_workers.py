@@ -8,28 +8,29 @@ import torch.distributed.checkpoint as dcp
 from runtime_workers import SEED, TABLES, loss_weights, make_orders, random_batch
 
 from core.errors import CheckpointError
-from flexshard.checkpoint_dcp import load_dcp
+from flexshard.checkpoint_dcp import load_dcp, save_dcp
 from flexshard.plan_file import read_plan
 from flexshard.runtime import ShardedSequenceEmbedding, dcp_state
 from flexshard.runtime.dcp_state import DcpStateful
 
 
 def _with_second_state(module: ShardedSequenceEmbedding, fill: bool) -> None:
-    """Give every shard a second state ``[rows, dim]`` (``id * 1000 + column`` when ``fill``, else
-    zeros) and make it part of the DCP state, as Adam's ``exp_avg_sq`` would be."""
+    """Give every shard a second state ``momentum2 [rows, dim]`` (``id * 1000 + column`` when ``fill``,
+    else zeros) beside row-wise Adagrad's ``momentum1 [rows]``: the DCP state carries every entry of
+    ``Shard.states`` (TorchRec key ``<t>.exp_avg_sq``, as Adam's second moment), a generic optimizer state
+    with both shapes."""
     for shard in module.shards.values():
         ids = torch.as_tensor(shard.ids, dtype=torch.float32)
         value = ids[:, None] * 1000 + torch.arange(shard.dim, dtype=torch.float32)
-        shard.extra = value if fill else torch.zeros_like(value)
-    dcp_state._row_states = lambda s: {"momentum1": s.state, "exp_avg_sq": s.extra}
+        shard.states["momentum2"] = value if fill else torch.zeros_like(value)
 
 
 def _rows(module: ShardedSequenceEmbedding) -> dict:
     out = {}
     for (t, tier), s in module.shards.items():
         out[(module.table_names[t], tier.label)] = {
-            "ids": torch.as_tensor(s.ids), "weights": s.weights.clone(), "state": s.state.clone(),
-            "extra": s.extra.clone(),
+            "ids": torch.as_tensor(s.ids), "weights": s.weights.clone(),
+            "state": s.states["momentum1"].clone(), "extra": s.states["momentum2"].clone(),
         }  # fmt: skip
     return out
 
@@ -92,14 +93,14 @@ def load_main(
     else:
         load_dcp(module, ckpt)  # metadata checked, then dcp.load and load_dcp_state_dict
     res = {"rows": _rows(module), "groups": module.pg.groups, "errors": {}}
-    keep = dcp_state._row_states
-    dcp_state._row_states = lambda s: {"momentum1": s.state}  # an optimizer with one state of the two
-    try:
+    second = {key: shard.states.pop("momentum2") for key, shard in module.shards.items()}
+    try:  # an optimizer with one state of the two
         load_dcp(module, ckpt)
         res["errors"]["optimizer"] = None
     except CheckpointError as e:
         res["errors"]["optimizer"] = str(e)
-    dcp_state._row_states = keep
+    for key, shard in module.shards.items():
+        shard.states["momentum2"] = second[key]
     sd = module.dcp_state_dict()
     missing = {
         "model": {k: v for k, v in sd["model"].items() if k != "embeddings.b.weight"},
@@ -118,3 +119,34 @@ def load_main(
         _train(module, rank, 1)
         res["saved"] = _save(module, save_to, stateful=True)
     return res
+
+
+def adam_main(rank: int, world: int, plan_path: str, ckpt: str, save: bool) -> dict:
+    """Adam (its ``t`` in the DCP state): with ``save``, train 3 steps and save ``ckpt``; else a fresh
+    module (another init) loads ``ckpt``. The module's ``optimizer_step`` and the rows it holds (weights,
+    ``momentum1``, ``momentum2``), then (loaded) one more step's rows."""
+    module = ShardedSequenceEmbedding(
+        read_plan(plan_path), TABLES, make_orders(), init=SEED + (0 if save else 1), optimizer="adam", lr=0.05
+    )
+    if save:
+        _train(module, rank, 3)
+        save_dcp(module, ckpt)
+    else:
+        load_dcp(module, ckpt)
+    res = {"step": module.optimizer_step, "rows": _adam_rows(module)}
+    if not save:
+        _train(module, rank, 1)
+        res["next"] = _adam_rows(module)
+    return res
+
+
+def _adam_rows(module: ShardedSequenceEmbedding) -> dict:
+    return {
+        (module.table_names[t], tier.label): (
+            torch.as_tensor(s.ids),
+            s.weights.clone(),
+            s.states["momentum1"].clone(),
+            s.states["momentum2"].clone(),
+        )
+        for (t, tier), s in module.shards.items()
+    }

@@ -70,20 +70,22 @@ def test_flexshard_to_dcp_holds_the_logical_tables(converted):
         key = f"embeddings.{name}.weight"
         assert torch.equal(whole["model"][key], weights)
         assert list(whole["optim"]["state"][key]) == [f"{name}.momentum1"]
-        assert torch.equal(whole["optim"]["state"][key][f"{name}.momentum1"], full.state[name])
-        assert full.state[name].abs().sum() > 0
+        momentum1 = full.states[name]["momentum1"]
+        assert torch.equal(whole["optim"]["state"][key][f"{name}.momentum1"], momentum1)
+        assert momentum1.abs().sum() > 0
 
 
 @pytest.mark.slow
 def test_the_round_trips_give_back_what_was_saved(converted):
     old, new = checkpoint.load_full(converted["original"]), checkpoint.load_full(converted["back"])
     assert new.manifest.layout == BLOCKS_LAYOUT != old.manifest.layout
-    for field in ("step", "world_size", "groups", "tables", "optimizer", "run"):
+    for field in ("step", "world_size", "groups", "tables", "optimizer", "optimizer_step", "run"):
         assert getattr(new.manifest, field) == getattr(old.manifest, field), field
     assert new.manifest.run is not None and new.step == 3
     for name in old.weights:
         assert torch.equal(new.weights[name], old.weights[name])
-        assert torch.equal(new.state[name], old.state[name])
+        assert new.states[name].keys() == old.states[name].keys() == {"momentum1"}
+        assert torch.equal(new.states[name]["momentum1"], old.states[name]["momentum1"])
     assert new.dense.keys() == old.dense.keys() and all(
         torch.equal(new.dense[k], old.dense[k]) for k in old.dense
     )
@@ -120,7 +122,8 @@ def test_train_resumes_from_a_converted_checkpoint_row_for_row(converted, world)
         for d in dumps:
             for entry in d["rows"][table].values():
                 assert torch.equal(entry["weights"], weights[entry["ids"]])
-                assert torch.equal(entry["state"], saved.state[table][entry["ids"]])
+                for n, s in entry["states"].items():
+                    assert torch.equal(s, saved.states[table][n][entry["ids"]])
                 held[entry["ids"]] = True
         assert held.all()
     new = checkpoint.load_full(checkpoint.latest(folder))  # the run saved step 4 in its own layout
@@ -147,18 +150,53 @@ def test_the_cli_converts_and_refuses_bad_input_with_one_line(converted, tmp_pat
         assert capsys.readouterr().err == f"flexshard convert-checkpoint: error: {message}\n", case
 
 
-def test_an_optimizer_state_the_flexshard_format_lacks_is_refused(tmp_path):
-    states = {"a.momentum1": torch.ones(5, 4), "a.exp_avg_sq": torch.ones(5, 4)}
+# TorchRec's state keys of each optimizer of the registry (table 'a' of 5 x 4) and what each infers
+STATES = {
+    "sgd": {},
+    "rowwise_adagrad": {"a.momentum1": (5,)},
+    "elementwise_adagrad": {"a.momentum1": (5, 4)},
+    "adam": {"a.momentum1": (5, 4), "a.exp_avg_sq": (5, 4)},
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(STATES))
+def test_every_optimizer_converts_both_ways_inferred_from_its_state(tmp_path, optimizer):
+    gen = torch.Generator().manual_seed(3)
+    weights = torch.randn(5, 4, generator=gen)
+    states = {k: torch.rand(*shape, generator=gen) for k, shape in STATES[optimizer].items()}
+    if optimizer == "adam":
+        states["a.step"] = torch.tensor(7)  # the iteration t, a 0-d tensor
+    saved = {"model": {"embeddings.a.weight": weights}, "optim": {"state": {"embeddings.a.weight": states}}}
+    dcp.save(saved, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    full = checkpoint.load_full(dcp_to_flexshard(tmp_path / "dcp", tmp_path / "out"))
+    assert (full.manifest.optimizer, full.manifest.optimizer_step) == (
+        optimizer,
+        7 if optimizer == "adam" else 0,
+    )
+    assert torch.equal(full.weights["a"], weights)
+    names = {"a.momentum1": "momentum1", "a.exp_avg_sq": "momentum2"}
+    assert full.states["a"].keys() == {names[k] for k in STATES[optimizer]}
+    for key, name in names.items():
+        if key in states:
+            assert torch.equal(full.states["a"][name], states[key])
+    back = read_dcp(flexshard_to_dcp(checkpoint.latest(tmp_path / "out"), tmp_path / "again"))
+    assert _flatten(back["model"]).keys() == _flatten(saved["model"]).keys()
+    again, first = _flatten(back.get("optim", {})), _flatten(saved["optim"])  # SGD: none (DCP drops {})
+    assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
+
+
+def test_an_optimizer_state_of_no_optimizer_is_refused(tmp_path):
+    states = {"a.momentum1": torch.ones(5), "a.exp_avg_sq": torch.ones(5, 4)}  # row-wise m1 and Adam's v
     state = {
         "model": {"embeddings.a.weight": torch.ones(5, 4)},
         "optim": {"state": {"embeddings.a.weight": states}},
     }
-    dcp.save(state, checkpoint_id=str(tmp_path / "adam"), no_dist=True)
+    dcp.save(state, checkpoint_id=str(tmp_path / "odd"), no_dist=True)
     with pytest.raises(CheckpointError) as err:
-        dcp_to_flexshard(tmp_path / "adam", tmp_path / "out")
+        dcp_to_flexshard(tmp_path / "odd", tmp_path / "out")
     assert str(err.value) == (
-        f"DCP checkpoint {str(tmp_path / 'adam')!r}: table 'a' has optimizer state ['a.exp_avg_sq', "
-        "'a.momentum1']; flexshard train checkpoints keep one row-wise state a.momentum1 [rows]"
+        f"DCP checkpoint {str(tmp_path / 'odd')!r}: table 'a' has optimizer state {{'a.exp_avg_sq': [5, 4], "
+        "'a.momentum1': [5]}, the state of none of ['adam', 'elementwise_adagrad', 'rowwise_adagrad', 'sgd']"
     )
 
 
@@ -173,9 +211,9 @@ def test_a_dcp_checkpoint_without_flexshard_entries_converts_at_one_rank(tmp_pat
         0,
         1,
         [[0]],
-        "adagrad",
+        "rowwise_adagrad",
     )
-    assert torch.equal(full.weights["t"], weights) and torch.equal(full.state["t"], state)
+    assert torch.equal(full.weights["t"], weights) and torch.equal(full.states["t"]["momentum1"], state)
     assert full.manifest.run is None and full.dense == {} and full.extra == {}
 
 
@@ -184,18 +222,20 @@ def _stub(tables: list[tuple[str, int, int]], states: dict[str, tuple[int, ...]]
     from types import SimpleNamespace
 
     from core.vocabulary import Tier
+    from flexshard.runtime.optimizers import row_optimizer
     from flexshard.runtime.shards import Shard
 
     shards = {}
     for t, (_name, _rows, dim) in enumerate(tables):
-        shard = Shard.of(np.zeros(2, dtype=np.int64), torch.zeros(2, dim))
-        shard.state = torch.zeros(2, *states.get("momentum1", ()))
+        shard = Shard.of(np.zeros(2, dtype=np.int64), torch.zeros(2, dim), row_optimizer("sgd"))
+        shard.states = {n: torch.zeros(2, *shape) for n, shape in states.items()}
         shards[(t, Tier.HOT)] = shard
     return SimpleNamespace(
         table_names=[n for n, _r, _d in tables],
         routing=[SimpleNamespace(num_rows=r) for _n, r, _d in tables],
         dims=[d for _n, _r, d in tables],
         shards=shards,
+        row_optimizer=row_optimizer("rowwise_adagrad"),
     )
 
 

@@ -2,10 +2,10 @@
 on spawned gloo ranks: 4 ranks in 2 groups (a plan with hot, warm and cold rows and uneven shares) train
 and save through ``torch.distributed.checkpoint``; 2 ranks in 1 group (another plan and init) load it, and
 every row each rank then holds, in every tier and replica, equals the saved one: weights, the row-wise
-state ``momentum1 [rows]`` and a second state ``exp_avg_sq [rows, dim]``. The 2 ranks train a step and save
-(through ``DcpStateful``); 4 ranks in 4 groups (the compact routing layout) load that, the reverse. The
-saved tensors read back whole equal the logical tables (each row once, from one copy); bad state dicts are
-refused with one line."""
+state ``momentum1 [rows]`` and a second state ``momentum2 [rows, dim]`` (TorchRec key ``exp_avg_sq``). The
+2 ranks train a step and save (through ``DcpStateful``); 4 ranks in 4 groups (the compact routing layout)
+load that, the reverse. The saved tensors read back whole equal the logical tables (each row once, from
+one copy); bad state dicts are refused with one line."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dcp_workers import load_main, save_main
+from dcp_workers import adam_main, load_main, save_main
 from runtime_workers import COLD_SHARE_4, TABLES, WARM_SHARE_4, write_test_plan
 
 from flexshard.runtime.dcp_state import block_bounds, block_owner
@@ -121,7 +121,7 @@ def test_a_missing_or_mismatched_table_is_one_line_on_every_rank(runs):
             "['embeddings.a.weight', 'embeddings.c.weight'])",
             "shape": "DCP state: model.embeddings.b.weight has shape [301, 8], table 'b' has 300 rows",
             "no state": "DCP state: table 'a' has tensors ['weight'], this module's optimizer keeps "
-            "['exp_avg_sq', 'momentum1', 'weight']",
+            "['momentum1', 'momentum2', 'weight']",
         }
 
 
@@ -145,3 +145,47 @@ def test_blocks_are_torch_chunk_rows(world):
         owner = block_owner(ids, rows, world)
         for r, (lo, hi) in enumerate(bounds):
             assert (owner[lo:hi] == r).all()
+
+
+@pytest.mark.slow
+def test_adams_iteration_and_moments_survive_a_dcp_save_and_load_at_another_world(tmp_path):
+    """Adam at 2 ranks in 2 groups trains 3 steps and saves; 4 ranks in 2 groups (another plan and init)
+    load it: ``optimizer_step`` is 3 again (saved as ``<t>.step``), every row and both moments equal the
+    saved ones, and the next step of the loaded run equals a reference of the same step at t = 4 applied
+    to the saved rows (a t of 1 or 0 would give other rows)."""
+    from flexshard.runtime.optimizers import Hyper, row_optimizer
+
+    plan2 = write_test_plan(tmp_path / "plan2.json", 2, 1)
+    plan4 = write_test_plan(tmp_path / "plan4.json", 2, 2, COLD_SHARE_4, WARM_SHARE_4)
+    ckpt = tmp_path / "adam"
+    saved = run_on_ranks(adam_main, 2, str(plan2), str(ckpt), True, timeout_s=300.0)
+    loaded = run_on_ranks(adam_main, 4, str(plan4), str(ckpt), False, timeout_s=300.0)
+    assert [r["step"] for r in saved] == [3, 3] and [r["step"] for r in loaded] == [3, 3, 3, 3]
+    whole = {}
+    for r in saved:
+        for (name, _tier), (ids, *tensors) in r["rows"].items():
+            for i, v in enumerate(tensors):
+                whole.setdefault((name, i), {}).update(zip(ids.tolist(), v, strict=True))
+    for r in loaded:
+        for (name, tier), (ids, *tensors) in r["rows"].items():
+            for i, v in enumerate(tensors):
+                for row, got in zip(ids.tolist(), v, strict=True):
+                    assert torch.equal(got, whole[(name, i)][row]), (name, tier, i, row)
+    assert any(v.abs().sum() > 0 for v in whole[("a", 2)].values())  # the second moment trained
+    # the loaded run's next step: rows the batch touched moved as Adam at t = 4 moves them
+    opt, hyper = row_optimizer("adam"), Hyper(0.05)
+    moved = 0
+    for r in loaded:
+        for (name, tier), (_ids, w, m, v) in r["next"].items():
+            before = r["rows"][(name, tier)]
+            changed = (w != before[1]).any(dim=1)
+            for row in torch.nonzero(changed).flatten().tolist():
+                # the gradient that gives this m from the saved m: g = (m - b1 m0) / (1 - b1)
+                g = (m[row] - hyper.beta1 * before[2][row]) / (1 - hyper.beta1)
+                states = {"momentum1": before[2][row : row + 1], "momentum2": before[3][row : row + 1]}
+                want, new = opt.update(before[1][row : row + 1], states, g[None], hyper, 4)
+                assert torch.allclose(w[row], want[0], rtol=0, atol=1e-6), (name, tier, row)
+                assert torch.allclose(v[row], new["momentum2"][0], rtol=1e-5, atol=1e-12), (name, tier, row)
+                wrong, _ = opt.update(before[1][row : row + 1], states, g[None], hyper, 1)
+                moved += int(not torch.allclose(w[row], wrong[0], rtol=0, atol=1e-6))
+    assert moved > 0  # t = 1 would not give these rows

@@ -131,7 +131,11 @@ def torchrec_main(rank: int, world: int, ckpt: str, load: bool) -> dict:
 
 def _rows(module: ShardedSequenceEmbedding) -> dict:
     return {
-        (module.table_names[t], tier.label): (torch.as_tensor(s.ids), s.weights.clone(), s.state.clone())
+        (module.table_names[t], tier.label): (
+            torch.as_tensor(s.ids),
+            s.weights.clone(),
+            s.states["momentum1"].clone(),
+        )
         for (t, tier), s in module.shards.items()
     }
 
@@ -215,10 +219,14 @@ def test_a_torchrec_checkpoint_converts_to_a_flexshard_one(runs, tmp_path, capsy
     assert main(["convert-checkpoint", str(tr), str(tmp_path / "out"), "--prefix", "ec."]) == 0
     assert capsys.readouterr().out == f"wrote {tmp_path / 'out' / 'step-00000000'} (flexshard checkpoint)\n"
     full, saved = checkpoint.load_full(tmp_path / "out"), _tables(runs["saved"])
-    assert (full.manifest.world_size, full.manifest.optimizer, full.manifest.run) == (1, "adagrad", None)
+    assert (full.manifest.world_size, full.manifest.optimizer, full.manifest.run) == (
+        1,
+        "rowwise_adagrad",
+        None,
+    )
     for name, _rows, _dim in TABLES:
         assert torch.equal(full.weights[name], saved[(name, "weights")])
-        assert torch.equal(full.state[name], saved[(name, "state")])
+        assert torch.equal(full.states[name]["momentum1"], saved[(name, "state")])
     assert main(["convert-checkpoint", str(tr), str(tmp_path / "other")]) == 2  # the keys need the prefix
     keys = [f"ec.embeddings.{n}.weight" for n, _r, _d in TABLES]
     assert capsys.readouterr().err == (

@@ -44,7 +44,12 @@ FEATURES = {"item": ["hist", "target"], "tag": ["tag_hist"]}
 TIERS = {"item": (12, 40), "tag": (6, 14)}  # hot, warm rows
 FETCH = {"item": FetchMode.GROUP, "tag": FetchMode.FLAT}
 USERS = 50
-OPTIMIZERS = {"sgd": EmbOptimType.EXACT_SGD, "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+OPTIMIZERS = {
+    "sgd": EmbOptimType.EXACT_SGD,
+    "adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    "elementwise_adagrad": EmbOptimType.EXACT_ADAGRAD,
+    "adam": EmbOptimType.ADAM,
+}
 LR, DENSE_LR, EPS = 0.05, 0.1, 1e-8
 
 
@@ -121,9 +126,9 @@ torch.fx.wrap("interact")
 
 
 class Model(torch.nn.Module):
-    def __init__(self, device: torch.device, with_users: bool = True) -> None:
+    def __init__(self, device: torch.device, with_users: bool = True, reduction: str = "sum") -> None:
         super().__init__()
-        self.with_users = with_users
+        self.with_users, self.reduction = with_users, reduction
         if with_users:
             config = EmbeddingBagConfig(
                 name="users", embedding_dim=DIM, num_embeddings=USERS, feature_names=["user"]
@@ -141,7 +146,9 @@ class Model(torch.nn.Module):
         users = self.ebc(batch.users) if self.with_users else None
         x = interact(self.ec(batch.sequences), users, batch.labels)
         logits = self.dense(x).squeeze(1)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels, reduction="sum")
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, batch.labels, reduction=self.reduction
+        )
         return loss, loss.detach()
 
 
@@ -173,20 +180,30 @@ def make_batch(seed: int, step: int, rank: int, samples: int = 4) -> Batch:
     return Batch(kjt(["user"]), kjt(["hist", "target", "tag_hist"]), labels)
 
 
-def build(kind: str, optimizer: str, plan_path: str | None, with_users: bool = True, plan_given: bool = True):
+def build(
+    kind: str,
+    optimizer: str,
+    plan_path: str | None,
+    with_users: bool = True,
+    plan_given: bool = True,
+    users_optimizer: str | None = None,
+    reduction: str = "sum",
+):
     """(DMP, combined optimizer) of the test model, weights from torch seed 0 on every rank. ``kind``:
     ``"flexshard"`` (the collection by FlexShardSharder) or ``"torchrec"`` (row-wise by TorchRec's own);
-    the bag collection row-wise by TorchRec's. ``plan_given``: a ShardingPlan given to DMP, else DMP's
-    planner makes it."""
+    the bag collection row-wise by TorchRec's (``users_optimizer``, default ``optimizer``). ``plan_given``:
+    a ShardingPlan given to DMP, else DMP's planner makes it. ``reduction``: of the loss over a rank's
+    samples."""
     torch.manual_seed(0)
     device = torch.device("cpu")
-    model = Model(device, with_users)
+    model = Model(device, with_users, reduction)
     fused = {"optimizer": OPTIMIZERS[optimizer], "learning_rate": LR, "eps": EPS}
+    users_fused = {**fused, "optimizer": OPTIMIZERS[users_optimizer or optimizer]}
     if kind == "flexshard":
         ec_sharder = FlexShardSharder(plan_path, orders=orders(), fused_params=fused)
     else:
         ec_sharder = EmbeddingCollectionSharder(fused_params=fused)
-    ebc_sharder = EmbeddingBagCollectionSharder(fused_params=fused)
+    ebc_sharder = EmbeddingBagCollectionSharder(fused_params=users_fused)
     world = dist.get_world_size()
     plan = None
     if plan_given:

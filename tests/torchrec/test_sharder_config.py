@@ -29,21 +29,40 @@ from solvers.types import Workload  # noqa: E402
 def test_fused_params_map_to_the_runtime_optimizers():
     assert optimizer_settings(None) == optimizer_settings({})  # fbgemm's defaults
     default = optimizer_settings(None)
-    assert (default.optimizer, default.lr, default.eps) == ("sgd", 0.01, 1e-8)
-    got = optimizer_settings(
-        {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.5, "eps": 1e-6}
-    )
-    assert (got.optimizer, got.lr, got.eps) == ("adagrad", 0.5, 1e-6)
-    assert set(OPTIMIZERS.values()) <= set(RUNTIME_OPTIMIZERS)
+    assert (default.optimizer, default.lr, default.eps, default.betas) == ("sgd", 0.01, 1e-8, (0.9, 0.999))
+    assert OPTIMIZERS == {
+        EmbOptimType.EXACT_SGD: "sgd",
+        EmbOptimType.EXACT_ROWWISE_ADAGRAD: "rowwise_adagrad",
+        EmbOptimType.EXACT_ADAGRAD: "elementwise_adagrad",
+        EmbOptimType.ADAM: "adam",
+    }
+    assert sorted(OPTIMIZERS.values()) == sorted(RUNTIME_OPTIMIZERS)  # every optimizer of the registry
+    for kind, name in OPTIMIZERS.items():
+        got = optimizer_settings(
+            {
+                "optimizer": kind,
+                "learning_rate": 0.5,
+                "eps": 1e-6,
+                "beta1": 0.8,
+                "beta2": 0.99,
+                "weight_decay": 0,
+            }
+        )
+        assert (got.optimizer, got.lr, got.eps, got.betas) == (name, 0.5, 1e-6, (0.8, 0.99))
 
 
 @pytest.mark.parametrize(
     ("params", "names"),
     [
-        ({"optimizer": EmbOptimType.ADAM}, "optimizer"),
-        ({"learning_rate": -1.0}, "learning_rate"),
-        ({"eps": "small"}, "eps"),
-        ({"weight_decay": 0.1}, "'weight_decay'"),
+        ({"optimizer": EmbOptimType.LAMB}, "fused_params: optimizer <EmbOptimType.LAMB"),
+        ({"learning_rate": -1.0}, "fused_params: learning_rate: must be a finite number >= 0, got -1.0"),
+        ({"eps": "small"}, "fused_params: eps must be a number, got 'small'"),
+        ({"beta1": 1.0}, "fused_params: beta1: must be in [0, 1), got 1.0"),
+        (
+            {"weight_decay": 0.1},
+            "fused_params: weight_decay must be 0 (FlexShardSharder has no decay), got 0.1",
+        ),
+        ({"momentum": 0.9}, "fused_params: key 'momentum' is not supported"),
     ],
 )
 def test_unsupported_fused_params_are_refused_in_one_line(params, names):
