@@ -82,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warmup",
         type=non_negative_int,
         default=3,
-        help="untimed steps per strategy before the rounds (default 3)",
+        help="untimed steps per strategy before the rounds, and (when not 0) one before each timed block "
+        "(default 3)",
     )
     p.add_argument("--batch", type=positive_int, default=128, help="samples per rank per step (default 128)")
     p.add_argument(

@@ -3,7 +3,10 @@
 Every rank loads the same data, takes part in the quick probe (``--plan-for probed``, or when the time
 model can use it), receives the plans rank 0 makes, builds every system, and runs the same batches through
 each: ``--warmup`` untimed steps per system, then ``--rounds`` rounds, each running every system in turn
-for ``--steps`` timed steps (A B C A B C ...). Round ``r``'s step ``k`` is the same batch for every system.
+for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step of its system (when
+``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
+a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
+batch for every system.
 A step is timed on each rank between a barrier and the end of its optimizer update; the collectives and
 bytes of the timed steps are recorded (:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
 measured and returns the records (:mod:`flexshard.bench.results`).
@@ -183,6 +186,10 @@ def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: 
                 got = out[s.key]
                 got["blocks"].append(len(order))
                 order.append(s.key)
+                if cfg.warmup:  # one untimed step first: the switch from the previous strategy (its
+                    # caches, its allocations) is not charged to this block's first timed step
+                    dist.barrier()
+                    s.step(inputs[s.key][0])
                 for k in range(cfg.steps):
                     batch = inputs[s.key][cfg.warmup + r * cfg.steps + k]
                     dist.barrier()
