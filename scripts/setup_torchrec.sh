@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Optional: TorchRec 1.8 (CPU) in the project's .venv, for the comparisons with it (experiments/,
-# flexshard bench) and the tests that plug into it; the README's test command runs it.
+# flexshard bench) and the tests that plug into it (they skip without it).
 # Run after scripts/setup.sh. Idempotent.
 #
 # torchrec's metadata requires `fbgemm-gpu` (the CUDA build) plus torchmetrics and tqdm, none of which

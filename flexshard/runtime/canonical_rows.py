@@ -169,6 +169,16 @@ def _check_float32(module: ShardedSequenceEmbedding, names: Names = None) -> str
     return ""
 
 
+def _move_setup(module: ShardedSequenceEmbedding, names: Names):
+    """What both moves start from: each group's members, per table the row shapes of the moved tensors
+    and their flat width, and zeroed [world, tables] counts of rows sent and received."""
+    n_tables = len(module.table_names)
+    shapes = [_row_shapes(module, t, names) for t in range(n_tables)]
+    widths = np.array([_width(s) for s in shapes], dtype=np.int64)
+    counts = np.zeros((module.world_size, n_tables), dtype=np.int64)
+    return _members(module), shapes, widths, counts, counts.copy()
+
+
 def to_canonical(module: ShardedSequenceEmbedding, names: Names = None) -> Canonical:
     """Every row of every table (weights and optimizer states; ``names``: only those tensors) moved into
     the canonical blocks, each row taken from exactly one copy (module docstring). Collective: one
@@ -176,12 +186,7 @@ def to_canonical(module: ShardedSequenceEmbedding, names: Names = None) -> Canon
     _agree(_check_float32(module, names), module.device)
     world, me, dev = module.world_size, module.rank, module.device
     group_of = torch.as_tensor(module.pg.layout.group_of_rank, dtype=torch.int64, device=dev)
-    members = _members(module)
-    n_tables = len(module.table_names)
-    shapes = [_row_shapes(module, t, names) for t in range(n_tables)]
-    widths = np.array([_width(s) for s in shapes], dtype=np.int64)
-    send_rows = np.zeros((world, n_tables), dtype=np.int64)
-    recv_rows = np.zeros((world, n_tables), dtype=np.int64)
+    members, shapes, widths, send_rows, recv_rows = _move_setup(module, names)
     outgoing, incoming = [], []
     for t, r in enumerate(module.routing):
         n = r.num_rows
@@ -247,12 +252,7 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical, names
     all-to-all."""
     world, me, dev = module.world_size, module.rank, module.device
     _agree(_check_float32(module, names) or _blocks_problem(module, canonical, names), dev)
-    members = _members(module)
-    n_tables = len(module.table_names)
-    shapes = [_row_shapes(module, t, names) for t in range(n_tables)]
-    widths = np.array([_width(s) for s in shapes], dtype=np.int64)
-    send_rows = np.zeros((world, n_tables), dtype=np.int64)
-    recv_rows = np.zeros((world, n_tables), dtype=np.int64)
+    members, shapes, widths, send_rows, recv_rows = _move_setup(module, names)
     outgoing, incoming = [], []
     ranks = torch.arange(world, dtype=torch.int64, device=dev)
     for t, r in enumerate(module.routing):
@@ -296,7 +296,7 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical, names
     send = _send_buffer(send_rows, widths, rows_of, dev)
     recv, starts = _exchange(send, send_rows, recv_rows, widths)
     del send
-    for t in range(n_tables):
+    for t in range(len(module.table_names)):
         tier_of, slot_of = incoming[t]
         at = 0
         for p in range(world):
