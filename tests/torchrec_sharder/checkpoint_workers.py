@@ -1,7 +1,8 @@
-"""Spawned ranks of the DMP checkpoint tests (tests/torchrec_sharder/test_sharder_checkpoint.py): the test model of
-:mod:`sharder_workers` (users in an EmbeddingBagCollection by TorchRec's sharder with row-wise Adagrad; the
-EmbeddingCollection by FlexShardSharder with Adam) saved and loaded through ``torch.distributed.checkpoint``
-exactly as a TorchRec user does: ``{"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}``.
+"""Spawned ranks of the DMP checkpoint tests (tests/torchrec_sharder/test_sharder_checkpoint.py): the test
+model of :mod:`sharder_workers` (users in an EmbeddingBagCollection by TorchRec's sharder with row-wise
+Adagrad; the EmbeddingCollection by FlexShardSharder with Adam) saved and loaded through
+``torch.distributed.checkpoint`` exactly as a TorchRec user does: ``{"model": dmp.state_dict(), "optim":
+dmp.fused_optimizer.state_dict()}``.
 """
 
 from __future__ import annotations
