@@ -34,6 +34,7 @@ from solvers.types import Workload
 from topology.views import ClusterView
 
 THETA_STEPS = 12  # golden-section steps over theta (the bracket shrinks 0.618x per step: to 0.3%)
+SEARCH_REL_TOL = 1e-6  # the memory price's bisection inside the search (any price gives a valid bound)
 INPUT_STAGES = ("meta", "ids")  # the stages of the next batch's input distribution
 
 
@@ -122,10 +123,12 @@ def overlap_bound(
     these tiers, fixed parts included. ``options``: per fetch mode, every table's coefficients."""
 
     seen: dict[float, tuple[float, LagrangeBound]] = {}
+    hint = [0.0]  # the last memory price: the next theta's starts near it
 
     def at(theta: float) -> float:
         mix = [[mixed(c, theta) for c in option] for option in options]
-        bound = lagrange_bound(mix, budget_bytes, allowed)
+        bound = lagrange_bound(mix, budget_bytes, allowed, lam_hint=hint[0], rel_tol=SEARCH_REL_TOL)
+        hint[0] = bound.lam_s_per_byte
         constant = fixed.other_s + theta * fixed.input_s + (1.0 - theta) * fixed.sync_s
         seen[theta] = (bound.bound_s + constant, bound)
         return seen[theta][0]
