@@ -124,11 +124,14 @@ def note_missing(path: str | os.PathLike, skipped: str) -> None:
 
 
 def optimizer_config(quick: bool) -> Any:
-    """FlexShard's optimizer settings in the studies: CBC stops after 2 s per solve (``--quick``: no
-    integer finish at all). A fresh object per call."""
+    """FlexShard's optimizer settings in the studies: the pipelined step, as ``flexshard plan`` plans by
+    default (``--pipeline on``); CBC stops after 2 s per solve (``--quick``: no integer finish at all).
+    A fresh object per call."""
     from solvers.optimizer import OptimizerConfig
 
-    return OptimizerConfig(integer_rows=False) if quick else OptimizerConfig(solver_time_limit_s=2.0)
+    if quick:
+        return OptimizerConfig(integer_rows=False, overlap=True)
+    return OptimizerConfig(solver_time_limit_s=2.0, overlap=True)
 
 
 def versions(*distributions: str) -> str:

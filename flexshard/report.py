@@ -173,6 +173,8 @@ def solver_lines(view: ClusterView, plan: Plan, report: CostReport) -> list[str]
     if s.get("placement") == "balanced":
         lines.append("Placement: owner shares balanced by link speed (see per-rank memory above)")
     what = "modeled step" if s.get("objective") == "step" else "objective"
+    if s.get("pipelined"):
+        what = "modeled pipelined step"
     lines.append(
         f"Tier optimizer (even shares, slowest link per class): "
         f"{what} {s['objective_s'] * 1e3:.3f} ms, "

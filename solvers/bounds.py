@@ -116,12 +116,16 @@ def lagrange_bound(
     budget_bytes: float,
     allowed: np.ndarray,
     iterations: int = 100,
+    lam_hint: float = 0.0,
+    rel_tol: float = 1e-12,
 ) -> LagrangeBound:
-    """Maximise L(lam) over lam >= 0 by bisection on its supergradient (memory - budget).
+    """Maximise L(lam) over lam >= 0 by bisection on its supergradient (memory - budget), to ``rel_tol``
+    of lam.
 
     ``coeffs``: per table its coefficients, or one list per option (e.g. per fetch mode), each with
     every table; a table takes its cheapest option at each price. ``allowed``: bool[3], which tiers
-    (hot, warm, cold) may be used.
+    (hot, warm, cold) may be used. ``lam_hint``: a price near the optimum (e.g. a neighbouring
+    problem's) to start the bracket from.
     """
     options = [coeffs] if isinstance(coeffs[0], TableCoefficients) else coeffs
     pricers = [_PrefixPricer(c, np.asarray(allowed, dtype=bool)) for c in options]
@@ -142,6 +146,10 @@ def lagrange_bound(
     if mem0 <= budget_bytes:
         return LagrangeBound(bound_s=value0, lam_s_per_byte=0.0, iterations=1, choice=priced(0.0)[2])
     lo, hi = 0.0, 1e-18
+    if lam_hint > 0.0:
+        hi = lam_hint * 2.0
+        if evaluate(lam_hint / 2.0)[1] > budget_bytes:
+            lo = lam_hint / 2.0
     while evaluate(hi)[1] > budget_bytes and hi < 1e6:
         lo, hi = hi, hi * 4.0
     best = max(evaluate(lo)[0], evaluate(hi)[0])
@@ -154,7 +162,7 @@ def lagrange_bound(
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-12 * hi:
+        if hi - lo <= rel_tol * hi:
             break
     lam = 0.5 * (lo + hi)
     return LagrangeBound(bound_s=best, lam_s_per_byte=lam, iterations=it + 1, choice=priced(lam)[2])

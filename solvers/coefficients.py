@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core.vocabulary import FetchMode, LinkClass, SyncMode, Tier, WireDtype
+from core.traffic import Traffic
+from core.vocabulary import Component, FetchMode, LinkClass, SyncMode, Tier, WireDtype
 from solvers import wire
 from solvers.cost_model import (
     Exchanges,
@@ -38,6 +39,8 @@ from solvers.time_types import LatencyTable, LocalRates, shape_latency_s
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Workload
 from solvers.volumes import view_mass
 from topology.views import ClusterView
+
+IDS = Component.IDS
 
 
 @dataclass(frozen=True)
@@ -55,23 +58,29 @@ class LinkTimes:
     num_ranks: int
     view: ClusterView
 
-    def lookup_s(self, vector_bytes: int, within_group: bool) -> float:
-        """Seconds per lookup (one id, one embedding, one gradient) of a warm (``within_group``) or cold
-        row of ``vector_bytes``, at even shares (:func:`solvers.cost_model.lookup_traffic` at volume 1)."""
+    def seconds(self, traffic: Traffic, component: Component | None = None) -> float:
+        """Seconds of ``traffic`` at the slowest rank per link class: all components, or one."""
+        per_link = traffic.per_link() if component is None else traffic.bytes[..., component, :].max(axis=-1)
+        return float(per_link.max(axis=0) @ self.inv_bw_s_per_byte)
+
+    def lookup_s(self, vector_bytes: int, within_group: bool, component: Component | None = None) -> float:
+        """Seconds per lookup (one id, one embedding, one gradient; or only ``component``'s part) of a warm
+        (``within_group``) or cold row of ``vector_bytes``, at even shares
+        (:func:`solvers.cost_model.lookup_traffic` at volume 1)."""
         warm_share, cold_share = uniform_shares(self.view)
         share = warm_share if within_group else cold_share
-        per_link = lookup_traffic(self.view, share, 1.0, vector_bytes, within_group).per_link().max(axis=0)
-        return float(per_link @ self.inv_bw_s_per_byte)
+        return self.seconds(lookup_traffic(self.view, share, 1.0, vector_bytes, within_group), component)
 
-    def group_lookup_s(self, vector_bytes: int) -> tuple[float, float]:
+    def group_lookup_s(self, vector_bytes: int, component: Component | None = None) -> tuple[float, float]:
         """Seconds per cold lookup of a GPU (its NVLink hop to the rail peer) and per distinct row of a
         group (the rail peer's fetch across the fabric) in a group fetch, at even shares
-        (:func:`solvers.cost_model.group_lookup_traffic` at one unit of each volume)."""
+        (:func:`solvers.cost_model.group_lookup_traffic` at one unit of each volume); all components or
+        only ``component``'s part."""
         _, share = uniform_shares(self.view)
         out = []
         for volume, group_volume in ((1.0, 0.0), (0.0, 1.0)):
             traffic = group_lookup_traffic(self.view, share, volume, group_volume, vector_bytes)
-            out.append(float(traffic.per_link().max(axis=0) @ self.inv_bw_s_per_byte))
+            out.append(self.seconds(traffic, component))
         return out[0], out[1]
 
 
@@ -109,6 +118,12 @@ class TableCoefficients:
     whole_table_credit_bytes: float = 0.0  # metadata not needed when one tier holds the whole table
     cold_group_time_s: np.ndarray | None = None  # [K]: the bucket cold, fetched once per group
     fetch: FetchMode = FetchMode.FLAT  # the cold fetch mode ``time_s`` prices
+    # the parts of ``time_s`` the pipelined step overlaps (solvers.time_model.step_time's overlap): the
+    # input distribution's (ids bytes, the rail peer's dedup) and the replica sync's (sync bytes, the
+    # synced rows' work); zeros under the bytes objective's callers that never overlap
+    input_s: np.ndarray | None = None  # [3, K]
+    sync_s: np.ndarray | None = None  # [3, K]
+    cold_group_input_s: np.ndarray | None = None  # [K]: input part of ``cold_group_time_s``
 
     def for_fetch(self, mode: FetchMode) -> TableCoefficients:
         """These coefficients with the cold row priced for ``mode``."""
@@ -118,7 +133,16 @@ class TableCoefficients:
             raise ValueError(f"coefficients: no cold prices for fetch mode {mode}")
         time_s = self.time_s.copy()
         time_s[Tier.COLD] = self.cold_group_time_s
-        return replace(self, time_s=time_s, fetch=mode)
+        input_s = self.input_s
+        if input_s is not None and self.cold_group_input_s is not None:
+            input_s = input_s.copy()
+            input_s[Tier.COLD] = self.cold_group_input_s
+        return replace(self, time_s=time_s, fetch=mode, input_s=input_s)
+
+    @property
+    def other_s(self) -> np.ndarray:
+        """[3, K]: the part of ``time_s`` that neither the input distribution nor the sync holds."""
+        return self.time_s - self.input_s - self.sync_s
 
 
 def table_coefficients(
@@ -147,12 +171,17 @@ def table_coefficients(
         payload = wire.sync_payload(touched, rows, vec, sync)
         mask = wire.sync_mask_bytes(rows, sync)  # hot and warm marks: one all-reduce over every rank
         warm_mask = mask if view.num_groups > 1 else 0.0 * mask
-        time_s = np.stack(
+        sync_s = np.stack(
+            [lt.hot_sync * (payload + mask), lt.warm_sync * payload + lt.hot_sync * warm_mask, 0.0 * rows]
+        )
+        ids = IDS
+        input_s = np.stack(
+            [0.0 * rows, lt.lookup_s(vec, True, ids) * volume, lt.lookup_s(vec, False, ids) * volume]
+        )
+        time_s = sync_s + np.stack(
             [
-                lt.hot_sync * (payload + mask),
-                lt.lookup_s(vec, within_group=True) * volume
-                + lt.warm_sync * payload
-                + lt.hot_sync * warm_mask,
+                0.0 * rows,
+                lt.lookup_s(vec, within_group=True) * volume,
                 lt.lookup_s(vec, within_group=False) * volume,
             ]
         )
@@ -161,8 +190,10 @@ def table_coefficients(
             move = rates.gather_s_per_value + rates.scatter_add_s_per_value
             per_row = (move + rates.update_s_per_value) * t.dim  # served or synced, one row
             synced = touched if SyncMode(sync) is SyncMode.SPARSE else rows
+            sync_s[0] += per_row * synced
             time_s[0] += per_row * synced
             if view.num_groups > 1:
+                sync_s[1] += per_row * synced / g
                 time_s[1] += per_row * (volume + synced / g)
             else:  # a warm tier on one group is never used; priced as served rows
                 time_s[1] += per_row * volume
@@ -172,15 +203,30 @@ def table_coefficients(
         memory = np.stack(
             [rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n]
         )
-        cold_group = None
+        cold_group = cold_group_input = None
         if groups_of_equal_size:
             per_lookup_s, per_group_row_s = lt.group_lookup_s(vec)
             cold_group = per_lookup_s * volume + per_group_row_s * np.diff(mass.group)
+            ids_lookup_s, ids_group_row_s = lt.group_lookup_s(vec, IDS)
+            cold_group_input = ids_lookup_s * volume + ids_group_row_s * np.diff(mass.group)
             if rates is not None:  # rows served once per group; the rail peer dedups, forwards and sums
-                relay = (rates.dedup_s_per_lookup if dedup else 0.0) + t.dim * move
+                relay_dedup = rates.dedup_s_per_lookup if dedup else 0.0
+                relay = relay_dedup + t.dim * move
                 cold_group = cold_group + per_row * np.diff(mass.group) / g + relay * volume
                 cold_group = cold_group + pack * (2 * volume + np.diff(mass.group) / g)  # + the relay's
-        out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows), cold_group))
+                cold_group_input = cold_group_input + relay_dedup * volume
+        out.append(
+            TableCoefficients(
+                rows,
+                time_s,
+                memory,
+                float(meta * t.num_rows),
+                cold_group,
+                input_s=input_s,
+                sync_s=sync_s,
+                cold_group_input_s=cold_group_input,
+            )
+        )
     return out
 
 

@@ -14,7 +14,9 @@ Finally whole tables move into the hot or warm tier where that saves time and fi
 The time minimised is the modeled step time of the slowest rank on the symmetric cluster
 (``OptimizerConfig.step_time``, :mod:`solvers.time_model`): per-row bytes and local work
 (:mod:`solvers.coefficients`) plus, per candidate, the latency of the collectives its exchanges issue
-(:mod:`solvers.schedule`), the split sizes and the local work every plan does.
+(:mod:`solvers.schedule`), the split sizes and the local work every plan does. With
+``OptimizerConfig.overlap`` it is the pipelined step, ``other + max(input, sync)``, and the bounds are
+restated for it (:mod:`solvers.overlap`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from solvers.coefficients import (
     table_coefficients,
 )
 from solvers.cost_model import Exchanges, row_wise_memory_bytes, table_plan
+from solvers.overlap import FixedParts, fixed_parts, overlap_bound, pipelined_time
 from solvers.tier_program import OptimizerConfig, linear_time, prefix_sum, refined_solve
 from solvers.time_types import LatencyTable, LocalRates
 from solvers.types import Plan, Workload
@@ -63,13 +66,14 @@ class _Candidate:
 
     allowed: np.ndarray  # bool[3]: hot, warm, cold
     group: bool  # cold rows may be fetched once per group
-    bound_s: float  # Lagrangian bound of the program's linear time
-    fixed_s: float  # the least fixed cost of any plan of this candidate
+    bound_s: float  # Lagrangian bound of the program's linear time (pipelined: of the whole step)
+    fixed_s: float  # the least fixed cost of any plan of this candidate (pipelined: in bound_s)
     modes: list[FetchMode]  # per table, the fetch mode the bound priced cheaper
+    fixed: FixedParts | None = None  # pipelined price: the fixed cost and its overlapped parts
 
     @property
     def total_bound_s(self) -> float:
-        return self.bound_s + self.fixed_s
+        return self.bound_s if self.fixed is not None else self.bound_s + self.fixed_s
 
 
 def optimize_tiers(
@@ -119,6 +123,7 @@ def optimize_tiers(
         "variables": best["variables"],
         "solve_time_s": solve_time,
         "objective": "step" if cfg.step_time else "bytes",  # what objective_s measures
+        "pipelined": bool(cfg.step_time and cfg.overlap),  # the step priced pipelined (solvers.overlap)
     }
     plan = Plan(
         "flexshard", tables, cfg.dedup, cfg.sync, budget_bytes=budget_bytes, solver=solver, wire=cfg.wire
@@ -150,10 +155,13 @@ def _candidates(
                 for group in (False, True) if cold and group_possible else (False,):
                     options = [coeffs, [c.for_fetch(FetchMode.GROUP) for c in coeffs]] if group else [coeffs]
                     bound = lagrange_bound(options, budget, allowed)
-                    modes = [FetchMode.GROUP if k else FetchMode.FLAT for k in bound.choice]
                     uses = Exchanges(warm=warm, cold_flat=cold and not group, cold_group=group)
                     fixed = _fixed_s(workload, view, hot, uses, cfg)
-                    out.append(_Candidate(allowed, group, bound.bound_s, fixed, modes))
+                    parts = _fixed_parts(workload, view, hot, uses, cfg)
+                    if parts is not None:  # the pipelined step's bound: over theta (solvers.overlap)
+                        bound, _ = overlap_bound(options, budget, allowed, parts)
+                    modes = [FetchMode.GROUP if k else FetchMode.FLAT for k in bound.choice]
+                    out.append(_Candidate(allowed, group, bound.bound_s, fixed, modes, parts))
     return out
 
 
@@ -169,23 +177,34 @@ def _solve_candidate(
 ) -> dict | None:
     """The candidate's best plan (rows and modes per table, total seconds), or None when none fits."""
     modes = cand.modes
+
+    def plan_time(priced: list[TableCoefficients], rows: list[tuple[int, int]]) -> float:
+        """What the candidate compares: linear time, or the pipelined step at the candidate's shape."""
+        return linear_time(priced, rows) if cand.fixed is None else pipelined_time(priced, rows, cand.fixed)
+
     for _ in range(MODE_PASSES):
         priced = [c.for_fetch(m) for c, m in zip(coeffs, modes, strict=True)]
-        solved = refined_solve(priced, budget, cand.allowed, cand.bound_s, cfg, history, progress)
+        solved = refined_solve(
+            priced, budget, cand.allowed, cand.bound_s, cfg, history, progress, fixed=cand.fixed
+        )
         if solved is None:
             return None
         rows, _linear, nvars, rounds = solved
-        rows = _whole_table_moves(priced, rows, budget, cand.allowed)
+        rows = _whole_table_moves(priced, rows, budget, cand.allowed, plan_time)
         if not cand.group:
             break
-        cheaper = [_cheaper_mode(c, r) for c, r in zip(coeffs, rows, strict=True)]
+        cheaper = _cheaper_modes(coeffs, rows, modes, plan_time)
         if cheaper == modes:
             break
         modes = cheaper
     priced = [c.for_fetch(m) for c, m in zip(coeffs, modes, strict=True)]
     linear_s = linear_time(priced, rows)
     hot, uses = _exchanges_used(rows, modes, workload)
-    total = linear_s + _fixed_s(workload, view, hot, uses, cfg)
+    parts = _fixed_parts(workload, view, hot, uses, cfg)
+    if parts is None:
+        total = linear_s + _fixed_s(workload, view, hot, uses, cfg)
+    else:
+        total = pipelined_time(priced, rows, parts)
     return {
         "total_s": total,
         "rows": rows,
@@ -217,6 +236,19 @@ def _fixed_s(
     return fixed + fixed_local_s(workload, view, shape, cfg.dedup, _rates(cfg, view))
 
 
+def _fixed_parts(
+    workload: Workload, view: ClusterView, hot: bool, uses: Exchanges, cfg: OptimizerConfig
+) -> FixedParts | None:
+    """Under the pipelined price (``overlap`` with the step objective), the fixed cost of a plan with
+    these exchanges and its overlapped parts; else None."""
+    if not (cfg.step_time and cfg.overlap):
+        return None
+    latency = LatencyTable.from_view(view) if cfg.latency is None else cfg.latency
+    shape = exchange_shape(view, hot, uses, cfg.sync, cfg.wire)
+    total = _fixed_s(workload, view, hot, uses, cfg)
+    return fixed_parts(workload, view, shape, uses, total, cfg.dedup, _rates(cfg, view), latency)
+
+
 def _plan_memory(c: TableCoefficients, h: int, w: int) -> float:
     """Per-GPU bytes of one table's (hot, warm) boundaries, without metadata if one tier holds it all."""
     total = float(c.rows.sum())
@@ -229,13 +261,18 @@ def _plan_memory(c: TableCoefficients, h: int, w: int) -> float:
 
 
 def _whole_table_moves(
-    coeffs: list[TableCoefficients], rows: list[tuple[int, int]], budget: float, allowed: np.ndarray
+    coeffs: list[TableCoefficients],
+    rows: list[tuple[int, int]],
+    budget: float,
+    allowed: np.ndarray,
+    plan_time: Callable[[list[TableCoefficients], list[tuple[int, int]]], float] = linear_time,
 ) -> list[tuple[int, int]]:
     """Greedy: move whole tables into the hot or warm tier (no routing metadata) while that saves
-    time and fits; the segment program sees only partial tiers with metadata."""
+    time (``plan_time`` of all tables' rows) and fits; the segment program sees only partial tiers with
+    metadata."""
     rows = list(rows)
     mem = [_plan_memory(c, h, w) for c, (h, w) in zip(coeffs, rows, strict=True)]
-    time_now = [linear_time([c], [r]) for c, r in zip(coeffs, rows, strict=True)]
+    time_now = plan_time(coeffs, rows)
     while True:
         slack = budget - sum(mem)
         best = None
@@ -244,15 +281,15 @@ def _whole_table_moves(
             for tier, plan in ((Tier.HOT, (total, 0)), (Tier.WARM, (0, total))):
                 if not allowed[tier] or rows[i] == plan:
                     continue
-                t_new = linear_time([c], [plan])
+                t_new = plan_time(coeffs, rows[:i] + [plan] + rows[i + 1 :])
                 m_new = _plan_memory(c, *plan)
-                gain = time_now[i] - t_new
+                gain = time_now - t_new
                 if gain > 1e-15 and m_new - mem[i] <= slack and (best is None or gain > best[0]):
                     best = (gain, i, plan, t_new, m_new)
         if best is None:
             return rows
-        _, i, plan, t_new, m_new = best
-        rows[i], time_now[i], mem[i] = plan, t_new, m_new
+        _, i, plan, time_now, m_new = best
+        rows[i], mem[i] = plan, m_new
 
 
 def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
@@ -267,16 +304,26 @@ def _min_memory(coeffs: list[TableCoefficients], allowed: np.ndarray) -> float:
     return float(total)
 
 
-def _cheaper_mode(c: TableCoefficients, rows: tuple[int, int]) -> FetchMode:
-    """The fetch mode under which the table's plan ``rows`` costs less. On a tie (no cold rows, so the
-    mode does not matter here), the one whose cold rows are cheaper: it is the mode that lets the next
-    solve keep rows cold where that pays."""
-
-    modes = (FetchMode.FLAT, FetchMode.GROUP)
-    times = {m: linear_time([c.for_fetch(m)], [rows]) for m in modes}
-    least = min(times.values())
-    tied = [m for m in modes if times[m] <= least * (1 + 1e-12)]
-    return min(tied, key=lambda m: float(c.for_fetch(m).time_s[Tier.COLD].sum()))
+def _cheaper_modes(
+    coeffs: list[TableCoefficients],
+    rows: list[tuple[int, int]],
+    modes: list[FetchMode],
+    plan_time: Callable[[list[TableCoefficients], list[tuple[int, int]]], float],
+) -> list[FetchMode]:
+    """Per table, the fetch mode under which the plan ``rows`` costs less (``plan_time``, the other
+    tables at ``modes``). On a tie (no cold rows, so the mode does not matter here), the one whose cold
+    rows are cheaper: it is the mode that lets the next solve keep rows cold where that pays."""
+    out = []
+    for i, c in enumerate(coeffs):
+        priced = [c2.for_fetch(m) for c2, m in zip(coeffs, modes, strict=True)]
+        times = {}
+        for m in (FetchMode.FLAT, FetchMode.GROUP):
+            priced[i] = c.for_fetch(m)
+            times[m] = plan_time(priced, rows)
+        least = min(times.values())
+        tied = [m for m in times if times[m] <= least * (1 + 1e-12)]
+        out.append(min(tied, key=lambda m: float(c.for_fetch(m).time_s[Tier.COLD].sum())))
+    return out
 
 
 def _exchanges_used(

@@ -90,16 +90,6 @@ def make_plan(
     # id ranges may leave a slow rank rows that few lookups reach). The cheapest plan is kept (modeled
     # step time; modeled time under the bytes objective), so FlexShard is never above a feasible baseline.
     solver = {k: v for k, v in solver.items() if k != "placement"}  # candidates keep their shares
-    if cfg.step_time and cfg.overlap:
-        # the tier program prices every row unpipelined (a max is not linear): under the pipelined price
-        # replicas whose sync hides under the next batch's id exchange pay, so the bytes objective's
-        # plan, which keeps them, is a candidate too
-        for_bytes = optimize_tiers(workload, view, budget, replace(cfg, step_time=False), progress).plan
-        got = priced(
-            replace(balance(workload, view, for_bytes, budget), solver={**solver, "chosen": "bytes"})
-        )
-        if got.report.memory_per_gpu_bytes <= budget * (1 + 1e-9) and _better(got, best, True):
-            best = got
     for name, baseline in BASELINES.items():
         try:
             own = replace(baseline(workload, view, budget, dedup, sync), strategy="flexshard", wire=wire)
@@ -112,8 +102,8 @@ def make_plan(
         if any(by_id) and real_ids:  # ranges of random id orders are an expectation, not a plan to run
             candidates.append((own, f"{name} plan"))
         if view.num_groups > 1 and any(tp.cold_rows > 0 and tp.fetch is not FetchMode.GROUP for tp in dealt):
-            # its tiers with the group fetch for the cold rows (the tier program cannot price the overlap
-            # that makes a baseline's replicas pay, nor so combine them with the group fetch)
+            # its tiers with the group fetch for the cold rows (a baseline's replicas beside the fetch
+            # that saves most inter-group bytes)
             grouped = tuple(replace(tp, fetch=FetchMode.GROUP) if tp.cold_rows > 0 else tp for tp in dealt)
             candidates.append((replace(own, tables=grouped), f"{name} tiers, group fetch"))
         for candidate, chosen in candidates:

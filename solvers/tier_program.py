@@ -27,6 +27,7 @@ import pulp
 from core.errors import PlannerError
 from core.vocabulary import FetchMode, SyncMode, Tier, WireDtype
 from solvers.coefficients import TableCoefficients
+from solvers.overlap import FixedParts, pipelined_time
 from solvers.time_types import LatencyTable, LocalRates
 
 INTEGER_ROWS_MAX = 64  # segments this small get whole-row variables in the final (integer) solve
@@ -57,7 +58,7 @@ class OptimizerConfig:
     latency: LatencyTable | None = None  # collective latencies; None: the view's (LatencyTable.from_view)
     rates: LocalRates | None = None  # local work; None: LocalRates.for_view(view)
     # price the pipelined step (train --pipeline on): the replica sync beside the next batch's input
-    # distribution (solvers.time_model.step_time's overlap); candidates are compared at that price
+    # distribution (solvers.time_model.step_time's overlap): the program minimises it (solvers.overlap)
     overlap: bool = False
     fetch_modes: tuple[FetchMode, ...] = (FetchMode.FLAT, FetchMode.GROUP)  # cold fetch modes to choose from
 
@@ -106,9 +107,16 @@ def refined_solve(
     cfg: OptimizerConfig,
     history: list[dict],
     progress: Callable[[str], None] | None,
+    fixed: FixedParts | None = None,
 ) -> tuple[list[tuple[int, int]], float, int, int] | None:
     """Solve the segment LP for one set of allowed tiers, refining segments around the boundaries
-    (None when no plan with these tiers fits)."""
+    (None when no plan with these tiers fits). With ``fixed``, the program minimises the pipelined step
+    (:mod:`solvers.overlap`; the time returned and ``bound_s`` then include the fixed cost), else the
+    linear time of the rows."""
+
+    def time_of(rows: list[tuple[int, int]]) -> float:
+        return linear_time(coeffs, rows) if fixed is None else pipelined_time(coeffs, rows, fixed)
+
     edges = [_initial_edges(c, c.time_s[Tier.COLD], cfg.initial_segments) for c in coeffs]
     best: tuple[float, list[tuple[int, int]]] | None = None
     solved: tuple[list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]] | None = None
@@ -116,12 +124,14 @@ def refined_solve(
     tiers = "+".join(tier.label for tier, a in zip(Tier, allowed, strict=True) if a)
     for rounds in range(1, cfg.max_rounds + 1):  # noqa: B007
         try:
-            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s)
+            shares, nvars = _solve_lp(
+                coeffs, edges, budget_bytes, allowed, cfg.solver_time_limit_s, fixed=fixed
+            )
         except PlannerError:
             break  # fits only with whole-table tiers: left to the integer solve
         solved = ([e.copy() for e in edges], shares)
         rows = [_shares_to_rows(c, e, hs, ws) for c, e, (hs, ws) in zip(coeffs, edges, shares, strict=True)]
-        linear = linear_time(coeffs, rows)
+        linear = time_of(rows)
         if best is None or linear < best[0]:
             best = (linear, rows)
         gap = (best[0] - bound_s) / bound_s if bound_s > 0 else 0.0
@@ -144,17 +154,19 @@ def refined_solve(
     if cfg.integer_rows and (best is None or best[0] > bound_s * (1 + 1e-9)):
         if solved is not None:
             edges = solved[0]
-        fixed = None
+        pinned = None
         if solved is not None and _integer_vars(coeffs, edges, allowed) > cfg.full_integer_max_vars:
-            fixed = [_fix_far_segments(hs, ws) for hs, ws in solved[1]]
+            pinned = [_fix_far_segments(hs, ws) for hs, ws in solved[1]]
         try:
             limit = min(cfg.solver_time_limit_s, cfg.integer_time_limit_s)
-            shares, nvars = _solve_lp(coeffs, edges, budget_bytes, allowed, limit, integer=True, fixed=fixed)
+            shares, nvars = _solve_lp(
+                coeffs, edges, budget_bytes, allowed, limit, integer=True, pinned=pinned, fixed=fixed
+            )
         except PlannerError:
             shares = None  # keep the rounded LP solution
         if shares is not None:
             rows = [_shares_to_rows(c, e, h, w) for c, e, (h, w) in zip(coeffs, edges, shares, strict=True)]
-            linear = linear_time(coeffs, rows)
+            linear = time_of(rows)
             history.append({"tiers": tiers, "round": "integer", "linear_s": linear})
             if best is None or linear < best[0]:
                 best = (linear, rows)
@@ -185,9 +197,11 @@ def _fix_far_segments(hs: np.ndarray, ws: np.ndarray) -> tuple[dict[int, float],
     return out[0], out[1]
 
 
-def _segment_sums(c: TableCoefficients, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _segment_sums(
+    c: TableCoefficients, edges: np.ndarray, arr: str = "time_s"
+) -> tuple[np.ndarray, np.ndarray]:
     starts = edges[:-1]
-    return np.add.reduceat(c.time_s, starts, axis=1), np.add.reduceat(c.memory_bytes, starts, axis=1)
+    return np.add.reduceat(getattr(c, arr), starts, axis=1), np.add.reduceat(c.memory_bytes, starts, axis=1)
 
 
 def _share(
@@ -210,26 +224,36 @@ def _solve_lp(
     allowed: np.ndarray,
     time_limit_s: float,
     integer: bool = False,
-    fixed: list[tuple[dict[int, float], dict[int, float]]] | None = None,
+    pinned: list[tuple[dict[int, float], dict[int, float]]] | None = None,
+    fixed: FixedParts | None = None,
 ) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """Solve the segment program; with ``integer`` the shares of small segments (at most
     ``INTEGER_ROWS_MAX`` rows) become whole row counts, so single hot rows are not split.
-    ``fixed``: per table, (hot, warm) shares held at given values (segment index -> share)."""
+    ``pinned``: per table, (hot, warm) shares held at given values (segment index -> share).
+    ``fixed``: minimise the pipelined step (:mod:`solvers.overlap`) with these fixed parts."""
     prob = pulp.LpProblem("flexshard_tiers", pulp.LpMinimize)
     objective: dict[pulp.LpVariable, float] = {}
     memory: dict[pulp.LpVariable, float] = {}
+    # with overlap: the input distribution's and the sync's seconds, as constants plus per-variable terms
+    parts: dict[str, dict[pulp.LpVariable, float]] = {"input_s": {}, "sync_s": {}}
+    consts = {"input_s": 0.0, "sync_s": 0.0}
     const_mem = 0.0
     handles = []
     # scale to well-conditioned units: microseconds and MiB
     ts, ms = 1e6, 1.0 / 2**20
     for i, (c, e) in enumerate(zip(coeffs, edges, strict=True)):
-        seg_t, seg_m = _segment_sums(c, e)
+        seg_t, seg_m = _segment_sums(c, e, "time_s" if fixed is None else "other_s")
+        seg_parts = {}
+        if fixed is not None:
+            for name in parts:
+                seg_parts[name] = _segment_sums(c, e, name)[0]
+                consts[name] += float(seg_parts[name][Tier.COLD].sum())
         seg_rows = np.add.reduceat(c.rows, e[:-1])
         k = seg_t.shape[1]
         const_mem += seg_m[Tier.COLD].sum()
 
         cold_ok = bool(allowed[Tier.COLD])
-        fix_h, fix_w = fixed[i] if fixed is not None else ({}, {})
+        fix_h, fix_w = pinned[i] if pinned is not None else ({}, {})
         wv = (
             [_share(f"w_{i}_{j}", seg_rows[j], 0 if cold_ok else 1, integer, fix_w.get(j)) for j in range(k)]
             if allowed[Tier.WARM]
@@ -244,6 +268,8 @@ def _solve_lp(
                 var, sc = wv[j]
                 objective[var] = (seg_t[Tier.WARM, j] - seg_t[Tier.COLD, j]) * ts * sc
                 memory[var] = (seg_m[Tier.WARM, j] - seg_m[Tier.COLD, j]) * ms * sc
+                for name, seg in seg_parts.items():
+                    parts[name][var] = (seg[Tier.WARM, j] - seg[Tier.COLD, j]) * ts * sc
                 if j:
                     prob += sc * var <= wv[j - 1][1] * wv[j - 1][0]
             if hv is not None:
@@ -251,6 +277,8 @@ def _solve_lp(
                 lower = Tier.WARM if wv is not None else Tier.COLD
                 objective[var] = (seg_t[Tier.HOT, j] - seg_t[lower, j]) * ts * sc
                 memory[var] = (seg_m[Tier.HOT, j] - seg_m[lower, j]) * ms * sc
+                for name, seg in seg_parts.items():
+                    parts[name][var] = (seg[Tier.HOT, j] - seg[lower, j]) * ts * sc
                 if j:
                     prob += sc * var <= hv[j - 1][1] * hv[j - 1][0]
                 if wv is not None:
@@ -268,6 +296,11 @@ def _solve_lp(
                     prob += whole_warm <= 1 - hv[0][1] * hv[0][0]
                 memory[whole_warm] = -credit
         handles.append((hv, wv, k))
+    if fixed is not None:  # minimise other + max(input, sync): z above both
+        z = pulp.LpVariable("overlapped_max", 0)
+        for name, fixed_part in (("input_s", fixed.input_s), ("sync_s", fixed.sync_s)):
+            prob += z >= pulp.LpAffineExpression(parts[name]) + (consts[name] + fixed_part) * ts, name
+        objective[z] = 1.0
     prob += pulp.LpAffineExpression(objective)
     prob += pulp.LpAffineExpression(memory) <= (budget - const_mem) * ms, "memory_budget"
     solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-5 if integer else None)

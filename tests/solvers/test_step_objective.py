@@ -44,15 +44,17 @@ def _latency(sync_all_reduce_us: float) -> LatencyTable:
     return LatencyTable(parse_latency({"all_reduce": ar}), 1e-6, 1e-5)
 
 
-def _config(latency: LatencyTable, rates: LocalRates, dedup: bool) -> OptimizerConfig:
-    return OptimizerConfig(dedup=dedup, sync=SyncMode.SPARSE, latency=latency, rates=rates)
+def _config(latency: LatencyTable, rates: LocalRates, dedup: bool, overlap: bool = False) -> OptimizerConfig:
+    return OptimizerConfig(dedup=dedup, sync=SyncMode.SPARSE, latency=latency, rates=rates, overlap=overlap)
 
 
 @cache
-def _brute(sync_all_reduce_us: float, rates: LocalRates, dedup: bool) -> list[tuple[float, float, tuple]]:
-    """(modeled step s, memory per GPU, (tiers, modes)) of every boundary and fetch mode of every table.
-    At 5 us per sync all-reduce and no dedup the best plans use a group fetch (1x, 1.5x), warm (2x, 3x) and
-    hot (4x+) rows."""
+def _brute(
+    sync_all_reduce_us: float, rates: LocalRates, dedup: bool, overlap: bool = False
+) -> list[tuple[float, float, tuple]]:
+    """(modeled step s, memory per GPU, (tiers, modes)) of every boundary and fetch mode of every table
+    (``overlap``: the pipelined step). At 5 us per sync all-reduce and no dedup the best plans use a group
+    fetch (1x, 1.5x), warm (2x, 3x) and hot (4x+) rows."""
     latency = _latency(sync_all_reduce_us)
     per_table = [
         [(h, w, m) for h in range(t.num_rows + 1) for w in range(t.num_rows + 1 - h) for m in MODES]
@@ -64,7 +66,7 @@ def _brute(sync_all_reduce_us: float, rates: LocalRates, dedup: bool) -> list[tu
             table_plan(t, VIEW, h, w, m) for t, (h, w, m) in zip(WORKLOAD.tables, combo, strict=True)
         )
         plan = Plan("brute", tables, dedup=dedup, sync=SyncMode.SPARSE)
-        st = step_time(WORKLOAD, VIEW, plan, latency, rates, dealt=False)
+        st = step_time(WORKLOAD, VIEW, plan, latency, rates, dealt=False, overlap=overlap)
         memory = cost_model.evaluate(WORKLOAD, VIEW, plan, dealt=False).memory_per_gpu_bytes
         out.append((st.total_s, memory, combo))
     return out
@@ -126,7 +128,8 @@ FULL_RATES = replace(RATES, pack_s_per_value=4e-10, output_s_per_value=5e-10, ta
 )
 @pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("factor", [1.0, 1.3])
-def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, rates, dedup, factor):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, rates, dedup, factor, overlap):
     """The optimizer's objective (coefficients + fixed costs) equals step_time of the plan it returns at
     even shares, whatever tiers and fetch modes it picked (here all cold, partial hot and warm tiers, every
     table fetched once per group): the linear form and the model agree."""
@@ -136,8 +139,8 @@ def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, r
     )
     budget = factor * sum(t.num_rows * t.row_bytes / view.num_ranks for t in workload.tables)
     latency = LatencyTable.from_view(view)
-    res = optimize_tiers(workload, view, budget, _config(latency, rates, dedup))
-    st = step_time(workload, view, res.plan, latency, rates, dealt=False)
+    res = optimize_tiers(workload, view, budget, _config(latency, rates, dedup, overlap))
+    st = step_time(workload, view, res.plan, latency, rates, dealt=False, overlap=overlap)
     assert res.objective_s == pytest.approx(st.total_s, rel=1e-9)
     assert res.lower_bound_s <= st.total_s * (1 + 1e-9)
     replicated = _replicated(res.plan)
@@ -145,3 +148,37 @@ def test_objective_is_the_modeled_step_of_its_plan_on_a_larger_case(latency_s, r
     # priced, replicas may not pay: then the objective's equality is what is checked)
     if rates is RATES:
         assert (replicated > 0) is (factor > 1.0)  # with room, the tiers pay here in every case
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+@pytest.mark.parametrize("factor", [1.0, 1.5, 2.0, 3.0, 4.0, 8.0])
+def test_pipelined_objective_matches_brute_force_and_bound_holds(dedup, factor):
+    """With ``overlap`` the program minimises the pipelined step (solvers.overlap): its plan is the cheapest
+    of every boundary and fetch mode at that price, its objective is the plan's pipelined step and its bound
+    (over theta) is at or below it."""
+    budget = _floor() * factor
+    results = _brute(5.0, RATES, dedup, True)
+    best = min(r for r in results if r[1] <= budget * (1 + 1e-12))
+    res = optimize_tiers(WORKLOAD, VIEW, budget, _config(_latency(5.0), RATES, dedup, overlap=True))
+    got = step_time(WORKLOAD, VIEW, res.plan, _latency(5.0), RATES, dealt=False, overlap=True).total_s
+    assert got == pytest.approx(best[0], rel=1e-9), (
+        [(tp.hot_rows, tp.warm_rows) for tp in res.plan.tables],
+        best,
+    )
+    assert res.objective_s == pytest.approx(got, rel=1e-9)
+    assert res.lower_bound_s <= best[0] * (1 + 1e-9)
+
+
+def test_the_pipelined_price_changes_the_best_plan_where_the_sync_hides():
+    """A case where the pipelined price matters: at 25 us per sync all-reduce (no dedup) the sync's latency
+    hides under the next batch's id exchange, so the hottest rows replicated pay pipelined and not
+    unpipelined (brute force: every row cold, fetched per group), and the optimizer follows each price."""
+    budget = _floor() * 8.0
+    plain = min(r for r in _brute(25.0, RATES, False) if r[1] <= budget * (1 + 1e-12))
+    piped = min(r for r in _brute(25.0, RATES, False, True) if r[1] <= budget * (1 + 1e-12))
+    assert sum(h + w for h, w, _ in plain[2]) == 0 and sum(h + w for h, w, _ in piped[2]) > 0
+    for overlap, best in ((False, plain), (True, piped)):
+        res = optimize_tiers(WORKLOAD, VIEW, budget, _config(_latency(25.0), RATES, False, overlap))
+        got = step_time(WORKLOAD, VIEW, res.plan, _latency(25.0), RATES, dealt=False, overlap=overlap)
+        assert got.total_s == pytest.approx(best[0], rel=1e-9)
+        assert (_replicated(res.plan) > 0) is overlap
