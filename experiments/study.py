@@ -123,15 +123,17 @@ def note_missing(path: str | os.PathLike, skipped: str) -> None:
     print(f"note: {path} is absent; skipping {skipped}", file=sys.stderr)
 
 
-def optimizer_config(quick: bool) -> Any:
+def optimizer_config(quick: bool, objective: str = "step") -> Any:
     """FlexShard's optimizer settings in the studies: the pipelined step, as ``flexshard plan`` plans by
-    default (``--pipeline on``); CBC stops after 2 s per solve (``--quick``: no integer finish at all).
-    A fresh object per call."""
+    default (``--pipeline on``), or with ``objective="bytes"`` bytes over bandwidth alone (``plan
+    --objective bytes``, for studies of bytes); CBC stops after 2 s per solve (``--quick``: no integer
+    finish at all). A fresh object per call."""
     from solvers.optimizer import OptimizerConfig
 
+    step = objective == "step"
     if quick:
-        return OptimizerConfig(integer_rows=False, overlap=True)
-    return OptimizerConfig(solver_time_limit_s=2.0, overlap=True)
+        return OptimizerConfig(integer_rows=False, overlap=step, step_time=step)
+    return OptimizerConfig(solver_time_limit_s=2.0, overlap=step, step_time=step)
 
 
 def versions(*distributions: str) -> str:

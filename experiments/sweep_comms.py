@@ -4,7 +4,8 @@ For each point, every strategy of ``solvers.planner.STRATEGIES`` (FlexShard, tab
 hybrid, data-parallel) is planned with ``make_plan`` under the same per-GPU budget and priced by the
 cost model: inter-group bytes, intra-group bytes and replica-sync bytes per iteration at the
 bottleneck rank (max over ranks of max(send, recv)), and the modeled communication time of the slowest
-rank (bytes over bandwidth per link class; latency not included). Each sweep varies one axis around the
+rank (bytes over bandwidth per link class; latency not included); FlexShard is planned for bytes
+(``--objective bytes``). Each sweep varies one axis around the
 base point (embedded default workload, ``h100:8`` = 8 nodes x 8 H100, budget 2x row-wise memory) and is
 run with per-rank id dedup on and off:
 
@@ -88,7 +89,7 @@ def price_all(
     out = {}
     for strategy in STRATEGIES:
         try:
-            config = study.optimizer_config(quick)
+            config = study.optimizer_config(quick, objective="bytes")  # a study of bytes
             planned = make_plan(strategy, workload, view, budget, dedup, config=config)
         except PlannerError:
             out[strategy] = {"feasible": False}
@@ -383,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
             "bytes / bandwidth per link class, latency excluded. `inter-group vs row-wise` is the change",
             "against row-wise (negative = fewer bytes). Infeasible = the strategy cannot fit the budget",
             "(table-wise needs a whole table on one GPU; data-parallel a whole table on every GPU).",
+            "FlexShard is planned for bytes here (`flexshard plan --objective bytes`): this is a study of",
+            "bytes. `plan`'s default, the modeled step pipelined, may trade bytes for fewer collectives;",
+            "its plans are priced in step_time.md and tier_savings.md.",
             "",
         ]
         head += [f"![{text}]({name})" + "\n" for name, text in figures]
