@@ -33,6 +33,52 @@ def _gathered_sharded(st: ShardedTensor, rows: int) -> torch.Tensor:
     return full
 
 
+def torchrec_full_state(dmp) -> dict:
+    """:func:`full_state` of the test model with its collection row-wise by TorchRec's own sharder
+    (row-wise Adagrad: weights and ``momentum1``); no ``step``. Collective."""
+    out = {}
+    tables = dmp.module.ec.state_dict()
+    optim = dmp.fused_optimizer.state_dict()["state"]
+    for name, rows, _dim in TABLES:
+        out[(name, "weight")] = _gathered_sharded(tables[f"embeddings.{name}.weight"], rows)
+        state = optim[f"ec.embeddings.{name}.weight"][f"{name}.momentum1"]
+        out[(name, "momentum1")] = _gathered_sharded(state, rows)
+    users = dmp.module.ebc.state_dict()["embedding_bags.users.weight"]
+    out[("users", "weight")] = _gathered_sharded(users, users.size(0))
+    state = dmp.fused_optimizer.state_dict()["state"]["ebc.embedding_bags.users.weight"]
+    out[("users", "momentum1")] = _gathered_sharded(state["users.momentum1"], users.size(0))
+    out["dense"] = {k: v.detach().clone() for k, v in dmp.module.dense.state_dict().items()}
+    return out
+
+
+def cross_load(
+    rank: int, world: int, kind: str, plan_path: str, load_from: str, steps: int, save_to: str
+) -> dict:
+    """The test model with its collection by ``kind`` (``"flexshard"`` or ``"torchrec"``, row-wise
+    Adagrad everywhere): load ``load_from`` (if any), train ``steps`` steps, save to ``save_to`` (if any);
+    the whole state (without ``step``) after the load and after the save (rank 0)."""
+    dmp, opt = build(kind, "adagrad", plan_path if kind == "flexshard" else None)
+
+    def state() -> dict:
+        if kind == "torchrec":
+            return torchrec_full_state(dmp)
+        return {k: v for k, v in full_state(dmp).items() if k != "step"}
+
+    res = {}
+    if load_from:
+        res["keys"] = load(dmp, load_from)
+        res["loaded"] = state()
+    for step in range(steps):
+        opt.zero_grad()
+        loss, _ = dmp(make_batch(5, step, rank))
+        loss.backward()
+        opt.step()
+    if save_to:
+        save(dmp, save_to)
+        res["saved"] = state()
+    return res if rank == 0 else {"keys": res.get("keys")}
+
+
 def full_state(dmp) -> dict:
     """Every row of every table, whole, with its optimizer state: the collection's from the FlexShard rows
     each rank holds (all tiers; replicas must agree), the users' from TorchRec's sharded state; and the

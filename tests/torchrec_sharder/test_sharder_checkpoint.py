@@ -10,6 +10,9 @@ rows), a dense layer (DDP, SGD).
 * saved at 4 ranks (2 groups) and loaded at 2 (2 groups of 1), then trained, saved and loaded at 4: every
   row of every table, its optimizer state (Adagrad's ``momentum1``; Adam's ``momentum1``, ``momentum2``),
   Adam's iteration and the dense layer equal the saved ones exactly;
+* a checkpoint of the FlexShard model (row-wise Adagrad) saved at 4 ranks loads into the same model with
+  its collection row-wise by TorchRec's own sharder at 2 ranks, and the TorchRec model's checkpoint back
+  into FlexShard at 4: every row and its ``momentum1`` equal the saved ones exactly;
 * issue 24's Done-when: under TorchRec's TrainPipelineSparseDist at 4 ranks, 3 steps, a DCP save with the
   pipeline holding the next batch, 3 steps more (the reference: it did not stop); a job of 2 ranks loads
   the checkpoint and trains the last 3 steps under the pipeline. The global batch is the same at both
@@ -69,6 +72,28 @@ def test_dcp_saved_at_4_ranks_loads_at_2_and_back_row_for_row(tmp_path):
     assert not torch.equal(saved2[("item", "weight")], saved4[("item", "weight")])  # it trained between
     assert saved4[("item", "momentum2")].abs().sum() > 0 and saved4[("users", "momentum1")].abs().sum() > 0
     assert all(r["keys"] == ([], []) for r in at2 + back)  # dmp.load_state_dict: no missing, no unexpected
+
+
+def test_dcp_moves_between_flexshard_and_torchrecs_own_row_wise_sharding(tmp_path):
+    """A user can switch a model between FlexShardSharder and TorchRec's row-wise sharding, either way and
+    at another world size, through the same ``dcp.save`` / ``dcp.load`` code."""
+    plans = _plans(tmp_path)
+    ck_fs, ck_tr = str(tmp_path / "flexshard"), str(tmp_path / "torchrec")
+    fs = run_on_ranks(cw.cross_load, 4, "flexshard", plans[4], "", 2, ck_fs, timeout_s=300)
+    tr = run_on_ranks(cw.cross_load, 2, "torchrec", plans[2], ck_fs, 1, ck_tr, timeout_s=300)
+    back = run_on_ranks(cw.cross_load, 4, "flexshard", plans[4], ck_tr, 0, "", timeout_s=300)
+    saved_fs, loaded_tr, saved_tr, loaded_fs = (
+        fs[0]["saved"],
+        tr[0]["loaded"],
+        tr[0]["saved"],
+        back[0]["loaded"],
+    )
+    assert set(saved_fs) == set(loaded_tr) >= {("item", "momentum1"), ("tag", "momentum1")}
+    _assert_same({**loaded_tr, "step": 0}, {**saved_fs, "step": 0})
+    _assert_same({**loaded_fs, "step": 0}, {**saved_tr, "step": 0})
+    assert not torch.equal(saved_tr[("item", "weight")], saved_fs[("item", "weight")])  # it trained between
+    assert saved_fs[("item", "momentum1")].abs().sum() > 0
+    assert all(r["keys"] == ([], []) for r in tr + back)  # dmp.load_state_dict: no missing, no unexpected
 
 
 def test_a_pipelined_dmp_job_resumes_from_dcp_at_another_world_size(tmp_path):
