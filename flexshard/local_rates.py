@@ -150,24 +150,28 @@ def median_rates(every: list[LocalRates], source: str) -> LocalRates:
     return replace(every[0], **dict(zip(LocalRates.FIELDS, map(float, values), strict=True)), source=source)
 
 
-def fixed_runs_s(fn: Callable[[], object], runs: int) -> float:
-    """Mean seconds of ``fn()`` over ``runs`` runs after one warm-up run (a run count every rank agrees
+def run_times_s(fn: Callable[[], object], runs: int) -> np.ndarray:
+    """Seconds of each of ``runs`` runs of ``fn()`` after one warm-up run (a run count every rank agrees
     on: ``fn`` may be a collective, so no rank may stop before the others)."""
     fn()
-    t0 = time.perf_counter()
-    for _ in range(runs):
+    out = np.empty(runs)
+    for i in range(runs):
+        t0 = time.perf_counter()
         fn()
-    return (time.perf_counter() - t0) / runs
+        out[i] = time.perf_counter() - t0
+    return out
 
 
 def collective_wait_s(load: Callable[[], object], min_s: float = WAIT_MIN_S) -> float:
     """Seconds a small world all-to-all waits, beyond its bare latency, when the ranks arrive at it from
-    local work, as a step's collectives do: every rank times ``load()`` alone (``t_load``), the
-    all-to-all alone (``t_bare``) and ``load()`` then the all-to-all (``t_both``), all ranks at once, the
-    same number of runs on every rank (enough for ``min_s`` of the slowest rank's ``t_both``);
-    the wait is ``max(0, t_both - t_load - t_bare)``, the median over ranks. Where ranks share cores, a
-    rank descheduled by the others' work holds every rank at the collective; with a core per rank the
-    wait is about 0. Collective: every rank calls it; one process: 0."""
+    local work, as a step's collectives do. Every rank runs, all ranks at once and the same number of
+    times (enough for ``min_s`` of the slowest rank's ``load()``): ``load()`` alone, the all-to-all
+    alone, and ``load()`` then the all-to-all; the wait is ``max(0, both - load - bare)`` of the
+    medians over runs (a burst of other load falls on a few runs, not on the median), where ``load`` is
+    the slowest rank's (the step waits for it, and the time model prices its local work) and ``both`` and
+    ``bare`` the median over ranks. Where ranks share cores, a rank descheduled by the others' work holds
+    every rank at the collective; with a core per rank the wait is about 0. Collective: every rank calls
+    it; one process: 0."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -185,15 +189,16 @@ def collective_wait_s(load: Callable[[], object], min_s: float = WAIT_MIN_S) -> 
     dist.barrier()
     first = torch.tensor([mean_s(load, min_s / 4)], dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    runs = max(3, math.ceil(min_s / max(float(first), 1e-6)))
-    times = []
+    runs = max(5, math.ceil(min_s / max(float(first), 1e-6)))
+    mine = []
     for fn in (load, exchange, both):
         dist.barrier()
-        times.append(fixed_runs_s(fn, runs))
-    t_load, t_bare, t_both = times
+        mine.append(float(np.median(run_times_s(fn, runs))))
     every: list = [None] * world
-    dist.all_gather_object(every, max(0.0, t_both - t_load - t_bare))
-    return float(np.median(every))
+    dist.all_gather_object(every, mine)
+    t_load = max(e[0] for e in every)
+    t_bare, t_both = np.median([e[1] for e in every]), np.median([e[2] for e in every])
+    return max(0.0, float(t_both - t_load - t_bare))
 
 
 def measured_rates(
