@@ -162,16 +162,34 @@ def run_times_s(fn: Callable[[], object], runs: int) -> np.ndarray:
     return out
 
 
+def paired_times_s(load: Callable[[], object], exchange: Callable[[], object], runs: int):
+    """``runs`` pairs, after one warm-up pair, each ``load()``, ``load()`` again, then ``exchange()``:
+    seconds of the first ``load()`` and of the whole pair (float64[runs] each). Every pair starts at the
+    previous exchange, a point common to every rank; a change in other load falls on both loads of a
+    pair alike."""
+    alone, whole = np.empty(runs), np.empty(runs)
+    for i in range(-1, runs):
+        t0 = time.perf_counter()
+        load()
+        t1 = time.perf_counter()
+        load()
+        exchange()
+        if i >= 0:
+            alone[i], whole[i] = t1 - t0, time.perf_counter() - t0
+    return alone, whole
+
+
 def collective_wait_s(load: Callable[[], object], min_s: float = WAIT_MIN_S) -> float:
     """Seconds a small world all-to-all waits, beyond its bare latency, when the ranks arrive at it from
     local work, as a step's collectives do. Every rank runs, all ranks at once and the same number of
-    times (enough for ``min_s`` of the slowest rank's ``load()``): ``load()`` alone, the all-to-all
-    alone, and ``load()`` then the all-to-all; the wait is ``max(0, both - load - bare)`` of the
-    medians over runs (a burst of other load falls on a few runs, not on the median), where ``load`` is
-    the slowest rank's (the step waits for it, and the time model prices its local work) and ``both`` and
-    ``bare`` the median over ranks. Where ranks share cores, a rank descheduled by the others' work holds
-    every rank at the collective; with a core per rank the wait is about 0. Collective: every rank calls
-    it; one process: 0."""
+    times (enough for ``min_s`` of the slowest rank's ``load()``): the all-to-all alone (``bare``: the
+    median over runs and ranks), then pairs of two ``load()`` and the all-to-all
+    (:func:`paired_times_s`). Per pair, ``whole`` is the median over ranks of the pair's time and
+    ``load`` the slowest rank's first ``load()`` (a step waits for the slowest rank, and the model prices
+    its local work: uneven work is not a wait); the wait is ``max(0, median over pairs of (whole -
+    2 load) - bare)``. Where
+    ranks share cores, a rank descheduled by the others' work holds every rank at the collective; with a
+    core per rank the wait is about 0. Collective: every rank calls it; one process: 0."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
@@ -182,23 +200,19 @@ def collective_wait_s(load: Callable[[], object], min_s: float = WAIT_MIN_S) -> 
     def exchange() -> None:
         dist.all_to_all_single(recv, send)
 
-    def both() -> None:
-        load()
-        exchange()
-
     dist.barrier()
     first = torch.tensor([mean_s(load, min_s / 4)], dtype=torch.float64)
     dist.all_reduce(first, op=dist.ReduceOp.MAX)
     runs = max(5, math.ceil(min_s / max(float(first), 1e-6)))
-    mine = []
-    for fn in (load, exchange, both):
-        dist.barrier()
-        mine.append(float(np.median(run_times_s(fn, runs))))
+    dist.barrier()
+    bare = run_times_s(exchange, runs)
+    dist.barrier()
+    alone, whole = paired_times_s(load, exchange, runs)
     every: list = [None] * world
-    dist.all_gather_object(every, mine)
-    t_load = max(e[0] for e in every)
-    t_bare, t_both = np.median([e[1] for e in every]), np.median([e[2] for e in every])
-    return max(0.0, float(t_both - t_load - t_bare))
+    dist.all_gather_object(every, (np.asarray(bare), np.asarray(alone), np.asarray(whole)))
+    t_bare = float(np.median(np.concatenate([e[0] for e in every])))
+    per_pair = np.median([e[2] for e in every], axis=0) - 2 * np.max([e[1] for e in every], axis=0)
+    return max(0.0, float(np.median(per_pair)) - t_bare)
 
 
 def measured_rates(

@@ -57,37 +57,43 @@ def test_one_process_has_no_collective_wait():
 
 
 def _sleepy(rank: int, world: int) -> float:
-    # rank r works (sleeps, leaving the cores free) 10 (r + 1) ms before each exchange: the others wait for
-    # rank 2 at the exchange, but that is its longer work, which the model prices, not a wait
-    return lr.collective_wait_s(lambda: time.sleep(0.01 * (rank + 1)), min_s=0.2)
+    # ranks 0 and 1 work (sleep, leaving the cores free) 10 ms before each exchange, rank 2 90 ms: the
+    # others wait 80 ms for rank 2 at each exchange, but that is its longer work, which the model prices
+    return lr.collective_wait_s(lambda: time.sleep(0.09 if rank == 2 else 0.01), min_s=0.3)
 
 
 @pytest.mark.slow
 def test_uneven_work_is_not_a_wait():
     got = run_on_ranks(_sleepy, 3)
     assert got[0] == got[1] == got[2]  # one figure for the job
-    assert 0.0 <= got[0] < 0.01  # the step's 30 ms of the slowest rank's work are not counted again
+    # not the 80 ms (twice, per pair) of uneven work; what is left is waking from the sleeps on a
+    # loaded machine (a few ms)
+    assert 0.0 <= got[0] < 0.04
 
 
 def _by_hand(rank: int, world: int) -> float:
-    calls = []
+    # what each rank "measured": the exchange alone 1 ms (a 0.5 s burst of other load in one run); pairs:
+    # its first load 10 (r + 1) ms (45 ms on rank 2 in pair 1), the whole pair 65 + r ms (130 + r in
+    # pair 1: a burst)
+    def bare(fn, runs):
+        return np.array([0.001, 0.001, 0.5, 0.001, 0.001])
 
-    def fake(fn, runs):  # what each rank "measured": load alone, the exchange alone, then both
-        calls.append(runs)
-        if len(calls) == 1:
-            return np.full(runs, 0.010 * (rank + 1))
-        if len(calls) == 2:
-            return np.array([0.001, 0.001, 0.5, 0.001, 0.001])  # a burst of other load: one run
-        return np.full(runs, 0.035 + 0.001 * rank)
+    def pairs(load, exchange, runs):
+        alone = np.full(5, 0.010 * (rank + 1))
+        whole = np.full(5, 0.065 + 0.001 * rank)
+        if rank == 2:
+            alone[1] = 0.045
+        whole[1] = 0.130 + 0.001 * rank
+        return alone, whole
 
-    lr.run_times_s = fake
+    lr.run_times_s, lr.paired_times_s = bare, pairs
     return lr.collective_wait_s(lambda: None, min_s=0.0)
 
 
 @pytest.mark.slow
 def test_the_wait_from_the_ranks_medians_by_hand():
-    # slowest load 30 ms; bare: the median run 1 ms on every rank; both: median over ranks 36 ms;
-    # wait = 36 - 30 - 1 = 5 ms
+    # per pair: the median over ranks of the whole (66 ms; 131 in pair 1) less twice the slowest rank's
+    # first load (60 ms; 90 in pair 1): 6, 41, 6, 6, 6 ms, median 6; less the bare exchange's 1 ms: 5 ms
     got = run_on_ranks(_by_hand, 3)
     assert got == [pytest.approx(0.005, rel=1e-9)] * 3
 
