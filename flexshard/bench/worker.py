@@ -7,6 +7,8 @@ for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step
 ``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
 a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
 batch for every system.
+With ``--rates measured`` the local rates (and TorchRec's local step) are measured before the rounds and
+again after every round, and the predictions are priced with their medians (:func:`rate_measurer`).
 A step is timed on each rank between a barrier and the end of its optimizer update; the collectives and
 bytes of the timed steps are recorded (:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
 measured and returns the records (:mod:`flexshard.bench.results`).
