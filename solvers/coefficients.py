@@ -272,10 +272,11 @@ def fixed_local_s(
 ) -> float:
     """Local seconds per step every plan of ``shape`` pays whatever its tier boundaries: each lookup's
     dedup, routing, gather into the output and scatter-add of its gradient, the collectives' host calls
-    and, on one rank, the update of the rows its batch touched (:func:`solvers.time_model.local_work`)."""
+    and waits and, on one rank, the update of the rows its batch touched
+    (:func:`solvers.time_model.local_work`)."""
     move = rates.gather_s_per_value + rates.scatter_add_s_per_value
     schedule = shape_schedule(shape, view)
-    total = rates.collective_call_s * len(schedule)
+    total = (rates.collective_call_s + rates.collective_wait_s) * len(schedule)
     total += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     for t in workload.tables:
         lookups = workload.lookups_per_gpu(t)

@@ -12,20 +12,20 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   / bandwidth``. A component travels in its own collectives, each a synchronisation point, so a rank's
   sends of one component do not overlap its receives of another.
 * ``local_s``: expected counts of one step (:mod:`solvers.volumes`) times
-  :class:`~solvers.time_types.LocalRates`: every lookup is deduplicated (with dedup) and routed, gathered
-  into the output and scatter-added in the backward; every row a rank serves to a requester (warm and
-  cold, one per requesting rank, or per group in a group fetch) is gathered, its gradient scatter-added
-  and the row updated; a group fetch's rail peer deduplicates, forwards and sums its group's requests;
-  every replicated row synced (touched ones with the sparse sync) is packed, unpacked and updated on every
-  replica (a single rank updates the rows its batch touched); each collective costs
-  ``collective_call_s`` on the host. Around the exchange: every vector element a rank sends or receives
-  in an all-to-all (its warm and cold lookups' rows and gradients, the rows it serves and their
-  gradients, a rail peer's relayed rows) is copied into a send buffer or out of a receive buffer
-  (``pack_s_per_value``, twice per exchanged lookup: forward and backward); every looked-up output
-  element carries the loss and its gradient (``output_s_per_value``); the runtime's host work (Python,
-  small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per collective.
-  A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
-  pays.
+  :class:`~solvers.time_types.LocalRates`: every lookup is deduplicated (with dedup) and routed, gathered into
+  the output and scatter-added in the backward; every row a rank serves to a requester (warm and cold, one per
+  requesting rank, or per group in a group fetch) is gathered, its gradient scatter-added and the row updated;
+  a group fetch's rail peer deduplicates, forwards and sums its group's requests; every replicated row synced
+  (touched ones with the sparse sync) is packed, unpacked and updated on every replica (a single rank updates
+  the rows its batch touched); each collective costs ``collective_call_s`` on the host and, where ranks share
+  cores, ``collective_wait_s`` of waiting for the ranks descheduled by the others (measured under the run's
+  load). Around the exchange: every vector element a rank sends or receives in an all-to-all (its warm and
+  cold lookups' rows and gradients, the rows it serves and their gradients, a rail peer's relayed rows) is
+  copied into a send buffer or out of a receive buffer (``pack_s_per_value``, twice per exchanged lookup:
+  forward and backward); every looked-up output element carries the loss and its gradient
+  (``output_s_per_value``); the runtime's host work (Python, small tensors) costs ``step_s`` per step and
+  ``table_stage_s`` per table per collective.
+  A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication pays.
 * ``total_s = latency_s + bandwidth_s + local_s``. With ``overlap`` (the pipelined step, off until the
   runtime pipelines), the next batch's input distribution (``meta`` and ``ids``: latency, bytes, dedup
   and routing) runs beside the replica sync (sync stages, bytes and synced-row work), and the step pays
@@ -45,7 +45,7 @@ from solvers.volumes import dealt_volumes, tier_volumes, view_mass
 from topology.views import ClusterView
 
 __all__ = ["LatencyTable", "LocalRates", "StepTime", "local_work", "stage_latency_s", "step_time"]
-PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls", "pack", "output", "host")
+PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls", "wait", "pack", "output", "host")
 INPUT_STAGES = ("meta", "ids")
 
 
@@ -94,6 +94,7 @@ def local_work(
         input_s += dedup + rates.route_s_per_lookup * lookups
     schedule = step_schedule(plan, view)
     out["calls"] += rates.collective_call_s * len(schedule)
+    out["wait"] += rates.collective_wait_s * len(schedule)
     out["host"] += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     out["synced"] = synced_s
     out["input"] = input_s

@@ -14,17 +14,18 @@ row-wise plan without dedup.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from flexshard.bench.data import BenchData
-from flexshard.bench.predict import predicted_step_ms
+from flexshard.bench.predict import predicted_parts_ms
 from flexshard.plan_file import to_dict
 from solvers.planner import PlannedStrategy, budget_bytes, make_plan
 from solvers.tier_program import OptimizerConfig
 from solvers.time_types import LocalRates
+from solvers.types import Plan, Workload
 from topology import cluster_view
 from topology.presets import h100_cluster
 from topology.views import ClusterView
@@ -52,6 +53,29 @@ class StrategyPlan:
     modeled_intra_bytes: float
     predicted_ms: float  # the time model's step on the running machine
     summary: str
+    plan: Plan | None = None  # what the prediction prices (repriced with the rates measured in the rounds)
+    predicted_parts_ms: dict[str, float] = field(default_factory=dict)  # predict.predicted_parts_ms
+
+
+def repriced(
+    plans: dict[str, StrategyPlan],
+    workload: Workload,
+    machine_view: ClusterView,
+    rates: LocalRates,
+    torchrec_local_s: float | None = None,
+) -> dict[str, StrategyPlan]:
+    """``plans`` with their predictions on ``machine_view`` priced again with ``rates`` (and TorchRec's
+    with its measured local step ``torchrec_local_s``), e.g. with the rates measured between the
+    rounds; a plan without its :class:`Plan` keeps its prediction."""
+    out = {}
+    for key, sp in plans.items():
+        if sp.plan is None:
+            out[key] = sp
+            continue
+        local_s = torchrec_local_s if key == TORCHREC else None
+        parts = predicted_parts_ms(workload, machine_view, sp.plan, rates=rates, local_s=local_s)
+        out[key] = replace(sp, predicted_ms=parts["total"], predicted_parts_ms=parts)
+    return out
 
 
 def probed_view(groups: int, timeout_s: float) -> ClusterView:
@@ -168,14 +192,16 @@ def make_plans(
         if key != TORCHREC:
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
         local_s = torchrec_local_s if key == TORCHREC else None
-        predicted = predicted_step_ms(w, machine_view, planned.plan, rates=rates, local_s=local_s)
+        parts = predicted_parts_ms(w, machine_view, planned.plan, rates=rates, local_s=local_s)
         out[key] = StrategyPlan(
             key,
             document,
             float(planned.report.inter_group_bytes),
             float(planned.report.intra_group_bytes),
-            predicted,
+            parts["total"],
             _summary(planned),
+            planned.plan,
+            parts,
         )
         log.debug(f"bench: {key}: {out[key].summary}")
     return out

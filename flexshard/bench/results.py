@@ -53,6 +53,7 @@ def records(
             "inter_group_bytes": float(sent[INTER]),
             "intra_group_bytes": float(sent[INTRA]),
             "predicted_step_ms": sp.predicted_ms,
+            "predicted_parts_ms": dict(sp.predicted_parts_ms),
             "modeled_inter_group_bytes": sp.modeled_inter_bytes,
             "modeled_intra_group_bytes": sp.modeled_intra_bytes,
             "plan": sp.summary,

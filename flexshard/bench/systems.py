@@ -184,18 +184,28 @@ class TorchRecRowWise:
         return out
 
 
-def torchrec_local_step_s(tables: list[tuple[str, int, int]], lr: float, batch: Batch, min_s: float) -> float:
-    """Seconds of TorchRec's row-wise step on ``batch`` with every table on this rank alone (a one-rank
-    group: its lookups, fused update, input and output handling, and collectives that are local copies):
-    TorchRec's local work, timed on every rank at once (:func:`flexshard.local_rates.mean_s`); the median
-    over ranks. Collective: every rank calls it."""
+def torchrec_local_timer(tables: list[tuple[str, int, int]], lr: float, batch: Batch) -> Any:
+    """A function of ``min_s`` giving the seconds of TorchRec's row-wise step on ``batch`` with every table
+    on this rank alone (a one-rank group: its lookups, fused update, input and output handling, and
+    collectives that are local copies): TorchRec's local work, timed on every rank at once
+    (:func:`flexshard.local_rates.mean_s`); the median over ranks. Building it and every call are
+    collectives: every rank calls them."""
     from flexshard.local_rates import mean_s
 
     own, _groups = dist.new_subgroups(group_size=1)
     system = TorchRecRowWise(tables, lr, 1, group=own)
     kjt = system.prepare(batch)
-    dist.barrier()
-    mine = mean_s(lambda: system.step(kjt), min_s)
-    every: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    return float(np.median(every))
+
+    def timed(min_s: float) -> float:
+        dist.barrier()
+        mine = mean_s(lambda: system.step(kjt), min_s)
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        return float(np.median(every))
+
+    return timed
+
+
+def torchrec_local_step_s(tables: list[tuple[str, int, int]], lr: float, batch: Batch, min_s: float) -> float:
+    """:func:`torchrec_local_timer`, timed once for at least ``min_s``. Collective: every rank calls it."""
+    return torchrec_local_timer(tables, lr, batch)(min_s)

@@ -7,6 +7,8 @@ for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step
 ``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
 a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
 batch for every system.
+With ``--rates measured`` the local rates (and TorchRec's local step) are measured before the rounds and
+again after every round, and the predictions are priced with their medians (:func:`rate_measurer`).
 A step is timed on each rank between a barrier and the end of its optimizer update; the collectives and
 bytes of the timed steps are recorded (:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
 measured and returns the records (:mod:`flexshard.bench.results`).
@@ -20,6 +22,7 @@ import signal
 import tempfile
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +36,10 @@ from flexshard import logs
 from flexshard.bench import results
 from flexshard.bench.config import RATES_CHOICES, BenchConfig
 from flexshard.bench.data import BenchData, default_data, stats_data
-from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view, view_figures
+from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view, repriced, view_figures
 from flexshard.bench.recorder import recording
-from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_step_s
-from flexshard.local_rates import measured_rates
+from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
+from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
 from flexshard.runtime.local import wait_for_ranks
 from solvers.time_types import LocalRates
@@ -100,14 +103,15 @@ def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[l
     return [s for s in systems if s.key not in failed], failed
 
 
-def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates:
+def machine_rates(cfg: BenchConfig, data: BenchData | None = None, wait: bool = False) -> LocalRates:
     """The local-work rates the predictions are priced with (``--rates``). Host terms (collective calls,
     per-table and per-step host work): this machine's stored figures, times the ranks that share a core
     (this host's ranks x ``--threads`` over its cores: 4 ranks on 2 cores do their host work at half
     speed; this host's ranks: torchrun's LOCAL_WORLD_SIZE, else ``--nproc``). Value work: ``measured``
     on every rank at once on a batch of the run (not a timed one), :func:`flexshard.local_rates.
-    measured_rates` (collective; needs ``data``); ``stored``: the stored figures with the same factor; a
-    file: :meth:`LocalRates.load`, as written."""
+    measured_rates` (collective; needs ``data``; ``wait``: with the collectives' wait for descheduled
+    ranks, on gloo); ``stored``: the stored figures with the same factor; a file: :meth:`LocalRates.load`,
+    as written."""
     if cfg.rates not in RATES_CHOICES:
         return LocalRates.load(cfg.rates)
     here = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
@@ -120,7 +124,31 @@ def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates
         (values.to(device) if device else values, dim, rows)
         for (values, _lengths), (_name, rows, dim) in zip(batch.values(), data.tables, strict=True)
     ]
-    return measured_rates(lookups, stored)
+    return measured_rates(lookups, stored, wait=wait and device is None)
+
+
+def rate_measurer(cfg: BenchConfig, data: BenchData, torchrec: bool) -> Any:
+    """A function that measures, on every rank at once, the rates the predictions use
+    (:func:`machine_rates`, with the collectives' wait) and TorchRec's local step (None without it, or
+    when the rates are not ``measured``); each call measures again (the bench calls it before the
+    rounds and after each round, and prices with the medians). Collective: every rank calls it."""
+    rank = dist.get_rank()
+    batch = data.make_batch(cfg.warmup + cfg.timed_steps, rank)  # one past the timed batches
+    timer = torchrec_local_timer(data.tables, cfg.lr, batch) if torchrec and cfg.rates == "measured" else None
+
+    def measure() -> tuple[LocalRates, float | None]:
+        return machine_rates(cfg, data, wait=True), timer(TORCHREC_MIN_S) if timer else None
+
+    return measure
+
+
+def medians(taken: list[tuple[LocalRates, float | None]]) -> tuple[LocalRates, float | None]:
+    """The per-field median of the rates measured, and of TorchRec's local steps (None if none)."""
+    rates = median_rates([r for r, _t in taken], taken[0][0].source)
+    if len(taken) > 1:
+        rates = replace(rates, source=f"{rates.source}; median of {len(taken)} measurements")
+    locals_ = [t for _r, t in taken if t is not None]
+    return rates, float(np.median(locals_)) if locals_ else None
 
 
 def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
@@ -131,11 +159,10 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     machine = probed_view(cfg.groups, min(cfg.timeout_s, 120.0))  # what the predictions are priced on
     planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
-    rates = machine_rates(cfg, data)  # collective when measured
-    torchrec_local = None
-    if not skipped and cfg.rates == "measured":  # TorchRec's local work is its own, not the runtime's
-        batch = data.make_batch(cfg.warmup + cfg.timed_steps, rank)
-        torchrec_local = torchrec_local_step_s(data.tables, cfg.lr, batch, TORCHREC_MIN_S)
+    # TorchRec's local work is its own, not the runtime's; measured again after every round (collective)
+    measure = rate_measurer(cfg, data, not skipped)
+    taken = [measure()]
+    rates, torchrec_local = taken[0]
     shared: list[Any] = [None]
     if rank == 0:
         made = make_plans(
@@ -147,26 +174,34 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as tmp:
         systems, failed = _build(cfg, data, plans, Path(tmp))
     batches = [data.make_batch(s, rank) for s in range(cfg.warmup + cfg.timed_steps)]
-    measured = _run_blocks(cfg, systems, batches, rank == 0)
+    again = (lambda: taken.append(measure())) if cfg.rates == "measured" else None
+    measured = _run_blocks(cfg, systems, batches, rank == 0, again)
+    rates, torchrec_local = medians(taken)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, measured)
     if rank != 0:
         return None
     notes = {TORCHREC: skipped} if skipped else {}
     notes.update(failed)
+    plans = repriced(plans, data.workload, machine, rates, torchrec_local)
     recs = results.records(cfg, gathered, plans, notes)
     priced = {"source": rates.source, **{name: getattr(rates, name) for name in LocalRates.FIELDS}}
     for r in recs:
         if "skipped" not in r:
             r["plan_view"] = view_figures(planned_for)
             r["local_rates"] = priced  # what the prediction priced local work with
+            r["collective_wait_ms_each"] = [t[0].collective_wait_s * 1e3 for t in taken]
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
+                r["torchrec_local_ms_each"] = [t[1] * 1e3 for t in taken if t[1] is not None]
     return recs
 
 
-def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: bool) -> dict[str, Any]:
-    """Warm-up, then the alternating rounds; this rank's times, bytes and collectives per system."""
+def _run_blocks(
+    cfg: BenchConfig, systems: list[Any], batches: list[Any], show: bool, between: Any = None
+) -> dict[str, Any]:
+    """Warm-up, then the alternating rounds; this rank's times, bytes and collectives per system.
+    ``between``: called after every round (a collective; e.g. measuring the rates again)."""
     inputs = {s.key: [s.prepare(b) for b in batches] for s in systems}
     out: dict[str, Any] = {
         s.key: {"times": [], "sent": [], "own": [], "counts": {}, "per_step": [], "blocks": []}
@@ -207,6 +242,8 @@ def _run_blocks(cfg: BenchConfig, systems: list[Any], batches: list[Any], show: 
                     if isinstance(s, RuntimeSystem):
                         got["own"].append(s.own_bytes_sent())
                     bar.advance(f"round {r + 1} {s.key}")
+            if between is not None:
+                between()
     for got in out.values():
         got["sent"] = np.asarray(got["sent"])
         got["own"] = np.asarray(got["own"]) if got["own"] else None

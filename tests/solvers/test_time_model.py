@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -166,6 +167,7 @@ def test_all_cold_step_by_hand():
     # gather and scatter-add of 3 + 3 rows of 2 values, update of the 3 served rows, 4 calls
     pieces = {"dedup": 0.0, "route": 6.0, "gather": 36.0, "scatter_add": 60.0, "update": 42.0, "calls": 44.0}
     pieces |= {"pack": 0.0, "output": 0.0, "host": 0.0}  # rates of the work around the exchange: 0 here
+    pieces |= {"wait": 0.0}  # no wait for descheduled ranks
     assert st.local_by_piece == pytest.approx(pieces, rel=REL)
     assert st.local_s == pytest.approx(188.0, rel=REL)
     assert st.total_s == pytest.approx(4.0 + 5.46 + 188.0, rel=REL)
@@ -246,8 +248,37 @@ def test_rates_of_ranks_sharing_a_core_scale_every_piece():
     assert base.shared(0.5) is base and base.shared(1.0) is base  # a core each: unchanged
     twice = base.shared(2.0)
     for name in LocalRates.FIELDS:
-        assert getattr(twice, name) == pytest.approx(2.0 * getattr(base, name), rel=1e-15)
+        if name != "collective_wait_s":
+            assert getattr(twice, name) == pytest.approx(2.0 * getattr(base, name), rel=1e-15)
     assert "2 ranks per core" in twice.source
+    # the collectives' wait is measured on the shared machine as it is: kept
+    assert replace(base, collective_wait_s=0.003).shared(4.0).collective_wait_s == 0.003
+
+
+def test_the_collectives_wait_by_hand():
+    # only the wait priced: 0.25 s per collective
+    rates = replace(LocalRates(0, 0, 0, 0, 0, 0), collective_wait_s=0.25)
+    cold = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, rates, dealt=False)
+    assert cold.local_by_piece["wait"] == pytest.approx(4 * 0.25, rel=REL)  # meta, ids, rows, grads
+    assert cold.local_s == pytest.approx(1.0, rel=REL)
+    hot = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, rates, dealt=False)
+    assert hot.local_by_piece["wait"] == pytest.approx(8 * 0.25, rel=REL)  # and 4 sync stages
+    # added to everything else unchanged: the step with RATES and the wait is RATES' step + 8 x 0.25
+    both = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, replace(RATES, collective_wait_s=0.25), dealt=False)
+    plain = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, RATES, dealt=False)
+    assert both.total_s == pytest.approx(plain.total_s + 2.0, rel=REL)
+    # one rank: no collectives, no wait
+    one = uniform_view(1, 1, 100.0, 0.0)
+    plan = Plan("one", (table_plan(TABLE, one, 0, 0),), dedup=True, sync=SyncMode.SPARSE)
+    assert step_time(WORKLOAD, one, plan, TABLE_S, rates, dealt=False).local_by_piece["wait"] == 0.0
+
+
+def test_rates_files_without_the_wait_load_with_it_at_zero(tmp_path):
+    path = tmp_path / "rates.json"
+    path.write_text(json.dumps({name: 1.0 for name in LocalRates.REQUIRED}))
+    assert LocalRates.load(path).collective_wait_s == 0.0
+    with pytest.raises(ConfigError, match="'collective_wait_s' = -1"):
+        replace(LocalRates.default(), collective_wait_s=-1)
 
 
 def test_a_plan_priced_pipelined_is_never_above_a_baseline_pipelined():
@@ -276,3 +307,16 @@ def test_a_plan_priced_pipelined_is_never_above_a_baseline_pipelined():
         except PlannerError:  # infeasible under the budget
             continue
         assert on.step.total_s <= step_time(w, view, base.plan, overlap=True).total_s * (1 + 1e-9), name
+
+
+def test_the_optimizers_fixed_cost_carries_the_wait_per_collective():
+    from solvers.coefficients import fixed_local_s
+    from solvers.schedule import step_shape
+
+    rates = replace(LocalRates(0, 0, 0, 0, 0, 0), collective_wait_s=0.25)
+    for hot, stages in ((0, 4), (1, 8)):
+        shape = step_shape(_plan(hot), VIEW)
+        assert fixed_local_s(WORKLOAD, VIEW, shape, False, rates) == pytest.approx(0.25 * stages, rel=REL)
+        # equal to the time model's wait for the same plan
+        st = step_time(WORKLOAD, VIEW, _plan(hot), TABLE_S, rates, dealt=False)
+        assert st.local_by_piece["wait"] == pytest.approx(0.25 * stages, rel=REL)
