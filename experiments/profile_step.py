@@ -54,21 +54,23 @@ def _piece(name: str) -> str:
 
 def _time_protocol(clock: dict) -> None:
     """Clock every exchange-protocol phase's local work (the call, and its stage's finish after the
-    wait) under ``proto.<phase>``; the wait itself stays in ``wait``."""
+    wait) under ``proto.<phase>``, in CPU seconds of the calling thread (``time.thread_time``: what this
+    rank spent, not the time slices other ranks took from it on shared cores); the wait stays in
+    ``wait``."""
     from flexshard.runtime import awaitable, exchange_protocol
 
     def timed(name, fn):
         def call(*a, **k):
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             out = fn(*a, **k)
-            clock[f"proto.{name}"] += time.perf_counter() - t0
+            clock[f"proto.{name}"] += time.thread_time() - t0
             if isinstance(out, awaitable.Pending):
                 inner = out._finish
 
                 def finish():
-                    t1 = time.perf_counter()
+                    t1 = time.thread_time()
                     value = inner()
-                    clock[f"proto.{name}"] += time.perf_counter() - t1
+                    clock[f"proto.{name}"] += time.thread_time() - t1
                     return value
 
                 out._finish = finish
@@ -144,6 +146,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         if prof:
             prof.__enter__()
         clock.clear()
+        cpu0 = time.thread_time()
         for b in batches[3:]:
             dist.barrier()
             t0 = time.perf_counter()
@@ -163,6 +166,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
                 ("opt_step", t4 - t3),
             ):
                 clock[k] += v
+        clock["cpu (thread) per step"] = time.thread_time() - cpu0
         if prof:
             prof.__exit__(None, None, None)
             by = defaultdict(float)

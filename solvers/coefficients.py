@@ -180,6 +180,11 @@ def table_coefficients(
                 relay = (rates.dedup_s_per_lookup if dedup else 0.0) + t.dim * move
                 cold_group = cold_group + per_row * np.diff(mass.group) / g + relay * volume
                 cold_group = cold_group + pack * (2 * volume + np.diff(mass.group) / g)  # + the relay's
+                # the rail peer routes its group's ids and copies the distinct rows it fetches; lookups owned
+                # in other groups are routed twice and deduplicated at their owners (time_model.local_work)
+                other = (1.0 - g / n) * volume
+                cold_group = cold_group + rates.route_s_per_lookup * (volume + other)
+                cold_group = cold_group + rates.dedup_s_per_lookup * other + pack * np.diff(mass.group) / g
         out.append(TableCoefficients(rows, time_s, memory, float(meta * t.num_rows), cold_group))
     return out
 
