@@ -52,6 +52,37 @@ def _piece(name: str) -> str:
     return "other ops and Python (host)"
 
 
+def _time_protocol(clock: dict) -> None:
+    """Clock every exchange-protocol phase's local work (the call, and its stage's finish after the
+    wait) under ``proto.<phase>``, in CPU seconds of the calling thread (``time.thread_time``: what this
+    rank spent, not the time slices other ranks took from it on shared cores); the wait stays in
+    ``wait``."""
+    from flexshard.runtime import awaitable, exchange_protocol
+
+    def timed(name, fn):
+        def call(*a, **k):
+            t0 = time.thread_time()
+            out = fn(*a, **k)
+            clock[f"proto.{name}"] += time.thread_time() - t0
+            if isinstance(out, awaitable.Pending):
+                inner = out._finish
+
+                def finish():
+                    t1 = time.thread_time()
+                    value = inner()
+                    clock[f"proto.{name}"] += time.thread_time() - t1
+                    return value
+
+                out._finish = finish
+            return out
+
+        return call
+
+    cls = exchange_protocol.ExchangeProtocol
+    for name in ("route", "meta", "ids", "compute", "rows", "scatter", "grads", "rail_grads"):
+        setattr(cls, name, timed(name, getattr(cls, name)))
+
+
 def _rank(rank: int, args, port: int, out: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.nproc))
@@ -78,10 +109,10 @@ def _rank(rank: int, args, port: int, out: str) -> None:
 
     models = {}
 
-    def capture(w, view, plan, latency=None, rates=None):
+    def capture(w, view, plan, latency=None, rates=None, local_s=None):
         st = step_time(w, view, plan, latency=latency, rates=rates)
         models[len(models)] = st
-        return st.total_s * 1e3
+        return (st.total_s if local_s is None else st.total_s - st.local_s + local_s) * 1e3
 
     plans_mod.predicted_step_ms = capture
     clock = defaultdict(float)
@@ -100,6 +131,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         return self._value
 
     awaitable.Pending.wait = wait
+    _time_protocol(clock)
     plans = make_plans(data, planned_for, machine, cfg.budget, False, cfg.objective, machine_rates(cfg, data))
     with tempfile.TemporaryDirectory() as tmp:
         systems, _ = _build(cfg, data, plans, Path(tmp))
@@ -114,6 +146,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         if prof:
             prof.__enter__()
         clock.clear()
+        cpu0, proc0 = time.thread_time(), time.process_time()
         for b in batches[3:]:
             dist.barrier()
             t0 = time.perf_counter()
@@ -133,6 +166,8 @@ def _rank(rank: int, args, port: int, out: str) -> None:
                 ("opt_step", t4 - t3),
             ):
                 clock[k] += v
+        clock["cpu (thread) per step"] = time.thread_time() - cpu0
+        clock["cpu (process, with gloo's threads) per step"] = time.process_time() - proc0
         if prof:
             prof.__exit__(None, None, None)
             by = defaultdict(float)

@@ -214,7 +214,14 @@ def table_coefficients(
                 relay = relay_dedup + t.dim * move
                 cold_group = cold_group + per_row * np.diff(mass.group) / g + relay * volume
                 cold_group = cold_group + pack * (2 * volume + np.diff(mass.group) / g)  # + the relay's
-                cold_group_input = cold_group_input + relay_dedup * volume
+                # the rail peer routes its group's ids and copies the distinct rows it fetches; lookups owned
+                # in other groups are routed twice and deduplicated at their owners (time_model.local_work)
+                other = (1.0 - g / n) * volume
+                cold_group = cold_group + rates.route_s_per_lookup * (volume + other)
+                cold_group = cold_group + rates.dedup_s_per_lookup * other + pack * np.diff(mass.group) / g
+                # the input distribution's part (time_model.local_work's "input"): the relay's dedup and
+                # the second routing
+                cold_group_input = cold_group_input + relay_dedup * volume + rates.route_s_per_lookup * other
         out.append(
             TableCoefficients(
                 rows,

@@ -12,20 +12,24 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   / bandwidth``. A component travels in its own collectives, each a synchronisation point, so a rank's
   sends of one component do not overlap its receives of another.
 * ``local_s``: expected counts of one step (:mod:`solvers.volumes`) times
-  :class:`~solvers.time_types.LocalRates`: every lookup is deduplicated (with dedup) and routed, gathered into
-  the output and scatter-added in the backward; every row a rank serves to a requester (warm and cold, one per
-  requesting rank, or per group in a group fetch) is gathered, its gradient scatter-added and the row updated;
-  a group fetch's rail peer deduplicates, forwards and sums its group's requests; every replicated row synced
-  (touched ones with the sparse sync) is packed, unpacked and updated on every replica (a single rank updates
-  the rows its batch touched); each collective costs ``collective_call_s`` on the host and, where ranks share
-  cores, ``collective_wait_s`` of waiting for the ranks descheduled by the others (measured under the run's
-  load). Around the exchange: every vector element a rank sends or receives in an all-to-all (its warm and
-  cold lookups' rows and gradients, the rows it serves and their gradients, a rail peer's relayed rows) is
-  copied into a send buffer or out of a receive buffer (``pack_s_per_value``, twice per exchanged lookup:
-  forward and backward); every looked-up output element carries the loss and its gradient
-  (``output_s_per_value``); the runtime's host work (Python, small tensors) costs ``step_s`` per step and
-  ``table_stage_s`` per table per collective.
-  A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication pays.
+  :class:`~solvers.time_types.LocalRates`: every lookup is deduplicated (with dedup) and routed, gathered
+  into the output and scatter-added in the backward; every row a rank serves to a requester (warm and
+  cold, one per requesting rank, or per group in a group fetch) is gathered, its gradient scatter-added
+  and the row updated; a group fetch's rail peer routes, deduplicates, forwards and sums its group's
+  requests and copies the distinct rows it fetches, its owners deduplicate the slots other groups send
+  them, and its requesters route the lookups owned in other groups a second time (their slots);
+  every replicated row synced (touched ones with the sparse sync) is packed, unpacked and updated on every
+  replica (a single rank updates the rows its batch touched); each collective costs
+  ``collective_call_s`` on the host and, where ranks share cores, ``collective_wait_s`` of waiting for the
+  ranks descheduled by the others (measured under the run's load). Around the exchange: every vector
+  element a rank sends or receives in an all-to-all (its warm and cold lookups' rows and gradients, the
+  rows it serves and their gradients, a rail peer's relayed rows) is copied into a send buffer or out of
+  a receive buffer (``pack_s_per_value``, twice per exchanged lookup: forward and backward); every
+  looked-up output element carries the loss and its gradient (``output_s_per_value``); the runtime's
+  host work (Python, small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per
+  collective.
+  A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
+  pays.
 * ``total_s = latency_s + bandwidth_s + local_s``. With ``overlap`` (the pipelined step, off until the
   runtime pipelines), the next batch's input distribution (``meta`` and ``ids``: latency, bytes, dedup
   and routing) runs beside the replica sync (sync stages, bytes and synced-row work), and the step pays
@@ -68,12 +72,18 @@ def local_work(
         warm_share = _share(vol.warm_by_position, tp.warm_share, position)
         cold_share = _share(vol.cold_by_rank, tp.cold_share)
         served = warm_share * vol.warm_volume * gsize if n > 1 else np.zeros(n)
-        relay = np.zeros(n)
+        relay, fetched, routed_twice, asked_in = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
         if n > 1 and tp.fetch is FetchMode.GROUP and tp.cold_rows > 0:
             group_share = _share(vol.cold_group_by_rank, tp.cold_share)
             served = served + group_share * (vol.cold_group_volume or 0.0) * big_g
             position_share = np.bincount(position, weights=cold_share)[position]
             relay = position_share * vol.cold_volume * gsize
+            # the group fetch's own work: the rail peer routes its group's ids and copies the distinct rows
+            # it fetches (in, and their gradient sums out); the requester sends the lookups owned in other
+            # groups twice (ids to the rail peer, slots to the owner); the owner deduplicates those slots
+            fetched = position_share * (vol.cold_group_volume or 0.0)
+            routed_twice = (1.0 - view.group_share(cold_share)) * vol.cold_volume
+            asked_in = cold_share * vol.cold_volume * (n - gsize)
         elif n > 1:
             served = served + cold_share * vol.cold_volume * n
         sparse = SyncMode(plan.sync) is SyncMode.SPARSE
@@ -81,17 +91,17 @@ def local_work(
         warm_rows = (vol.warm_touched if sparse else tp.warm_rows) * tp.warm_share if big_g > 1 else 0.0
         synced = hot_rows + warm_rows
         dedup = rates.dedup_s_per_lookup * (lookups + relay) if plan.dedup else np.zeros(n)
-        out["dedup"] += dedup
-        out["route"] += rates.route_s_per_lookup * lookups
+        out["dedup"] += dedup + rates.dedup_s_per_lookup * asked_in
+        out["route"] += rates.route_s_per_lookup * (lookups + relay + routed_twice)
         out["gather"] += rates.gather_s_per_value * t.dim * (lookups + served + relay + synced)
         out["scatter_add"] += rates.scatter_add_s_per_value * t.dim * (lookups + served + relay + synced)
         own = 0.0 if n > 1 else (mass.unique if plan.dedup else mass.lookups)[-1]  # one rank updates its rows
         out["update"] += rates.update_s_per_value * t.dim * (served + synced + own)
         requested = vol.warm_volume + vol.cold_volume if n > 1 else 0.0  # its own rows and gradients
-        out["pack"] += rates.pack_s_per_value * t.dim * 2 * (requested + served + relay)
+        out["pack"] += rates.pack_s_per_value * t.dim * 2 * (requested + served + relay + fetched)
         out["output"] += rates.output_s_per_value * t.dim * lookups
         synced_s += (move + rates.update_s_per_value) * t.dim * synced
-        input_s += dedup + rates.route_s_per_lookup * lookups
+        input_s += dedup + rates.route_s_per_lookup * (lookups + routed_twice)
     schedule = step_schedule(plan, view)
     out["calls"] += rates.collective_call_s * len(schedule)
     out["wait"] += rates.collective_wait_s * len(schedule)

@@ -51,7 +51,12 @@ from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.groups import ProcessGroups
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.shards import Shard
-from flexshard.runtime.transfer import exchange_columns_async, exchange_vectors, round_like_wire
+from flexshard.runtime.transfer import (
+    exchange_columns_async,
+    exchange_gathered_async,
+    exchange_vectors,
+    round_like_wire,
+)
 
 WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
 KINDS = 4
@@ -81,6 +86,7 @@ class Asked:
     distinct_owner: list[torch.Tensor]  # per table: the owner rank of each distinct row (rail peer)
     distinct_slot: list[torch.Tensor]  # per table: its slot at the owner
     fetch_counts: np.ndarray  # int64[world, tables]: distinct rows this rail peer fetches from each owner
+    local: np.ndarray  # int64[tables, 2]: [lo, hi) of the distinct rows this rail peer owns (sorted by owner)
 
 
 class ExchangeProtocol:
@@ -231,9 +237,15 @@ class ExchangeProtocol:
             inverse.append(inv)
             d_owner.append(distinct // rows)
             d_slot.append(distinct % rows)
-            fetch_bins.append(torch.bincount(d_owner[-1][d_owner[-1] != self.me], minlength=self.world))
+            fetch_bins.append(torch.bincount(d_owner[-1], minlength=self.world))
         owner_counts = torch.stack(owner_bins).cpu().numpy().T.astype(np.int64) if n_t else None
         fetch_counts = torch.stack(fetch_bins).cpu().numpy().T.astype(np.int64) if n_t else None
+        # the distinct rows are sorted by owner: this rank's own ones are one slice [lo, hi)
+        local = np.zeros((n_t, 2), dtype=np.int64)
+        if n_t:
+            local[:, 0] = fetch_counts[: self.me].sum(axis=0)
+            local[:, 1] = local[:, 0] + fetch_counts[self.me]
+            fetch_counts[self.me] = 0
         slots = [[received[t][WARM], received[t][FLAT]] for t in range(n_t)]
         return Asked(
             recv_counts,
@@ -244,6 +256,7 @@ class ExchangeProtocol:
             d_owner,
             d_slot,
             np.ascontiguousarray(fetch_counts),
+            local,
         )
 
     # --- output_dist -----------------------------------------------------------------------------------
@@ -284,21 +297,37 @@ class ExchangeProtocol:
         return Pending([pending], finish)
 
     def _distinct_rows(self, t: int, asked: Asked, fetched: torch.Tensor) -> torch.Tensor:
-        """The rail peer's distinct rows of table t: fetched ones, and its own read locally."""
-        local = asked.distinct_owner[t] == self.me
+        """The rail peer's distinct rows of table t: fetched ones (owners before and after this rank), and
+        its own (the slice ``asked.local[t]``) read locally."""
+        lo, hi = (int(x) for x in asked.local[t])
+        if hi == lo:
+            return fetched
         out = torch.empty(asked.distinct_owner[t].numel(), int(self.dims[t]), device=self.device)
-        out[~local] = fetched
-        own = self.shards[(t, Tier.COLD)].weights.index_select(0, asked.distinct_slot[t][local])
-        out[local] = round_like_wire(own, self.wire_dtype)
+        out[:lo] = fetched[:lo]
+        out[hi:] = fetched[lo:]
+        own = self.shards[(t, Tier.COLD)].weights.index_select(0, asked.distinct_slot[t][lo:hi])
+        out[lo:hi] = round_like_wire(own, self.wire_dtype)
         return out
 
     def scatter(self, routed: Routed, asked: Asked, distinct: list[torch.Tensor]) -> Pending[None]:
         """``scatter``: the rail peer gives every id of its group its row (group all-to-all); on wait the
         rows are in the requesters' lookups."""
         n_t = len(routed.lookups)
-        cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
         sc = asked.recv_counts[self.intra][:, :, GIDS]
         rc = routed.counts[self.intra][:, :, GIDS]
+        if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
+            gathered = exchange_gathered_async("scatter", distinct, asked.inverse, sc, rc, self.pg.intra)
+
+            def place() -> None:
+                for t, views in enumerate(gathered.wait()):
+                    index, off = routed.index[t][GIDS], 0
+                    for got in views:
+                        if got.shape[0]:
+                            routed.lookups[t].rows.index_copy_(0, index[off : off + got.shape[0]], got)
+                        off += got.shape[0]
+
+            return Pending([gathered], place)
+        cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
         pending = exchange_vectors("scatter", cols, sc, rc, self.dims, self.wire_dtype, self.pg.intra)
 
         def finish() -> None:
@@ -338,21 +367,38 @@ class ExchangeProtocol:
         """``rail_grads``: the rail peer's sums to the owners in other groups (rail all-to-all), its own
         rows' sums into its shard; on wait every owner has added its gradients."""
         n_t = len(sums)
-        cols = []
+        remote = []  # per table: positions of the distinct rows owned elsewhere (all but [lo, hi))
         for t in range(n_t):
-            local = asked.distinct_owner[t] == self.me
-            if bool(local.any()):
-                own = round_like_wire(sums[t][local], self.wire_dtype, scaled=True)
-                self.shards[(t, Tier.COLD)].add_gradient(asked.distinct_slot[t][local], own)
-            cols.append(sums[t][~local])
+            lo, hi = (int(x) for x in asked.local[t])
+            n = int(sums[t].shape[0])
+            if hi > lo:
+                own = round_like_wire(sums[t][lo:hi], self.wire_dtype, scaled=True)
+                self.shards[(t, Tier.COLD)].add_gradient(asked.distinct_slot[t][lo:hi], own)
+            remote.append((lo, hi, n))
         sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
-        pending = exchange_vectors(
-            "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
-        )
+        if self.wire_dtype is WireDtype.FP32:  # sums gathered into the send buffer
+            dev = self.device
+            index = [
+                torch.cat([torch.arange(lo, device=dev), torch.arange(hi, n, device=dev)])
+                for lo, hi, n in remote
+            ]
+            pending = exchange_gathered_async("rail_grads", sums, index, sc, rc, self.pg.replica)
+            result = Pending([pending], lambda: [_joined(views) for views in pending.wait()])
+        else:
+            cols = [torch.cat([sums[t][:lo], sums[t][hi:]]) for t, (lo, hi, _n) in enumerate(remote)]
+            result = exchange_vectors(
+                "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
+            )
 
         def finish() -> None:
-            for t, got in enumerate(pending.wait()):
+            for t, got in enumerate(result.wait()):
                 if asked.owner_slots[t].numel():
                     self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t], got)
 
-        return Pending([pending], finish)
+        return Pending([result], finish)
+
+
+def _joined(views: list[torch.Tensor]) -> torch.Tensor:
+    """Per-peer blocks of rows as one tensor in peer order (no copy when at most one is not empty)."""
+    full = [v for v in views if v.shape[0]]
+    return full[0] if len(full) == 1 else torch.cat(views)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError, TopologyError
-from core.vocabulary import SyncMode
+from core.vocabulary import FetchMode, SyncMode
 from solvers.cost_model import table_plan
 from solvers.time_model import step_time
 from solvers.time_types import LatencyTable, LocalRates
@@ -229,6 +229,23 @@ def test_one_hot_row_step_by_hand():
     assert piped.total_s == pytest.approx(st.total_s - input_part - sync_part + max(input_part, sync_part))
     assert piped.overlapped_s == pytest.approx(min(input_part, sync_part))  # what the pipeline hides
     assert st.overlapped_s == 0.0
+
+
+def test_group_fetch_work_by_hand():
+    # all cold, fetched once per group, no dedup; a lookup routed 2 s, deduplicated 1 s, a value packed 1 s
+    rates = LocalRates(1.0, 2.0, 0, 0, 0, 0, pack_s_per_value=1.0)
+    plan = Plan("hand", (table_plan(TABLE, VIEW, 0, 0, FetchMode.GROUP),), dedup=False, sync=SyncMode.SPARSE)
+    st = step_time(WORKLOAD, VIEW, plan, TABLE_S, rates, dealt=False)
+    # even shares 1/4: this rank's 3 lookups, half of them owned in the other group (routed again as
+    # slots: 1.5); as a rail peer it relays its group's ids owned at its position, (1/4 + 1/4) x 3 x 2 = 3
+    # (routed); as an owner it deduplicates the slots of the other group's 2 ranks, 1/4 x 3 x 2 = 1.5
+    assert st.local_by_piece["route"] == pytest.approx(2.0 * (3 + 3 + 1.5), rel=REL)
+    assert st.local_by_piece["dedup"] == pytest.approx(1.0 * 1.5, rel=REL)
+    # distinct rows per group (6 lookups); served once per group, 1/4 x 2 groups; fetched by the rail
+    # peer, half of them; values in and out both ways: 2 x 2 x (requested + served + relay + fetched)
+    group_rows = sum(1 - (1 - p) ** 6 for p in (0.4, 0.3, 0.2, 0.1))
+    pack = 2 * 2 * (3 + group_rows / 2 + 3 + group_rows / 2)
+    assert st.local_by_piece["pack"] == pytest.approx(pack, rel=REL)
 
 
 def test_dedup_prices_every_lookup_and_one_rank_has_no_collectives():
