@@ -23,7 +23,7 @@ class TableLookup:
 
     inverse: torch.Tensor | None  # position of each input id among the unique ids (None without dedup)
     ids: torch.Tensor  # int64[num_unique]
-    tier: torch.Tensor  # int64[num_unique]: a Tier
+    tier: torch.Tensor | None  # int64[num_unique]: a Tier (None: the table has only cold rows)
     owner: torch.Tensor  # int64[num_unique]: -1 (hot), a group position (warm) or a rank (cold)
     slot: torch.Tensor  # int64[num_unique]: the row's index in the owner's shard
     hot_index: torch.Tensor  # positions (among the unique ids) of hot rows
@@ -34,8 +34,11 @@ class TableLookup:
     def num_unique(self) -> int:
         return int(self.ids.numel())
 
-    def positions(self, tier: Tier) -> torch.Tensor:
-        """Positions (among the unique ids) of the lookups of ``tier``, ascending."""
+    def positions(self, tier: Tier) -> torch.Tensor | None:
+        """Positions (among the unique ids) of the lookups of ``tier``, ascending; None when they are
+        all the lookups (a table with only cold rows, asked for ``COLD``)."""
+        if self.tier is None:
+            return None if tier == Tier.COLD else self.hot_index  # hot_index: empty here
         return torch.nonzero(self.tier == tier).flatten()
 
     def output(self) -> torch.Tensor:
@@ -59,13 +62,19 @@ def local_lookups(
 ) -> list[TableLookup]:
     """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective."""
     out = []
+    none = torch.zeros(0, dtype=torch.int64, device=device)
     for t, (values, _lengths) in enumerate(parsed):
         if dedup:
             ids, inverse = torch.unique(values, return_inverse=True)
         else:
             ids, inverse = values, None
-        tier, owner, slot = routing[t].lookup(ids)
         rows = torch.empty(ids.numel(), hot[t].dim, device=device)
+        r = routing[t]
+        if r.hot_rows + r.warm_rows == 0:  # every row cold: no tier to look up, no hot row to read
+            owner, slot = r.lookup_cold(ids)
+            out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows))
+            continue
+        tier, owner, slot = r.lookup(ids)
         hot_index = torch.nonzero(tier == Tier.HOT).flatten()
         hot_slot = slot.index_select(0, hot_index)
         rows.index_copy_(0, hot_index, hot[t].weights.index_select(0, hot_slot))

@@ -154,6 +154,12 @@ class TableRouting:
         maps = _on_device(self, ids.device, lambda: (self.tier, self.owner, self.slot))
         return tuple(m.index_select(0, ids).long() for m in maps)  # type: ignore[return-value]
 
+    def lookup_cold(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner, slot) of ``ids`` as :meth:`lookup` gives them, for a table with every row cold (its
+        tier needs no lookup)."""
+        maps = _on_device(self, ids.device, lambda: (self.tier, self.owner, self.slot))
+        return maps[1].index_select(0, ids).long(), maps[2].index_select(0, ids).long()
+
 
 def _on_device(routing, device: torch.device, arrays) -> tuple[torch.Tensor, ...]:
     """``arrays()`` as tensors on ``device``, made once per device (shared with numpy on the CPU)."""
@@ -253,6 +259,10 @@ class CompactTableRouting:
             owner = torch.where(cold, c_owner, owner)
             slot = torch.where(cold, raw - before, slot)
         return tier, owner, slot
+
+    def lookup_cold(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner, slot) of ``ids`` as :meth:`lookup` gives them, for a table with every row cold."""
+        return self.lookup(ids)[1:]
 
 
 def _deal_torch(routing, which: str, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

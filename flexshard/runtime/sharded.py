@@ -282,6 +282,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     def _read_hot(self, lookups: list[TableLookup]) -> None:
         """The hot rows of ``lookups`` read from the local replica (as they are now)."""
         for t, lk in enumerate(lookups):
+            if not lk.hot_index.numel():
+                continue
             hot = self.shards[(t, Tier.HOT)].weights.index_select(0, lk.hot_slot)
             lk.rows.index_copy_(0, lk.hot_index, hot)
 
@@ -322,7 +324,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         unique_grads = []
         for t, (lk, g) in enumerate(zip(routed.lookups, grads, strict=True)):
             gu = lk.unique_gradient(g.to(device=self.device, dtype=torch.float32))
-            self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
+            if lk.hot_index.numel():
+                self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
             unique_grads.append(gu)
         if asked is None:
             return
