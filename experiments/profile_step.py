@@ -113,6 +113,11 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             s.step(b)
         times = []
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if rank == 0 else None
+        if args.cprofile and rank == 0:
+            import cProfile
+
+            prof, python_prof = None, cProfile.Profile()
+            python_prof.enable()
         if prof:
             prof.__enter__()
         clock.clear()
@@ -135,6 +140,14 @@ def _rank(rank: int, args, port: int, out: str) -> None:
                 ("opt_step", t4 - t3),
             ):
                 clock[k] += v
+        if args.cprofile and rank == 0:
+            import io
+            import pstats
+
+            python_prof.disable()
+            text = io.StringIO()
+            pstats.Stats(python_prof, stream=text).sort_stats("tottime").print_stats(30)
+            lines.append(f"== {s.key}: Python self time over {args.steps} steps\n{text.getvalue()}")
         if prof:
             prof.__exit__(None, None, None)
             by = defaultdict(float)
@@ -190,6 +203,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--objective", default="bytes")
     ap.add_argument("--plan-for", default="h100", help="probed or h100 (what the plans are made for)")
+    ap.add_argument("--cprofile", action="store_true", help="profile rank 0's Python instead (self time)")
     ap.add_argument("--counts", action="store_true", help="also list every op's calls per step")
     ap.add_argument("--only", default="", help="comma-separated strategy keys to profile (default: all)")
     args = ap.parse_args()

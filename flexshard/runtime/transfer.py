@@ -77,7 +77,7 @@ def exchange_columns_async(
         works = [all_to_all(name, recv, send, per_peer_recv, send_sizes.tolist(), group)]
 
     def finish() -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        out = [None if c in used else col.new_empty((0, *col.shape[1:])) for c, col in enumerate(columns)]
+        out = list(columns)  # a column outside ``used`` has no rows: it is its own (empty) result
         if len(used) == 1 and not hw and peers > 1:
             out[used[0]] = recv.view(-1, *columns[used[0]].shape[1:])
             return out, None
