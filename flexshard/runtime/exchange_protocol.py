@@ -129,14 +129,17 @@ class ExchangeProtocol:
         self.intra = np.asarray(pg.intra_ranks, dtype=np.int64)
         self.rail = np.asarray(pg.replica_ranks, dtype=np.int64)
         self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
+        # read-only stand-ins for a column a table does not use (no tensor made per step)
+        self._none = torch.zeros(0, dtype=torch.int64, device=device)
+        self._no_bins = torch.zeros(self.world, dtype=torch.int64, device=device)
 
     # --- input_dist ----------------------------------------------------------------------------------
 
     def route(self, lookups: list[TableLookup]) -> Routed:
         """Every remote lookup in its column, sorted by destination rank. No collective. A column a
         table cannot use (no warm rows; the other fetch mode) is empty without work."""
-        none = torch.zeros(0, dtype=torch.int64, device=self.device)
-        no_bins = torch.zeros(self.world, dtype=torch.int64, device=self.device)
+        none = self._none
+        no_bins = self._no_bins
         index, send, bins = [], [], []
         for t, lk in enumerate(lookups):
             grouped = bool(self.group_fetch[t])
@@ -177,10 +180,10 @@ class ExchangeProtocol:
 
     def meta(
         self, err: torch.Tensor, counts: np.ndarray, group=None
-    ) -> Pending[tuple[np.ndarray, list[torch.Tensor]]]:
+    ) -> Pending[tuple[np.ndarray, list[np.ndarray]]]:
         """``meta``: every rank's error code and the split sizes of the active columns, on ``group`` (a
         process group of every rank in rank order; None: the default group). Waits to the received
-        counts ``[p, t, k]`` and every rank's error code."""
+        counts ``[p, t, k]`` and every rank's error code (int64[ERROR_WORDS] each)."""
         world, n_t, _ = counts.shape
         err_np = err.cpu().numpy().astype(np.int64).reshape(-1)
         sizes = [ERROR_WORDS + n_t * int(self.active[p].sum()) for p in range(world)]
@@ -197,7 +200,7 @@ class ExchangeProtocol:
             recv_counts = np.zeros_like(counts)
             codes, off = [], 0
             for p in range(world):
-                codes.append(torch.from_numpy(recv[off : off + ERROR_WORDS].copy()))
+                codes.append(recv[off : off + ERROR_WORDS].copy())
                 m = sizes[p] - ERROR_WORDS
                 block = recv[off + ERROR_WORDS : off + ERROR_WORDS + m]
                 recv_counts[p][:, self.active[p]] = block.reshape(n_t, -1)
@@ -225,8 +228,8 @@ class ExchangeProtocol:
         peers = torch.arange(self.world, device=self.device)
         owner_slots, inverse, d_owner, d_slot = [], [], [], []
         owner_bins, fetch_bins = [], []
-        none = torch.zeros(0, dtype=torch.int64, device=self.device)
-        no_bins = torch.zeros(self.world, dtype=torch.int64, device=self.device)
+        none = self._none
+        no_bins = self._no_bins
         for t in range(n_t):
             if not self.group_fetch[t]:  # flat: no group-fetch ids or slots to dedup
                 owner_slots.append(none)

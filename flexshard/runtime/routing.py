@@ -14,7 +14,11 @@ by ``ranges`` (TorchRec's row-wise layout; every row cold) has ``owner = id // B
 with ``B = ceil(rows / N)``. Two layouts implement it:
 
 * ``exact`` (:class:`TableRouting`): cold rows dealt in hotness order, as the cost model prices them,
-  so a rank's share of the cold rows is exactly its share of their accesses. It keeps per-row arrays:
+  so a rank's share of the cold rows is exactly its share of their accesses; each owner numbers its
+  cold rows by ascending id (not hotness), as the ``ranges`` deal and the compact layout do, so the
+  slots a requester asks of an owner (its unique ids, ascending) ascend too and the owner's gathers
+  and gradient adds run through its shard in order (measured: a gather of 19k random rows of a 25k x
+  64 shard 2.5x slower than in ascending order on this CPU). It keeps per-row arrays:
   tier (int8), owner (int32) and slot (int32, int64 from 2^31 rows), 9 bytes per row.
 * ``compact`` (:class:`CompactTableRouting`): only the replicated (hot and warm) rows are listed, as
   sorted ids with their hotness ranks; cold rows are dealt by *id* (``owner = pattern[id % P]``), so
@@ -292,7 +296,8 @@ def build_routing(
         c_owner, c_slot = np.divmod(order[h + w :], range_size(num_rows, len(plan.cold_share)))
         c_sizes = range_rows(num_rows, len(plan.cold_share))
     else:
-        c_owner, c_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period, plan.cold_start)
+        c_owner, _hotness_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period, plan.cold_start)
+        c_slot = _slots_by_id(order[h + w :], c_owner)
     tier = np.empty(num_rows, dtype=np.int8)
     owner = np.empty(num_rows, dtype=np.int32)
     slot = np.empty(num_rows, dtype=np.int32 if num_rows < 2**31 else np.int64)
@@ -309,6 +314,17 @@ def build_routing(
     return TableRouting(
         plan.name, num_rows, h, w, plan.cold_rows, hot_ids, tier, owner, slot, w_sizes, c_sizes
     )
+
+
+def _slots_by_id(ids: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Each row's slot when every owner numbers its rows ``0, 1, 2, ...`` by ascending id (int64)."""
+    if not ids.size:
+        return np.zeros(0, np.int64)
+    by = np.lexsort((ids, owner))  # by owner, then id
+    start = np.concatenate([[0], np.cumsum(np.bincount(owner))[:-1]])
+    slot = np.empty(ids.size, np.int64)
+    slot[by] = np.arange(ids.size, dtype=np.int64) - start[owner[by]]
+    return slot
 
 
 def build_compact_routing(
