@@ -166,6 +166,11 @@ class ExchangeProtocol:
                     bins.append(no_bins)
                     continue
                 sel, dest, values = column
+                if sel is None and lk.by_owner and values is lk.slot:  # already in destination order
+                    index[t].append(torch.arange(dest.numel(), device=self.device))
+                    send[t].append(values)
+                    bins.append(torch.bincount(dest, minlength=self.world))
+                    continue
                 order = torch.argsort(dest, stable=True)
                 index[t].append(order if sel is None else sel.index_select(0, order))
                 send[t].append(values.index_select(0, index[t][-1]))

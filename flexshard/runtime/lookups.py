@@ -29,6 +29,7 @@ class TableLookup:
     hot_index: torch.Tensor  # positions (among the unique ids) of hot rows
     hot_slot: torch.Tensor  # their slots in the local hot replica
     rows: torch.Tensor  # float32[num_unique, dim]: the ids' embeddings, hot ones filled here
+    by_owner: bool = False  # every id cold, sorted by owner then id (else by id, or input order)
 
     @property
     def num_unique(self) -> int:
@@ -59,11 +60,19 @@ def local_lookups(
     dedup: bool,
     hot: list[Shard],
     device: torch.device,
+    by_owner: list[bool] | None = None,
 ) -> list[TableLookup]:
-    """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective."""
+    """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective.
+    ``by_owner[t]``: table t (every row cold, exact routing) may list its unique ids by owner, then id
+    (:meth:`~flexshard.runtime.routing.TableRouting.unique_by_owner`), when deduplicated."""
     out = []
     none = torch.zeros(0, dtype=torch.int64, device=device)
     for t, (values, _lengths) in enumerate(parsed):
+        if dedup and by_owner is not None and by_owner[t]:
+            ids, inverse, owner, slot = routing[t].unique_by_owner(values)
+            rows = torch.empty(ids.numel(), hot[t].dim, device=device)
+            out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows, by_owner=True))
+            continue
         if dedup:
             ids, inverse = torch.unique(values, return_inverse=True)
         else:

@@ -164,6 +164,18 @@ class TableRouting:
         maps = _on_device(self, ids.device, lambda: (self.tier, self.owner, self.slot))
         return maps[1].index_select(0, ids).long(), maps[2].index_select(0, ids).long()
 
+    def unique_by_owner(self, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(ids, inverse, owner, slot): the distinct ``values`` of a table with every row cold, sorted by
+        owner and then id (the order the exchange sends them in, so no sort by destination follows),
+        ``inverse`` the position of each value among them. One sort (``torch.unique`` of
+        ``owner * rows + id``) where dedup by id and a stable sort by owner took two."""
+        maps = _on_device(self, values.device, lambda: (self.tier, self.owner, self.slot))
+        key = maps[1].index_select(0, values).long() * self.num_rows + values
+        distinct, inverse = torch.unique(key, return_inverse=True)
+        owner = torch.div(distinct, self.num_rows, rounding_mode="floor")
+        ids = distinct - owner * self.num_rows
+        return ids, inverse, owner, maps[2].index_select(0, ids).long()
+
 
 def _on_device(routing, device: torch.device, arrays) -> tuple[torch.Tensor, ...]:
     """``arrays()`` as tensors on ``device``, made once per device (shared with numpy on the CPU)."""

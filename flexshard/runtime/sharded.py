@@ -163,6 +163,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         # on one rank the stages are local copies (no collective), as step_schedule says
         self.remote = uses_warm or bool(cold.any())
         self.group_fetch = uses[2]
+        # all-cold flat tables on the exact layout dedup straight into destination order
+        self._by_owner = [
+            r.layout == "exact" and r.hot_rows + r.warm_rows == 0 and not g
+            for r, g in zip(self.routing, group_fetch, strict=True)
+        ]
         self.protocol = ExchangeProtocol(
             self.pg, group_fetch, self.routing, self.dims, self.shards, self.device, self.wire_dtype, uses
         )
@@ -273,7 +278,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         routed = None
         if int(err[0]) == 0:  # input_dist, local part: dedup, routing, hot rows
             hot = self._tier_shards(Tier.HOT)
-            lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device)
+            lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device, self._by_owner)
             routed = self.protocol.route(lookups)
         counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
         meta = self.protocol.meta(err, counts, group)  # every rank's error code, too
