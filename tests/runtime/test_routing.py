@@ -184,3 +184,17 @@ def test_ranges_deal_is_torchrec_row_wise(build):
     assert owner.tolist() == [i // 6 for i in range(23)] and slot.tolist() == [i % 6 for i in range(23)]
     assert routing.cold_rows_per_rank.tolist() == [6, 6, 6, 5]
     assert routing.ids_of(Tier.COLD, 3).tolist() == [18, 19, 20, 21, 22]
+
+
+def test_unique_by_owner_is_dedup_sorted_by_owner_then_id():
+    tp = TablePlan("t", 0, 0, 50, np.full(4, 0.5), np.array([0.4, 0.3, 0.2, 0.1]))
+    r = build_routing(tp, [[0, 1], [2, 3]], np.random.default_rng(1).permutation(50), period=7)
+    values = torch.as_tensor(np.random.default_rng(2).integers(0, 50, 200))
+    ids, inverse, owner, slot = r.unique_by_owner(values)
+    plain = torch.unique(values)  # the reference: dedup by id, then a stable sort by owner
+    p_owner, p_slot = r.lookup_cold(plain)
+    order = torch.argsort(p_owner, stable=True)
+    assert torch.equal(ids, plain[order]) and torch.equal(owner, p_owner[order])
+    assert torch.equal(slot, p_slot[order]) and torch.equal(ids[inverse], values)
+    for k in range(4):  # an owner's slots ascend with its ids (its cold rows numbered by id)
+        assert bool((slot[owner == k].diff() > 0).all())
