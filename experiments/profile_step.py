@@ -96,13 +96,13 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         nproc=args.nproc,
         groups=args.groups,
         batch=args.batch,
-        plan_for="h100",
+        plan_for=args.plan_for,
         objective=args.objective,
         torchrec=False,
     )
     data = load_data(cfg, args.nproc)
     machine = probed_view(cfg.groups, 60.0)
-    planned_for = plan_view("h100", machine, args.nproc, args.groups)
+    planned_for = plan_view(args.plan_for, machine, args.nproc, args.groups)
     import flexshard.bench.plans as plans_mod
     from flexshard.runtime import awaitable
     from solvers.time_model import step_time
@@ -138,11 +138,18 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     batches = [data.make_batch(s, rank) for s in range(3 + args.steps)]
     lines = []
     for s in systems:
+        if args.only and s.key not in args.only.split(","):
+            continue
         for b in batches[:3]:
             dist.barrier()
             s.step(b)
         times = []
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if rank == 0 else None
+        if args.cprofile and rank == 0:
+            import cProfile
+
+            prof, python_prof = None, cProfile.Profile()
+            python_prof.enable()
         if prof:
             prof.__enter__()
         clock.clear()
@@ -168,15 +175,31 @@ def _rank(rank: int, args, port: int, out: str) -> None:
                 clock[k] += v
         clock["cpu (thread) per step"] = time.thread_time() - cpu0
         clock["cpu (process, with gloo's threads) per step"] = time.process_time() - proc0
+        if args.cprofile and rank == 0:
+            import io
+            import pstats
+
+            python_prof.disable()
+            text = io.StringIO()
+            pstats.Stats(python_prof, stream=text).sort_stats("tottime").print_stats(30)
+            lines.append(f"== {s.key}: Python self time over {args.steps} steps\n{text.getvalue()}")
         if prof:
             prof.__exit__(None, None, None)
             by = defaultdict(float)
             for ev in prof.key_averages():
                 by[_piece(ev.key)] += ev.self_cpu_time_total / 1e3 / args.steps
             top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:14]
-            lines.append(f"== {s.key}: step median {sorted(times)[len(times) // 2] * 1e3:.1f} ms (profiled)")
+            ops = sum(e.count for e in prof.key_averages()) / args.steps
+            lines.append(
+                f"== {s.key}: step median {sorted(times)[len(times) // 2] * 1e3:.1f} ms (profiled), "
+                f"{ops:.0f} torch ops per step"
+            )
             by["other ops and Python (host)"] += sorted(times)[len(times) // 2] * 1e3 - sum(by.values())
             lines.append("  measured ms/step: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(by.items())))
+            if args.counts:
+                by_count = sorted(prof.key_averages(), key=lambda e: -e.count)
+                calls = "; ".join(f"{e.key} {e.count / args.steps:g}" for e in by_count)
+                lines.append("  calls/step: " + calls)
             lines.append(
                 "  phases ms/step: " + ", ".join(f"{k} {v * 1e3 / args.steps:.2f}" for k, v in clock.items())
             )
@@ -189,6 +212,12 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             )
     if rank == 0:
         for key, sp in plans.items():
+            if sp.document:
+                for tp in sp.document["tables"]:
+                    shown = ("share", "deal", "start", "fetch", "rows")
+                    fields = {k: v for k, v in tp.items() if any(w in k for w in shown)}
+                    lines.append(f"   {key} {tp.get('name')}: {fields}")
+
             st = models[list(plans).index(key)]
             lines.append(
                 f"-- model {key}: predicted {sp.predicted_ms:.1f} ms: latency {st.latency_s * 1e3:.2f}, "
@@ -208,6 +237,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--objective", default="bytes")
+    ap.add_argument("--plan-for", default="h100", help="probed or h100 (what the plans are made for)")
+    ap.add_argument("--cprofile", action="store_true", help="profile rank 0's Python instead (self time)")
+    ap.add_argument("--counts", action="store_true", help="also list every op's calls per step")
+    ap.add_argument("--only", default="", help="comma-separated strategy keys to profile (default: all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_rank, args=(args, free_port(), out), nprocs=args.nproc, start_method="spawn")

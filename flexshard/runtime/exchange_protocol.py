@@ -135,35 +135,51 @@ class ExchangeProtocol:
         self.intra = np.asarray(pg.intra_ranks, dtype=np.int64)
         self.rail = np.asarray(pg.replica_ranks, dtype=np.int64)
         self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
+        # read-only stand-ins for a column a table does not use (no tensor made per step)
+        self._none = torch.zeros(0, dtype=torch.int64, device=device)
+        self._no_bins = torch.zeros(self.world, dtype=torch.int64, device=device)
 
     # --- input_dist ----------------------------------------------------------------------------------
 
     def route(self, lookups: list[TableLookup]) -> Routed:
-        """Every remote lookup in its column, sorted by destination rank. No collective."""
-        none = torch.zeros(0, dtype=torch.int64, device=self.device)
+        """Every remote lookup in its column, sorted by destination rank. No collective. A column a
+        table cannot use (no warm rows; the other fetch mode) is empty without work."""
+        none = self._none
+        no_bins = self._no_bins
         index, send, bins = [], [], []
         for t, lk in enumerate(lookups):
-            cold = lk.positions(Tier.COLD)
             grouped = bool(self.group_fetch[t])
-            warm = lk.positions(Tier.WARM)
-            owner = lk.owner.index_select(0, cold)
-            other = cold[~self.same_group.index_select(0, owner)] if grouped else none
-            columns = (  # (positions, destination rank, send row ids instead of slots)
-                (warm, self.warm_rank.index_select(0, lk.owner.index_select(0, warm)), False),
-                (none if grouped else cold, none if grouped else owner, False),
-                (
-                    cold if grouped else none,
-                    self.rail_peer_of_owner.index_select(0, owner) if grouped else none,
-                    True,
-                ),
-                (other, lk.owner.index_select(0, other), False),
-            )
+            cold = lk.positions(Tier.COLD)  # None: every lookup
+            owner = lk.owner if cold is None else lk.owner.index_select(0, cold)
+            columns: list = [None] * KINDS  # (positions or None for all, destination rank, ids or slots)
+            if lk.tier is not None and self.routing[t].warm_rows:
+                warm = lk.positions(Tier.WARM)
+                dest = self.warm_rank.index_select(0, lk.owner.index_select(0, warm))
+                columns[WARM] = (warm, dest, lk.slot)
+            if not grouped:
+                columns[FLAT] = (cold, owner, lk.slot)
+            else:
+                columns[GIDS] = (cold, self.rail_peer_of_owner.index_select(0, owner), lk.ids)
+                away = ~self.same_group.index_select(0, owner)
+                other = torch.nonzero(away).flatten() if cold is None else cold[away]
+                columns[GSLOTS] = (other, lk.owner.index_select(0, other), lk.slot)
             index.append([])
             send.append([])
-            for sel, dest, ids in columns:
+            for column in columns:
+                if column is None:
+                    index[t].append(none)
+                    send[t].append(none)
+                    bins.append(no_bins)
+                    continue
+                sel, dest, values = column
+                if sel is None and lk.by_owner and values is lk.slot:  # already in destination order
+                    index[t].append(torch.arange(dest.numel(), device=self.device))
+                    send[t].append(values)
+                    bins.append(torch.bincount(dest, minlength=self.world))
+                    continue
                 order = torch.argsort(dest, stable=True)
-                index[t].append(sel.index_select(0, order))
-                send[t].append((lk.ids if ids else lk.slot).index_select(0, index[t][-1]))
+                index[t].append(order if sel is None else sel.index_select(0, order))
+                send[t].append(values.index_select(0, index[t][-1]))
                 bins.append(torch.bincount(dest, minlength=self.world))
         n_t = len(lookups)
         counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
@@ -175,10 +191,10 @@ class ExchangeProtocol:
 
     def meta(
         self, err: torch.Tensor, counts: np.ndarray, group=None
-    ) -> Pending[tuple[np.ndarray, list[torch.Tensor]]]:
+    ) -> Pending[tuple[np.ndarray, list[np.ndarray]]]:
         """``meta``: every rank's error code and the split sizes of the active columns, on ``group`` (a
         process group of every rank in rank order; None: the default group). Waits to the received
-        counts ``[p, t, k]`` and every rank's error code."""
+        counts ``[p, t, k]`` and every rank's error code (int64[ERROR_WORDS] each)."""
         world, n_t, _ = counts.shape
         err_np = err.cpu().numpy().astype(np.int64).reshape(-1)
         sizes = [ERROR_WORDS + n_t * int(self.active[p].sum()) for p in range(world)]
@@ -195,7 +211,7 @@ class ExchangeProtocol:
             recv_counts = np.zeros_like(counts)
             codes, off = [], 0
             for p in range(world):
-                codes.append(torch.from_numpy(recv[off : off + ERROR_WORDS].copy()))
+                codes.append(recv[off : off + ERROR_WORDS].copy())
                 m = sizes[p] - ERROR_WORDS
                 block = recv[off + ERROR_WORDS : off + ERROR_WORDS + m]
                 recv_counts[p][:, self.active[p]] = block.reshape(n_t, -1)
@@ -223,7 +239,17 @@ class ExchangeProtocol:
         peers = torch.arange(self.world, device=self.device)
         owner_slots, inverse, d_owner, d_slot = [], [], [], []
         owner_bins, fetch_bins = [], []
+        none = self._none
+        no_bins = self._no_bins
         for t in range(n_t):
+            if not self.group_fetch[t]:  # flat: no group-fetch ids or slots to dedup
+                owner_slots.append(none)
+                owner_bins.append(no_bins)
+                inverse.append(none)
+                d_owner.append(none)
+                d_slot.append(none)
+                fetch_bins.append(no_bins)
+                continue
             rows = int(self.routing[t].num_rows)
             # owner: slots from other groups, distinct per requesting group's rail peer
             sender = peers.repeat_interleave(torch.as_tensor(recv_counts[:, t, GSLOTS], device=self.device))
@@ -268,9 +294,9 @@ class ExchangeProtocol:
         n_t = len(routed.lookups)
         cols, send_counts, recv_counts = [], [], []
         for t in range(n_t):
-            cols.append(self.shards[(t, Tier.WARM)].weights.index_select(0, asked.slots[t][0]))
-            cols.append(self.shards[(t, Tier.COLD)].weights.index_select(0, asked.slots[t][1]))
-            cols.append(self.shards[(t, Tier.COLD)].weights.index_select(0, asked.owner_slots[t]))
+            for tier, slots in ((Tier.WARM, asked.slots[t][0]), (Tier.COLD, asked.slots[t][1])):
+                cols.append(self._gather(t, tier, slots))
+            cols.append(self._gather(t, Tier.COLD, asked.owner_slots[t]))
             send_counts.append(
                 np.stack(
                     [asked.recv_counts[:, t, WARM], asked.recv_counts[:, t, FLAT], asked.owner_counts[:, t]],
@@ -289,16 +315,23 @@ class ExchangeProtocol:
             got = pending.wait()
             out = []
             for t, lk in enumerate(routed.lookups):
-                lk.rows.index_copy_(0, routed.index[t][WARM], got[3 * t])
-                lk.rows.index_copy_(0, routed.index[t][FLAT], got[3 * t + 1])
+                for k in (WARM, FLAT):
+                    if routed.index[t][k].numel():
+                        lk.rows.index_copy_(0, routed.index[t][k], got[3 * t + k])
                 out.append(self._distinct_rows(t, asked, got[3 * t + 2]))
             return out
 
         return Pending([pending], finish)
 
+    def _gather(self, t: int, tier: Tier, slots: torch.Tensor) -> torch.Tensor:
+        """Rows ``slots`` of this rank's shard of table t in ``tier``."""
+        return _rows_at(self.shards[(t, tier)].weights, slots)
+
     def _distinct_rows(self, t: int, asked: Asked, fetched: torch.Tensor) -> torch.Tensor:
         """The rail peer's distinct rows of table t: fetched ones (owners before and after this rank), and
         its own (the slice ``asked.local[t]``) read locally."""
+        if not self.group_fetch[t]:
+            return fetched  # empty: a flat table has no distinct rows
         lo, hi = (int(x) for x in asked.local[t])
         if hi == lo:
             return fetched
@@ -344,7 +377,7 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
-        cols = [unique_grads[t].index_select(0, routed.index[t][k]) for t in range(n_t) for k in ROW_KINDS]
+        cols = [_rows_at(unique_grads[t], routed.index[t][k]) for t in range(n_t) for k in ROW_KINDS]
         sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         widths = np.repeat(self.dims, len(ROW_KINDS))
@@ -357,6 +390,9 @@ class ExchangeProtocol:
                 for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):
                     if asked.slots[t][k].numel():
                         self.shards[(t, tier)].add_gradient(asked.slots[t][k], got[3 * t + k])
+                if not self.group_fetch[t]:
+                    out.append(got[3 * t + 2])  # empty: a flat table has no group-fetch gradients
+                    continue
                 total = torch.zeros(asked.distinct_owner[t].numel(), int(self.dims[t]), device=self.device)
                 out.append(total.index_add_(0, asked.inverse[t], got[3 * t + 2]))
             return out
@@ -402,3 +438,8 @@ def _joined(views: list[torch.Tensor]) -> torch.Tensor:
     """Per-peer blocks of rows as one tensor in peer order (no copy when at most one is not empty)."""
     full = [v for v in views if v.shape[0]]
     return full[0] if len(full) == 1 else torch.cat(views)
+
+
+def _rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(0, index)``; an empty view of ``x`` (no op) for an empty ``index``."""
+    return x.index_select(0, index) if index.numel() else x[:0]

@@ -66,20 +66,21 @@ def check_features(
         lengths = lengths.to(device=device, dtype=torch.int64)
         if lengths.numel() == 0:
             return fault(InputFault.EMPTY, t)
-        if bool((lengths < 0).any()):
-            return fault(InputFault.NEGATIVE_LENGTH, t, int(lengths.min()))
-        total = int(lengths.sum())
+        # one host read per table: shortest length, length sum, smallest and largest id
+        lows = [lengths.min(), lengths.sum()] + (list(torch.aminmax(values)) if values.numel() else [])
+        shortest, total, *ends = torch.stack(lows).tolist()
+        if shortest < 0:
+            return fault(InputFault.NEGATIVE_LENGTH, t, shortest)
         if total != values.numel():
             return fault(InputFault.LENGTH_SUM, t, total, values.numel())
-        if values.numel():
+        if ends and (ends[0] < 0 or ends[1] >= num_rows[t]):
             bad = (values < 0) | (values >= num_rows[t])
-            if bool(bad.any()):
-                return fault(InputFault.RANGE, t, int(values[bad][0]))
+            return fault(InputFault.RANGE, t, int(values[bad][0]))
         parsed.append((values, lengths))
     return parsed, err
 
 
-def raise_input_error(codes: list[torch.Tensor], table_names: list[str], num_rows: list[int]) -> None:
+def raise_input_error(codes: list, table_names: list[str], num_rows: list[int]) -> None:
     """Raise :class:`BatchError` for the first rank whose error code is set (the same on every rank)."""
     for r, e in enumerate(codes):
         code, t, value, extra = (int(x) for x in e.tolist())

@@ -51,7 +51,7 @@ class PendingInput(Pending[Prepared]):
         self._remote, self._tables = remote, tables
         self._ids: Pending | None = None
         self._recv_counts: np.ndarray | None = None
-        self._codes: list[torch.Tensor] | None = None
+        self._codes: list[np.ndarray] | None = None
 
     def advance(self) -> None:
         """Wait for ``meta`` and issue ``ids`` (once; nothing on a batch that failed on any rank)."""

@@ -23,19 +23,23 @@ class TableLookup:
 
     inverse: torch.Tensor | None  # position of each input id among the unique ids (None without dedup)
     ids: torch.Tensor  # int64[num_unique]
-    tier: torch.Tensor  # int64[num_unique]: a Tier
+    tier: torch.Tensor | None  # int64[num_unique]: a Tier (None: the table has only cold rows)
     owner: torch.Tensor  # int64[num_unique]: -1 (hot), a group position (warm) or a rank (cold)
     slot: torch.Tensor  # int64[num_unique]: the row's index in the owner's shard
     hot_index: torch.Tensor  # positions (among the unique ids) of hot rows
     hot_slot: torch.Tensor  # their slots in the local hot replica
     rows: torch.Tensor  # float32[num_unique, dim]: the ids' embeddings, hot ones filled here
+    by_owner: bool = False  # every id cold, sorted by owner then id (else by id, or input order)
 
     @property
     def num_unique(self) -> int:
         return int(self.ids.numel())
 
-    def positions(self, tier: Tier) -> torch.Tensor:
-        """Positions (among the unique ids) of the lookups of ``tier``, ascending."""
+    def positions(self, tier: Tier) -> torch.Tensor | None:
+        """Positions (among the unique ids) of the lookups of ``tier``, ascending; None when they are
+        all the lookups (a table with only cold rows, asked for ``COLD``)."""
+        if self.tier is None:
+            return None if tier == Tier.COLD else self.hot_index  # hot_index: empty here
         return torch.nonzero(self.tier == tier).flatten()
 
     def output(self) -> torch.Tensor:
@@ -56,16 +60,30 @@ def local_lookups(
     dedup: bool,
     hot: list[Shard],
     device: torch.device,
+    by_owner: list[bool] | None = None,
 ) -> list[TableLookup]:
-    """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective."""
+    """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective.
+    ``by_owner[t]``: table t (every row cold, exact routing) may list its unique ids by owner, then id
+    (:meth:`~flexshard.runtime.routing.TableRouting.unique_by_owner`), when deduplicated."""
     out = []
+    none = torch.zeros(0, dtype=torch.int64, device=device)
     for t, (values, _lengths) in enumerate(parsed):
+        if dedup and by_owner is not None and by_owner[t]:
+            ids, inverse, owner, slot = routing[t].unique_by_owner(values)
+            rows = torch.empty(ids.numel(), hot[t].dim, device=device)
+            out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows, by_owner=True))
+            continue
         if dedup:
             ids, inverse = torch.unique(values, return_inverse=True)
         else:
             ids, inverse = values, None
-        tier, owner, slot = routing[t].lookup(ids)
         rows = torch.empty(ids.numel(), hot[t].dim, device=device)
+        r = routing[t]
+        if r.hot_rows + r.warm_rows == 0:  # every row cold: no tier to look up, no hot row to read
+            owner, slot = r.lookup_cold(ids)
+            out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows))
+            continue
+        tier, owner, slot = r.lookup(ids)
         hot_index = torch.nonzero(tier == Tier.HOT).flatten()
         hot_slot = slot.index_select(0, hot_index)
         rows.index_copy_(0, hot_index, hot[t].weights.index_select(0, hot_slot))

@@ -14,7 +14,11 @@ by ``ranges`` (TorchRec's row-wise layout; every row cold) has ``owner = id // B
 with ``B = ceil(rows / N)``. Two layouts implement it:
 
 * ``exact`` (:class:`TableRouting`): cold rows dealt in hotness order, as the cost model prices them,
-  so a rank's share of the cold rows is exactly its share of their accesses. It keeps per-row arrays:
+  so a rank's share of the cold rows is exactly its share of their accesses; each owner numbers its
+  cold rows by ascending id (not hotness), as the ``ranges`` deal and the compact layout do, so the
+  slots a requester asks of an owner (its unique ids, ascending) ascend too and the owner's gathers
+  and gradient adds run through its shard in order (measured: a gather of 19k random rows of a 25k x
+  64 shard 2.5x slower than in ascending order on this CPU). It keeps per-row arrays:
   tier (int8), owner (int32) and slot (int32, int64 from 2^31 rows), 9 bytes per row.
 * ``compact`` (:class:`CompactTableRouting`): only the replicated (hot and warm) rows are listed, as
   sorted ids with their hotness ranks; cold rows are dealt by *id* (``owner = pattern[id % P]``), so
@@ -154,6 +158,24 @@ class TableRouting:
         maps = _on_device(self, ids.device, lambda: (self.tier, self.owner, self.slot))
         return tuple(m.index_select(0, ids).long() for m in maps)  # type: ignore[return-value]
 
+    def lookup_cold(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner, slot) of ``ids`` as :meth:`lookup` gives them, for a table with every row cold (its
+        tier needs no lookup)."""
+        maps = _on_device(self, ids.device, lambda: (self.tier, self.owner, self.slot))
+        return maps[1].index_select(0, ids).long(), maps[2].index_select(0, ids).long()
+
+    def unique_by_owner(self, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(ids, inverse, owner, slot): the distinct ``values`` of a table with every row cold, sorted by
+        owner and then id (the order the exchange sends them in, so no sort by destination follows),
+        ``inverse`` the position of each value among them. One sort (``torch.unique`` of
+        ``owner * rows + id``) where dedup by id and a stable sort by owner took two."""
+        maps = _on_device(self, values.device, lambda: (self.tier, self.owner, self.slot))
+        key = maps[1].index_select(0, values).long() * self.num_rows + values
+        distinct, inverse = torch.unique(key, return_inverse=True)
+        owner = torch.div(distinct, self.num_rows, rounding_mode="floor")
+        ids = distinct - owner * self.num_rows
+        return ids, inverse, owner, maps[2].index_select(0, ids).long()
+
 
 def _on_device(routing, device: torch.device, arrays) -> tuple[torch.Tensor, ...]:
     """``arrays()`` as tensors on ``device``, made once per device (shared with numpy on the CPU)."""
@@ -254,6 +276,10 @@ class CompactTableRouting:
             slot = torch.where(cold, raw - before, slot)
         return tier, owner, slot
 
+    def lookup_cold(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner, slot) of ``ids`` as :meth:`lookup` gives them, for a table with every row cold."""
+        return self.lookup(ids)[1:]
+
 
 def _deal_torch(routing, which: str, j: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:meth:`Dealer.owner_slot` in torch, with the dealer's arrays cached on ``j``'s device."""
@@ -282,7 +308,8 @@ def build_routing(
         c_owner, c_slot = np.divmod(order[h + w :], range_size(num_rows, len(plan.cold_share)))
         c_sizes = range_rows(num_rows, len(plan.cold_share))
     else:
-        c_owner, c_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period, plan.cold_start)
+        c_owner, _hotness_slot, c_sizes = deal(plan.cold_rows, plan.cold_share, period, plan.cold_start)
+        c_slot = _slots_by_id(order[h + w :], c_owner)
     tier = np.empty(num_rows, dtype=np.int8)
     owner = np.empty(num_rows, dtype=np.int32)
     slot = np.empty(num_rows, dtype=np.int32 if num_rows < 2**31 else np.int64)
@@ -299,6 +326,17 @@ def build_routing(
     return TableRouting(
         plan.name, num_rows, h, w, plan.cold_rows, hot_ids, tier, owner, slot, w_sizes, c_sizes
     )
+
+
+def _slots_by_id(ids: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    """Each row's slot when every owner numbers its rows ``0, 1, 2, ...`` by ascending id (int64)."""
+    if not ids.size:
+        return np.zeros(0, np.int64)
+    by = np.lexsort((ids, owner))  # by owner, then id
+    start = np.concatenate([[0], np.cumsum(np.bincount(owner))[:-1]])
+    slot = np.empty(ids.size, np.int64)
+    slot[by] = np.arange(ids.size, dtype=np.int64) - start[owner[by]]
+    return slot
 
 
 def build_compact_routing(

@@ -163,6 +163,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         # on one rank the stages are local copies (no collective), as step_schedule says
         self.remote = uses_warm or bool(cold.any())
         self.group_fetch = uses[2]
+        # all-cold flat tables on the exact layout dedup straight into destination order
+        self._by_owner = [
+            r.layout == "exact" and r.hot_rows + r.warm_rows == 0 and not g
+            for r, g in zip(self.routing, group_fetch, strict=True)
+        ]
         self.protocol = ExchangeProtocol(
             self.pg, group_fetch, self.routing, self.dims, self.shards, self.device, self.wire_dtype, uses
         )
@@ -273,7 +278,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         routed = None
         if int(err[0]) == 0:  # input_dist, local part: dedup, routing, hot rows
             hot = self._tier_shards(Tier.HOT)
-            lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device)
+            lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device, self._by_owner)
             routed = self.protocol.route(lookups)
         counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
         meta = self.protocol.meta(err, counts, group)  # every rank's error code, too
@@ -282,6 +287,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     def _read_hot(self, lookups: list[TableLookup]) -> None:
         """The hot rows of ``lookups`` read from the local replica (as they are now)."""
         for t, lk in enumerate(lookups):
+            if not lk.hot_index.numel():
+                continue
             hot = self.shards[(t, Tier.HOT)].weights.index_select(0, lk.hot_slot)
             lk.rows.index_copy_(0, lk.hot_index, hot)
 
@@ -322,7 +329,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         unique_grads = []
         for t, (lk, g) in enumerate(zip(routed.lookups, grads, strict=True)):
             gu = lk.unique_gradient(g.to(device=self.device, dtype=torch.float32))
-            self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
+            if lk.hot_index.numel():
+                self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
             unique_grads.append(gu)
         if asked is None:
             return

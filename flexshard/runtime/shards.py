@@ -58,6 +58,8 @@ class Shard:
     def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
         """``optimizer``'s update of the touched rows (``step``: the module's iteration, from 1), then
         clear their gradients and marks. Vectorised over the touched rows."""
+        if not self.num_rows:
+            return
         rows = self.touched_rows()
         if rows.numel():
             g = self.grads.index_select(0, rows)

@@ -54,15 +54,21 @@ def exchange_columns_async(
     if not n_c:
         return ready(([], None))
     widths = np.asarray(widths, dtype=np.int64)
-    blocks = [col.split(counts[:, c].tolist()) for c, col in enumerate(columns)]
-    parts = []
-    for p in range(peers):
-        if header is not None:
-            parts.append(header)
-        parts += [blocks[c][p].reshape(-1) for c in range(n_c)]
-    send = torch.cat(parts)
+    # columns with no rows to or from any peer take no part (no split, no copy); they come back empty
+    used = [c for c in range(n_c) if counts[:, c].any() or recv_counts[:, c].any()]
+    counts, recv_counts, widths = counts[:, used], recv_counts[:, used], widths[used]
     recv_sizes = recv_counts * widths[None, :]
     per_peer_recv = (recv_sizes.sum(axis=1) + hw).tolist()
+    if len(used) == 1 and not hw and peers > 1:  # one column: already in peer order
+        send = columns[used[0]].reshape(-1)
+    else:
+        blocks = [columns[c].split(counts[:, i].tolist()) for i, c in enumerate(used)]
+        parts = []
+        for p in range(peers):
+            if header is not None:
+                parts.append(header)
+            parts += [blocks[i][p].reshape(-1) for i in range(len(used))]
+        send = torch.cat(parts) if parts else columns[0].new_empty(0)
     if peers == 1:
         recv, works = send, []
     else:
@@ -71,14 +77,17 @@ def exchange_columns_async(
         works = [all_to_all(name, recv, send, per_peer_recv, send_sizes.tolist(), group)]
 
     def finish() -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        out = list(columns)  # a column outside ``used`` has no rows: it is its own (empty) result
+        if len(used) == 1 and not hw and peers > 1:
+            out[used[0]] = recv.view(-1, *columns[used[0]].shape[1:])
+            return out, None
         sizes = np.concatenate([np.full((peers, 1), hw), recv_sizes], axis=1).reshape(-1).tolist()
         got = recv.split(sizes)
-        stride = n_c + 1
+        stride = len(used) + 1
         headers = torch.stack([got[p * stride] for p in range(peers)]) if hw else None
-        out = []
-        for c, col in enumerate(columns):
-            joined = torch.cat([got[p * stride + 1 + c] for p in range(peers)])
-            out.append(joined.view(-1, *col.shape[1:]))
+        for i, c in enumerate(used):
+            joined = torch.cat([got[p * stride + 1 + i] for p in range(peers)])
+            out[c] = joined.view(-1, *columns[c].shape[1:])
         return out, headers
 
     return Pending(works, finish)

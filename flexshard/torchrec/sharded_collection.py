@@ -89,7 +89,8 @@ class FlexShardInput(Multistreamable):
     def record_stream(self, stream: torch.Stream) -> None:
         for lk in self.prepared.routed.lookups:
             for t in (lk.ids, lk.tier, lk.owner, lk.slot, lk.hot_index, lk.hot_slot, lk.rows):
-                t.record_stream(stream)
+                if t is not None:  # tier: None for a table with only cold rows
+                    t.record_stream(stream)
         for columns in self.prepared.received or []:
             for t in columns:
                 t.record_stream(stream)

@@ -60,7 +60,10 @@ def test_build_routing_tiers_and_slots():
     w_owner, w_slot, _ = deal(10, np.array([0.7, 0.3]), 5)
     c_owner, c_slot, _ = deal(20, tp.cold_share, 5)
     assert np.array_equal(r.owner[order[3:13]], w_owner) and np.array_equal(r.slot[order[3:13]], w_slot)
-    assert np.array_equal(r.owner[order[13:]], c_owner) and np.array_equal(r.slot[order[13:]], c_slot)
+    assert np.array_equal(r.owner[order[13:]], c_owner)
+    for rank in range(4):  # the cold rows dealt in hotness order, each owner's numbered by ascending id
+        mine = np.sort(order[13:][c_owner == rank])
+        assert r.slot[mine].tolist() == list(range(mine.size)) and (c_slot[c_owner == rank] < mine.size).all()
     for rank in range(4):  # ids_of lists each shard in slot order
         ids = r.ids_of(Tier.COLD, rank)
         assert r.slot[ids].tolist() == list(range(ids.size)) and (r.owner[ids] == rank).all()
@@ -181,3 +184,17 @@ def test_ranges_deal_is_torchrec_row_wise(build):
     assert owner.tolist() == [i // 6 for i in range(23)] and slot.tolist() == [i % 6 for i in range(23)]
     assert routing.cold_rows_per_rank.tolist() == [6, 6, 6, 5]
     assert routing.ids_of(Tier.COLD, 3).tolist() == [18, 19, 20, 21, 22]
+
+
+def test_unique_by_owner_is_dedup_sorted_by_owner_then_id():
+    tp = TablePlan("t", 0, 0, 50, np.full(4, 0.5), np.array([0.4, 0.3, 0.2, 0.1]))
+    r = build_routing(tp, [[0, 1], [2, 3]], np.random.default_rng(1).permutation(50), period=7)
+    values = torch.as_tensor(np.random.default_rng(2).integers(0, 50, 200))
+    ids, inverse, owner, slot = r.unique_by_owner(values)
+    plain = torch.unique(values)  # the reference: dedup by id, then a stable sort by owner
+    p_owner, p_slot = r.lookup_cold(plain)
+    order = torch.argsort(p_owner, stable=True)
+    assert torch.equal(ids, plain[order]) and torch.equal(owner, p_owner[order])
+    assert torch.equal(slot, p_slot[order]) and torch.equal(ids[inverse], values)
+    for k in range(4):  # an owner's slots ascend with its ids (its cold rows numbered by id)
+        assert bool((slot[owner == k].diff() > 0).all())
