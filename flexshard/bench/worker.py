@@ -41,7 +41,7 @@ from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
-from flexshard.runtime.local import wait_for_ranks
+from flexshard.runtime.local import end_rank, wait_for_ranks
 from solvers.time_types import LocalRates
 
 log = logging.getLogger(__name__)
@@ -267,8 +267,7 @@ def _rank_main(rank: int, cfg: BenchConfig, port: int, outdir: str) -> None:
         records = run_rank(cfg)
         if rank == 0:
             torch.save(records, Path(outdir) / "records.pt")
-        dist.barrier()
-        dist.destroy_process_group()
+        end_rank()  # barrier, destroy, os._exit(0): no interpreter teardown (its SIGABRT race)
     except BaseException:
         (Path(outdir) / f"rank{rank}.err").write_text(traceback.format_exc())
         raise

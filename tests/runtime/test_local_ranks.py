@@ -1,9 +1,12 @@
-"""run_on_ranks: results come back in rank order; a failing or hanging rank ends every rank with its
-traceback, within the deadline."""
+"""run_on_ranks: results come back in rank order and the ranks leave without the interpreter's teardown
+(end_rank: no atexit handler runs); a failing or hanging rank ends every rank with its traceback,
+within the deadline."""
 
 from __future__ import annotations
 
+import atexit
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +17,8 @@ from flexshard.runtime.local import run_on_ranks
 pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
 
 
-def _sum_of_ranks(rank: int, world: int, offset: int) -> tuple[int, int]:
+def _sum_of_ranks(rank: int, world: int, offset: int, folder: str) -> tuple[int, int]:
+    atexit.register((Path(folder) / f"teardown{rank}").touch)  # runs only if the interpreter finalizes
     t = torch.tensor([rank + offset])
     dist.all_reduce(t)
     return rank, int(t)
@@ -32,8 +36,9 @@ def _rank1_hangs(rank: int, world: int) -> None:
     dist.barrier()
 
 
-def test_results_in_rank_order():
-    assert run_on_ranks(_sum_of_ranks, 3, 10) == [(0, 33), (1, 33), (2, 33)]
+def test_results_in_rank_order_and_no_interpreter_teardown(tmp_path):
+    assert run_on_ranks(_sum_of_ranks, 3, 10, str(tmp_path)) == [(0, 33), (1, 33), (2, 33)]
+    assert list(tmp_path.iterdir()) == []  # os._exit after the barrier: gloo's teardown race avoided
 
 
 def test_a_failing_rank_ends_every_rank_with_its_traceback():
