@@ -64,13 +64,19 @@ def cross_load(
             return torchrec_full_state(dmp)
         return {k: v for k, v in full_state(dmp).items() if k != "step"}
 
+    return _load_train_save(dmp, opt, state, rank, load_from, steps, save_to, seed=5)
+
+
+def _load_train_save(dmp, opt, state, rank: int, load_from: str, steps: int, save_to: str, seed: int) -> dict:
+    """Load ``load_from`` (if any), train ``steps`` plain-loop steps on batches of ``seed``, save to
+    ``save_to`` (if any); ``state()`` after the load and after the save (rank 0), the load's keys."""
     res = {}
     if load_from:
         res["keys"] = load(dmp, load_from)
         res["loaded"] = state()
     for step in range(steps):
         opt.zero_grad()
-        loss, _ = dmp(make_batch(5, step, rank))
+        loss, _ = dmp(make_batch(seed, step, rank))
         loss.backward()
         opt.step()
     if save_to:
@@ -129,19 +135,7 @@ def round_trip(rank: int, world: int, plan_path: str, load_from: str, steps: int
     """Load ``load_from`` (if any), train ``steps`` plain-loop steps, save to ``save_to`` (if any); the whole
     state after the load and after the save (rank 0)."""
     dmp, opt = build("flexshard", EC_OPTIMIZER, plan_path, users_optimizer=USERS_OPTIMIZER)
-    res = {}
-    if load_from:
-        res["keys"] = load(dmp, load_from)
-        res["loaded"] = full_state(dmp)
-    for step in range(steps):
-        opt.zero_grad()
-        loss, _ = dmp(make_batch(3, step, rank))
-        loss.backward()
-        opt.step()
-    if save_to:
-        save(dmp, save_to)
-        res["saved"] = full_state(dmp)
-    return res if rank == 0 else {"keys": res.get("keys")}
+    return _load_train_save(dmp, opt, lambda: full_state(dmp), rank, load_from, steps, save_to, seed=3)
 
 
 def _concat(batches: list[Batch]) -> Batch:
