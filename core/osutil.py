@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import stat
@@ -155,10 +156,36 @@ def replace_for_append(path: str | os.PathLike, keep: bool, what: str = "output"
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous)."""
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous), chosen at random
+    below the kernel's ephemeral range where there is room: a port the kernel handed out (``bind`` to
+    port 0) may be handed out again, to any outgoing connection, before the rendezvous listens on it
+    (``EADDRINUSE``, seen once in a CI run); a port below the range is only ever taken by an explicit bind."""
+    low = _ephemeral_low()
+    if low > FIXED_PORTS_FROM + 1000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(FIXED_PORTS_FROM, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+FIXED_PORTS_FROM = 20000  # free_port's random ports start here (above common services' fixed ports)
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux ``ip_local_port_range``; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def process_alive(pid: int) -> bool:

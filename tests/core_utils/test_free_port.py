@@ -1,0 +1,32 @@
+"""``core.osutil.free_port``: a rendezvous port outside the kernel's ephemeral range (where the kernel may
+hand a just-released port to any outgoing connection), free to listen on."""
+
+from __future__ import annotations
+
+import socket
+
+from core import osutil
+
+
+def test_free_ports_are_below_the_ephemeral_range_and_bindable():
+    low = osutil._ephemeral_low()
+    ports = {osutil.free_port() for _ in range(20)}
+    if low > osutil.FIXED_PORTS_FROM + 1000:
+        assert all(osutil.FIXED_PORTS_FROM <= p < low for p in ports), (low, sorted(ports))
+        assert len(ports) > 1  # random, not one fixed port
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+
+
+def test_a_taken_port_is_not_returned(monkeypatch):
+    """Random choices that are taken are skipped."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(osutil, "_ephemeral_low", lambda: busy + 2)
+        monkeypatch.setattr(osutil, "FIXED_PORTS_FROM", busy - 2000)
+        seen = {osutil.free_port() for _ in range(200)}
+        assert busy not in seen
