@@ -29,13 +29,13 @@ from solvers.bounds import LagrangeBound, lagrange_bound
 from solvers.coefficients import TableCoefficients, link_times
 from solvers.cost_model import Exchanges, split_bytes
 from solvers.schedule import Phase, StepShape, shape_schedule
+from solvers.time_model import INPUT_STAGES
 from solvers.time_types import LatencyTable, LocalRates, stage_latency_s
 from solvers.types import Workload
 from topology.views import ClusterView
 
 THETA_STEPS = 12  # golden-section steps over theta (the bracket shrinks 0.618x per step: to 0.3%)
 SEARCH_REL_TOL = 1e-6  # the memory price's bisection inside the search (any price gives a valid bound)
-INPUT_STAGES = ("meta", "ids")  # the stages of the next batch's input distribution
 
 
 @dataclass(frozen=True)
