@@ -109,12 +109,13 @@ def _rank(rank: int, args, port: int, out: str) -> None:
 
     models = {}
 
-    def capture(w, view, plan, latency=None, rates=None, local_s=None):
-        st = step_time(w, view, plan, latency=latency, rates=rates)
-        models[len(models)] = st
-        return (st.total_s if local_s is None else st.total_s - st.local_s + local_s) * 1e3
+    real_parts = plans_mod.predicted_parts_ms
 
-    plans_mod.predicted_step_ms = capture
+    def capture(w, view, plan, latency=None, rates=None, local_s=None):
+        models[len(models)] = step_time(w, view, plan, latency=latency, rates=rates)
+        return real_parts(w, view, plan, latency=latency, rates=rates, local_s=local_s)
+
+    plans_mod.predicted_parts_ms = capture
     clock = defaultdict(float)
 
     def wait(self):
@@ -236,7 +237,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--objective", default="bytes")
+    ap.add_argument("--objective", default="step", help="step (bench's default) or bytes")
     ap.add_argument("--plan-for", default="h100", help="probed or h100 (what the plans are made for)")
     ap.add_argument("--cprofile", action="store_true", help="profile rank 0's Python instead (self time)")
     ap.add_argument("--counts", action="store_true", help="also list every op's calls per step")
