@@ -1,5 +1,5 @@
-"""Loading a checkpoint at another world size or other groups: every rank's rows re-dealt from the old
-rank files.
+"""Loading a checkpoint at another world size, other groups or another plan: every rank's rows re-dealt
+from the old rank files.
 
 A checkpoint holds every row exactly once, with its global id, wherever it was (:mod:`flexshard.checkpoint`:
 hot rows in rank 0's file, warm rows in group 0's files, cold rows in their owner's). A module built for
@@ -33,7 +33,7 @@ import torch
 
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
-from flexshard.checkpoint import load_dense, model_mismatch
+from flexshard.checkpoint import layout_fingerprint, load_dense, model_mismatch
 from flexshard.checkpoint_manifest import BLOCKS_LAYOUT, Manifest, read_manifest, read_rank_file
 from flexshard.runtime import ShardedSequenceEmbedding
 from flexshard.runtime.agreement import agreed_message
@@ -53,9 +53,22 @@ def is_resize(manifest: Manifest, module: ShardedSequenceEmbedding) -> bool:
     )
 
 
+def needs_redeal(manifest: Manifest, module: ShardedSequenceEmbedding) -> bool:
+    """Whether :func:`load_resharded` loads the checkpoint of ``manifest``: :func:`is_resize`, or the same
+    world laid out by another plan (re-planned, e.g. from fresh statistics, or the same plan laid out by
+    another FlexShard version): each row is then found by its id."""
+    return is_resize(manifest, module) or manifest.layout != layout_fingerprint(module)
+
+
 def describe_resize(manifest: Manifest, module: ShardedSequenceEmbedding, batch_per_rank: int) -> str:
-    """One log phrase: the old and the new world, and what happens to the global batch."""
+    """One log phrase: the old and the new world, and what happens to the global batch (the same world:
+    the rows re-dealt to this run's plan)."""
     old, new = manifest.world_size, module.world_size
+    if not is_resize(manifest, module):
+        return (
+            f"rows re-dealt by id to this run's plan for {new} ranks in groups {module.pg.groups} (the "
+            "checkpoint's plan put rows in other tiers, owners or slots)"
+        )
     return (
         f"rows re-dealt from {old} ranks in groups {manifest.groups} to {new} ranks in groups "
         f"{module.pg.groups}; global batch {new} x {batch_per_rank} samples (was {old} x {batch_per_rank})"
@@ -194,4 +207,12 @@ def _agree(error: str, device: torch.device) -> None:
         raise agreed(CheckpointError(message))
 
 
-__all__ = ["CHUNK_IDS", "HeldRows", "compatibility", "describe_resize", "is_resize", "load_resharded"]
+__all__ = [
+    "CHUNK_IDS",
+    "HeldRows",
+    "compatibility",
+    "describe_resize",
+    "is_resize",
+    "load_resharded",
+    "needs_redeal",
+]

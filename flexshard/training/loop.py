@@ -222,7 +222,7 @@ class TrainingRun:
             problem = agreed_message(problem, self.dev)
             if problem:
                 raise agreed(CheckpointError(problem))
-            resized = checkpoint_reshard.is_resize(manifest, self.module)  # the same on every rank
+            resized = checkpoint_reshard.needs_redeal(manifest, self.module)  # the same on every rank
             load = checkpoint_reshard.load_resharded if resized else checkpoint.load
             start = load(found, self.module, self.dense, self.dense_opt)
         except CheckpointError as e:  # every rank here alike: rank 0 names an older one that would load
@@ -239,7 +239,7 @@ class TrainingRun:
     def _would_load(self, manifest: checkpoint.Manifest) -> str:
         """'' when this run could resume from ``manifest``'s checkpoint (its run and layout), else why not."""
         mismatch = identity_mismatch(manifest.path, manifest.run, self.identity)
-        if checkpoint_reshard.is_resize(manifest, self.module):
+        if checkpoint_reshard.needs_redeal(manifest, self.module):
             return mismatch or checkpoint_reshard.compatibility(manifest, self.module)
         return mismatch or checkpoint.check_compatible(manifest, self.module)
 

@@ -4,9 +4,10 @@ A run's identity (:func:`run_identity`) is what its checkpoints' contents depend
 owners, hotness orders, world and groups: :func:`flexshard.checkpoint.layout_fingerprint`), the data,
 the seed, the optimizer and its settings, the model's shape, the batch, the wire precision and the
 sample placement. Every checkpoint's manifest records it. ``--resume`` refuses a checkpoint of another
-identity with one line naming the first setting that differs (:func:`identity_mismatch`), except that a
-job restarted at another world size or with other groups may run another plan (:data:`RESIZABLE`; its
-rows are re-dealt by :mod:`flexshard.checkpoint_reshard`): everything else must still match; a fresh run
+identity with one line naming the first setting that differs (:func:`identity_mismatch`), except the
+world, its groups and the plan (:data:`REDEALT`): a job restarted at another world size, with other groups
+or with another plan (re-planned, or laid out by another FlexShard version) has its rows re-dealt by id
+(:mod:`flexshard.checkpoint_reshard`); everything else must still match; a fresh run
 refuses a folder that already holds checkpoints, unless ``--overwrite`` (which removes them first, and
 only them: otherwise the new run's steps would mix with the old run's later ones). ``--keep N`` keeps
 the newest ``N`` checkpoints (:func:`prune`). A run holds its folder with a lock naming its host and
@@ -52,22 +53,17 @@ def run_identity(
     }
 
 
-RESIZABLE = ("world", "plan")  # may differ when the world does (a resize): the plan follows the world
+REDEALT = ("world", "plan")  # may differ: the checkpoint's rows are then re-dealt by id
 
 
 def identity_mismatch(path: Path, saved: dict[str, str] | None, current: dict[str, str]) -> str:
-    """'' when ``saved`` (a manifest's ``run``) is ``current`` (but for :data:`RESIZABLE` when the world
-    differs), else one line naming what differs."""
+    """'' when ``saved`` (a manifest's ``run``) is ``current`` but for :data:`REDEALT`, else one line
+    naming what differs."""
     if saved is None:
         return ""  # saved before checkpoints recorded their run: nothing to compare
-    resized = saved.get("world") != current.get("world")
     for key, value in current.items():
-        if _named(saved.get(key)) != _named(value) and not (resized and key in RESIZABLE):
-            what = (
-                "another plan: its tiers, owners or hotness orders differ"
-                if key == "plan"
-                else f"{key}: {saved.get(key)!r} there, {value!r} here"
-            )
+        if _named(saved.get(key)) != _named(value) and key not in REDEALT:
+            what = f"{key}: {saved.get(key)!r} there, {value!r} here"
             return (
                 f"--resume: {path} was saved by another run ({what}); resume with that run's settings, or "
                 "start this run in another --checkpoint-dir (or over this one with --overwrite)"

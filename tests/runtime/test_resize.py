@@ -1,11 +1,12 @@
-"""Resuming at another world size (:mod:`flexshard.checkpoint_reshard`): a checkpoint saved by 4 ranks in 2
-groups is resumed by 2 ranks (1 group, 2 groups with the compact layout, a given plan), by 8 ranks in 2
-groups and, from the 8 ranks' checkpoint, by 4 ranks in 1 group. Right after the load every rank's rows
+"""Resuming at another world size or plan (:mod:`flexshard.checkpoint_reshard`): a checkpoint saved by 4 ranks
+in 2 groups is resumed by 2 ranks (1 group, 2 groups with the compact layout, a given plan), by 8 ranks in 2
+groups and, from the 8 ranks' checkpoint, by 4 ranks in 1 group, and by 4 ranks in 2 groups with another
+plan. Right after the load every rank's rows
 (any tier), their optimizer state and the dense model equal the saved ones row for row (``load_full`` of
 the checkpoint resumed from); the resumed step then trains and verifies against the unsharded reference
 and saves a checkpoint of the new world. A plan for the old world, another setting, a row missing from the
 rank files or saved twice are refused with one line on every rank. Unit checks of :class:`HeldRows`
-(brute force) and of which identity fields may differ on a resize."""
+(brute force) and of which identity fields may differ on a resume."""
 
 from __future__ import annotations
 
@@ -100,6 +101,11 @@ def resized(tmp_path_factory):
     two = run_main(2, calls, root / "run2", timeout_s=180.0)
     eight_dir = _copy(saved, root, "8x2")
     eight = run_main(8, [_resume(eight_dir, 4, "--groups", "2")], root / "run8", timeout_s=240.0)
+    replanned_dir = _copy(saved, root, "4plan")  # the same world, another plan
+    replan = _plan(root / "plan4b.json", 2, 2, 3.0)
+    replanned = run_main(
+        4, [_resume(replanned_dir, 4, "--plan", str(replan))], root / "run4p", timeout_s=180.0
+    )
     back = root / "8to4"
     if (eight_dir / "step-00000004").is_dir():  # the 8 ranks' checkpoint, resumed by 4
         shutil.copytree(eight_dir / "step-00000004", back / "step-00000004")
@@ -109,8 +115,9 @@ def resized(tmp_path_factory):
     results = {name: [r[i] for r in two] for i, name in enumerate([*cases, *refused])}
     results["8x2"] = [r[0] for r in eight]
     results["8 to 4x1"] = [r[0] for r in four]
+    results["4 another plan"] = [r[0] for r in replanned]
     folders = {name: c[0] for name, c in {**cases, **refused}.items()}
-    folders["8x2"], folders["8 to 4x1"] = eight_dir, back
+    folders["8x2"], folders["8 to 4x1"], folders["4 another plan"] = eight_dir, back, replanned_dir
     return {"root": root, "saved": saved, "results": results, "folders": folders, "lost": lost}
 
 
@@ -120,6 +127,7 @@ RESUMED = {  # case: (world, groups, the checkpoint's step resumed from)
     "2 plan": (2, [[0], [1]], 3),
     "8x2": (8, [[0, 1, 2, 3], [4, 5, 6, 7]], 3),
     "8 to 4x1": (4, [[0, 1, 2, 3]], 4),
+    "4 another plan": (4, [[0, 1], [2, 3]], 3),  # the saved world, another plan: re-dealt by id
 }
 
 
@@ -132,7 +140,7 @@ def test_every_row_and_its_state_equal_the_saved_ones_after_a_resize(resized, ca
     dumps = [torch.load(folder.with_name(folder.name + "-loaded") / f"rank{r}.pt") for r in range(world)]
     assert [(d["world"], d["groups"]) for d in dumps] == [(world, groups)] * world
     saved_world = old.manifest.world_size
-    assert saved_world != world or old.manifest.groups != groups
+    assert (saved_world != world or old.manifest.groups != groups) == (case != "4 another plan")
     for table, weights in old.weights.items():
         hot = [d["rows"][table]["hot"]["ids"] for d in dumps]
         assert all(torch.equal(h, hot[0]) for h in hot)  # every rank holds the same hot rows
@@ -178,13 +186,20 @@ def test_the_resized_run_trains_verifies_and_saves_the_new_world(resized, case):
     out = calls[0]["err"].splitlines()  # the log
     old = checkpoint.read_manifest(checkpoint.step_dir(folder, step))
     assert f"resume: {checkpoint.step_dir(folder, step)} (step {step})" in out
-    assert (
-        f"resume: rows re-dealt from {old.world_size} ranks in groups {old.groups} to {world} ranks in "
-        f"groups {groups}; global batch {world} x 16 samples (was {old.world_size} x 16)"
-    ) in out
+    if old.world_size == world:
+        assert (
+            f"resume: rows re-dealt by id to this run's plan for {world} ranks in groups {groups} (the "
+            "checkpoint's plan put rows in other tiers, owners or slots)"
+        ) in out
+    else:
+        assert (
+            f"resume: rows re-dealt from {old.world_size} ranks in groups {old.groups} to {world} ranks in "
+            f"groups {groups}; global batch {world} x 16 samples (was {old.world_size} x 16)"
+        ) in out
     assert "verify: OK (1 steps, all rows of all copies match)" in calls[0]["out"].splitlines()
     new = checkpoint.load_full(checkpoint.latest(folder))  # every row once, at the new world
     assert new.step == step + 1 and new.manifest.world_size == world and new.manifest.groups == groups
+    assert new.manifest.layout != old.layout  # another plan's layout (the same world: another plan)
     before = checkpoint.load_full(checkpoint.step_dir(folder, step))
     assert not torch.equal(new.weights["item"], before.weights["item"])  # the step trained
 
@@ -315,7 +330,7 @@ IDENTITY = {
         ({"world": "2 ranks in groups [[0, 1]]", "plan": "def"}, None),  # fewer ranks, their plan
         ({"world": "8 ranks in groups [[0, 1, 2, 3], [4, 5, 6, 7]]", "plan": "def"}, None),
         ({"world": "4 ranks in groups [[0, 1, 2, 3]]", "plan": "def"}, None),  # other groups only
-        ({"plan": "def"}, "another plan"),  # the same world: the same plan
+        ({"plan": "def"}, None),  # the same world, another plan (or layout): re-dealt by id
         ({"world": "2 ranks in groups [[0, 1]]", "seed": "1"}, "seed: '0' there, '1' here"),
         ({"world": "2 ranks in groups [[0, 1]]", "batch": "8 per rank"}, "batch: '16 per rank' there"),
         ({"world": "2 ranks in groups [[0, 1]]", "optimizer": "sgd, lr 0.05"}, "optimizer: 'adagrad,"),
@@ -324,7 +339,7 @@ IDENTITY = {
         ({"world": "2 ranks in groups [[0, 1]]", "model": "dim 32"}, "model: 'dim 16' there"),
     ],
 )
-def test_which_identity_fields_may_differ_on_a_resize(changes, differs):
+def test_which_identity_fields_may_differ_on_a_resume(changes, differs):
     message = identity_mismatch(Path("ck"), IDENTITY, {**IDENTITY, **changes})
     if differs is None:
         assert message == ""
