@@ -13,8 +13,9 @@ Steps, all with the CLI a user would type (``repeat-consumption-uci/lastfm/test.
 
 1. ``flexshard stats DATA --dim 16 --touch-rates off`` and ``flexshard stats DATA --dim 16`` (measured,
    next-item samples with train's default window 20 and 4 negatives);
-2. ``flexshard plan --topology h100:2x2 --budget 2 --batch-size 64`` on each (4 GPUs in 2 NVLink groups),
-   and ``--strategy row_wise`` on the measured stats;
+2. ``flexshard plan --topology h100:2x2 --budget 2 --batch-size 64 --objective bytes`` on each (4 GPUs in
+   2 NVLink groups; this is a study of bytes, so the plans minimise the modeled inter-group bytes, not the
+   step), and ``--strategy row_wise`` on the measured stats;
 3. ``torchrun --standalone --nproc-per-node 4 -m flexshard.train --data DATA --plan P --groups 2
    --batch-size 64 --metrics-out M``, once per plan, same seed and batches (gloo on CPU).
 
@@ -119,7 +120,8 @@ def run_all(data: Path, steps: int, tmp: Path) -> list[Run]:
         argv = flexshard(
             "plan",
             *("--workload", str(stats[kind]), "--topology", TOPOLOGY, "--budget", f"{BUDGET:g}"),
-            *("--batch-size", str(BATCH), "--strategy", strategy, "--out", str(path)),
+            *("--batch-size", str(BATCH), "--strategy", strategy, "--objective", "bytes"),
+            *("--out", str(path)),
         )
         check_call(argv, f"plan ({strategy}, {kind} statistics)")
         return json.loads(path.read_text())
@@ -183,7 +185,8 @@ def report(runs: list[Run], steps: int, seconds: float, quick: bool) -> str:
         study.generated(cmd, seconds, f"{steps} steps per run"),
         "",
         f"Data: `{DATA}` (repeat consumption: users replay the same artists). {NPROC} gloo ranks on CPU as "
-        f"{GROUPS} emulated NVLink groups, planned for `{TOPOLOGY}` at {BUDGET:g}x row-wise memory, "
+        f"{GROUPS} emulated NVLink groups, planned for `{TOPOLOGY}` at {BUDGET:g}x row-wise memory "
+        "by the bytes objective (`plan --objective bytes`: a study of bytes), "
         f"{BATCH} samples per rank per step (next-item samples: window 20, 4 negatives, as `train` "
         "forms them), per-rank dedup on, dim 16, the same seed and batches in every run.",
         "",
