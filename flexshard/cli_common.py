@@ -113,19 +113,20 @@ def run_program(main: Callable[[list[str]], int], argv: Sequence[str] | None) ->
 
 
 def _status_of(main: Callable[[list[str]], int], argv: list[str]) -> int:
-    """The exit status the interpreter would give ``main(argv)``'s outcome (130 for a Ctrl-C)."""
+    """The exit status the interpreter would give ``sys.exit(main(argv))`` (130 for a Ctrl-C)."""
     try:
-        return int(main(argv))
+        code = main(argv)
     except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            return int(e.code or 0)
-        print(e.code, file=sys.stderr)
-        return 1
+        code = e.code
     except KeyboardInterrupt:
         return INTERRUPTED
     except BaseException:  # a bug: its traceback, as the interpreter would print it
         traceback.print_exc()
         return 1
+    if code is None or isinstance(code, int):
+        return int(code or 0)
+    print(code, file=sys.stderr)  # sys.exit's message
+    return 1
 
 
 def end_process(status: int) -> NoReturn:

@@ -58,6 +58,7 @@ def _raises(exc: BaseException):
         (_raises(SystemExit(2)), 2, ""),
         (_raises(SystemExit("flexshard: stop")), 1, "flexshard: stop\n"),
         (_raises(KeyboardInterrupt()), 130, ""),
+        (lambda _argv: None, 0, ""),  # as sys.exit(None)
     ],
 )
 def test_a_worker_run_as_the_program_ends_with_its_status(worker, capsys, main, status, err):
