@@ -23,6 +23,7 @@ import shutil
 import socket
 import stat
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -159,21 +160,45 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous), chosen at random
     below the kernel's ephemeral range where there is room: a port the kernel handed out (``bind`` to
     port 0) may be handed out again, to any outgoing connection, before the rendezvous listens on it
-    (``EADDRINUSE``, seen once in a CI run); a port below the range is only ever taken by an explicit bind."""
+    (``EADDRINUSE``, seen once in a CI run); a port below the range is only ever taken by an explicit bind.
+    Never the same port twice in one process (two rendezvous started before either listens would
+    otherwise meet on one port): every port returned is remembered in ``_HANDED_OUT``."""
+    with _HANDED_OUT_LOCK:
+        port = _pick_port()
+        _HANDED_OUT.add(port)
+        return port
+
+
+def _pick_port() -> int:
+    """A bindable port not in ``_HANDED_OUT``: random below the ephemeral range, else the kernel's."""
     low = _ephemeral_low()
     if low > FIXED_PORTS_FROM + 1000:
         rng = random.SystemRandom()
         for _ in range(64):
             port = rng.randrange(FIXED_PORTS_FROM, low)
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
+            if port not in _HANDED_OUT and _bindable(port):
                 return port
+    for _ in range(1000):  # the kernel's choice, which may repeat one handed out before
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            return port
+    raise OSError("free_port: no free port left that this process has not handed out")
+
+
+def _bindable(port: int) -> bool:
+    """Whether ``port`` on 127.0.0.1 can be bound now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+_HANDED_OUT: set[int] = set()  # every port free_port returned in this process
+_HANDED_OUT_LOCK = threading.Lock()
 
 
 FIXED_PORTS_FROM = 20000  # free_port's random ports start here (above common services' fixed ports)

@@ -29,6 +29,7 @@ from flexshard.cli_common import (
     optimizer_config,
     positive_float,
     positive_int,
+    run_program,
 )
 from flexshard.cli_stats import cmd_stats
 from flexshard.plan_file import to_dict, write_plan
@@ -431,7 +432,12 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The ``flexshard`` command's exit status (a launcher's worker run as the program ends the process
+    with it: :func:`flexshard.cli_common.run_program`)."""
+    return run_program(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
     level = argv[:2] if argv[:1] == ["--log-level"] else argv[:1] if argv[0:1] != ["train"] else []
     level = level if level and level[0].startswith("--log-level") else []  # `flexshard --log-level L train`
     if argv[len(level) : len(level) + 1] == ["train"]:  # the training entry point has its own options

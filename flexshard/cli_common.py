@@ -1,8 +1,15 @@
-"""Pieces shared by the command-line entry points: argparse value types, one-line errors."""
+"""Pieces shared by the command-line entry points: argparse value types, one-line errors, and how a
+launcher's worker leaves (:func:`run_program`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from core.errors import ConfigError
@@ -79,3 +86,54 @@ def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
     return OptimizerConfig(
         step_time=args.objective == "step", overlap=getattr(args, "pipeline", "off") == "on"
     )
+
+
+INTERRUPTED = 130  # a Ctrl-C's exit status (128 + SIGINT), as flexshard.training.interrupt's
+
+
+def launched() -> bool:
+    """Whether this process is a launcher's worker (torchrun sets ``RANK`` and ``WORLD_SIZE``)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def run_program(main: Callable[[list[str]], int], argv: Sequence[str] | None) -> int:
+    """``main(argv)``'s exit status; but as the program's entry (``argv`` None: the console script or
+    ``python -m``, arguments from ``sys.argv``) in a launcher's worker, the process ends here with that
+    status through :func:`end_process`, after ``main`` has printed its output and written its files.
+
+    Why: a worker that leaves through the interpreter's finalization can be killed by SIGABRT after its
+    work ("terminate called without an active exception") when a gloo worker thread still holds tensors
+    that Python objects own (pytorch/pytorch#65231; spawned ranks end the same way,
+    :func:`flexshard.runtime.local.end_rank`). The status is kept: ``main``'s return value, a
+    ``SystemExit``'s code (``None`` 0, a message 1, printed), 130 for a Ctrl-C, 1 with the traceback
+    printed for any other exception. ``main`` called with a list (tests, other entry points) returns."""
+    if argv is not None or not launched():
+        return main(list(sys.argv[1:] if argv is None else argv))
+    end_process(_status_of(main, sys.argv[1:]))
+
+
+def _status_of(main: Callable[[list[str]], int], argv: list[str]) -> int:
+    """The exit status the interpreter would give ``sys.exit(main(argv))`` (130 for a Ctrl-C)."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except BaseException:  # a bug: its traceback, as the interpreter would print it
+        traceback.print_exc()
+        return 1
+    if code is None or isinstance(code, int):
+        return int(code or 0)
+    print(code, file=sys.stderr)  # sys.exit's message
+    return 1
+
+
+def end_process(status: int) -> NoReturn:
+    """Flush the log handlers, stdout and stderr, and leave with ``os._exit(status)``: no interpreter
+    finalization to race the process group's threads (:func:`run_program`)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken pipe: nothing to say
+            stream.flush()
+    os._exit(status)

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from core.errors import CollectiveError, InputError, agreed, is_agreed
 from flexshard import logs
-from flexshard.cli_common import first_line
+from flexshard.cli_common import first_line, run_program
 from flexshard.training.config import TrainConfig, parse_args
 from flexshard.training.distributed import Phase, init_distributed
 from flexshard.training.interrupt import INTERRUPTED_STATUS, SigintWatch, interrupted_line
@@ -48,6 +48,12 @@ _AGENT_STOP_WAIT_S = 30.0  # how long a failed torchrun worker waits for its age
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``flexshard train``'s exit status (a launcher's worker run as the program, ``python -m
+    flexshard.train``, ends the process with it: :func:`flexshard.cli_common.run_program`)."""
+    return run_program(_main, argv)
+
+
+def _main(argv: list[str]) -> int:
     created, config, phase, watch = False, None, None, SigintWatch()
     with watch.watching():
         try:

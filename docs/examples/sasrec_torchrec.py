@@ -13,8 +13,10 @@ EXACT_ROWWISE_ADAGRAD in both runs; the dense layers (and the user table) Adam.
 
 The data is synthetic and deterministic, a function of (seed, step, rank): histories of 50-100 items
 drawn from a Zipf-like head plus a uniform tail, mapped to ids by a fixed random permutation; each item's
-category is fixed; negatives are uniform over the items. FlexShard plans on the fly from these
-statistics for H100 nodes of ``--groups`` NVLink groups of consecutive ranks, minimising inter-group
+category is fixed; negatives are uniform over the items; users uniform. With ``--stats FILE`` (``flexshard
+stats``) each table takes its own table of the file, by name (``--stats-tables``: ``item_id``,
+``item_attribute``, ``user_id``): its rows, popularity and hotness order. FlexShard plans on the fly from
+these statistics for H100 nodes of ``--groups`` NVLink groups of consecutive ranks, minimising inter-group
 bytes (``--objective``), or runs ``--plan`` (a file ``--write-plan`` wrote).
 
 Rank 0 prints per step the loss (mean over ranks) and the bytes the busiest rank moves on each link
@@ -93,6 +95,8 @@ class Data:
     orders: dict[str, np.ndarray]  # full hotness orders: the id of each hotness rank
     history: RowHistogram  # the history items' popularity (hotness ranks)
     category_of: np.ndarray | None  # each item's category; None: drawn from the category popularity
+    users: tuple[RowHistogram, np.ndarray] | None  # the user table's popularity and order; None: uniform
+    user_rows: int
     seed: int
 
     def make_batch(self, step: int, rank: int) -> Batch:
@@ -112,22 +116,32 @@ class Data:
             values=torch.from_numpy(np.concatenate([items, negatives, categories])),
             lengths=torch.cat([lengths, lengths, lengths]),
         )
+        if self.users is None:
+            user_ids = rng.integers(0, self.user_rows, batch)
+        else:
+            user_ids = self.users[1][sample_ids(self.users[0], batch, rng)]
         users = KeyedJaggedTensor(
             keys=["user"],
-            values=torch.from_numpy(rng.integers(0, USERS, batch)),
+            values=torch.from_numpy(user_ids),
             lengths=torch.ones(batch, dtype=torch.int64),
         )
         return Batch(users, sequences)
 
 
-def make_data(batch: int, seed: int, stats: str | None) -> Data:
-    """The item and category tables, synthetic or (``stats``) a stats file's first two tables. The item
-    table serves a history and as many uniform negatives, so per lookup its rows follow the half-and-half
-    mixture; every table's lookups are independent draws, as the cost model takes them."""
+STATS_TABLES = "item_id,item_attribute,user_id"  # the tables of `flexshard stats` on SASRec's data
+
+
+def make_data(batch: int, seed: int, stats: str | None, names: str = STATS_TABLES) -> Data:
+    """The item, category and user tables, synthetic or (``stats``) the stats file's tables ``names``
+    (item, category, user). The item table serves a history and as many uniform negatives, so per lookup
+    its rows follow the half-and-half mixture; every table's lookups are independent draws, as the cost
+    model takes them. The user table is data-parallel (not in the planner's workload)."""
+    users, user_rows = None, USERS
     if stats is None:
         history, item_ids, category_hist, category_ids, category_of = synthetic_tables(seed)
     else:
-        history, item_ids, category_hist, category_ids, category_of = stats_tables(stats)
+        history, item_ids, category_hist, category_ids, users = stats_tables(stats, names)
+        category_of, user_rows = None, users[0].num_rows
     items = history.num_rows
     lengths = np.arange(LEN_MIN, LEN_MAX + 1)
     pmf = np.full(lengths.size, 1.0 / lengths.size)
@@ -146,7 +160,7 @@ def make_data(batch: int, seed: int, stats: str | None) -> Data:
     )
     orders = {"item": item_ids, "category": category_ids}
     workload = Workload("sasrec", (item, category), batch).with_orders(orders)
-    return Data(workload, orders, history, category_of, seed)
+    return Data(workload, orders, history, category_of, users, user_rows, seed)
 
 
 def synthetic_tables(seed: int) -> tuple:
@@ -162,23 +176,30 @@ def synthetic_tables(seed: int) -> tuple:
     return history, item_ids, RowHistogram.from_counts(per_category), category_ids, category_of
 
 
-def stats_tables(path: str) -> tuple:
-    """A stats file's (``flexshard stats``) first two tables as the item and category tables: their rows,
-    popularity and hotness orders (e.g. Amazon Beauty's item_id and item_attribute)."""
+def stats_tables(path: str, names: str = STATS_TABLES) -> tuple:
+    """The stats file's (``flexshard stats``) tables ``names`` ("item,category,user", e.g. Amazon
+    Beauty's item_id, item_attribute and user_id) as the item, category and user tables, each with its own
+    rows, popularity and full hotness order: (item popularity, item order, category popularity, category
+    order, (user popularity, user order))."""
     workload, orders = load_stats(path)
-    if len(workload.tables) < 2:
-        raise SystemExit(f"--stats: {path} has {len(workload.tables)} table(s); the example needs two")
-    item, attribute = workload.tables[:2]
-    item_ids = complete_order(orders.get(item.name), item.num_rows, item.name)
-    attribute_ids = complete_order(orders.get(attribute.name), attribute.num_rows, attribute.name)
-    return item.hist, item_ids, attribute.hist, attribute_ids, None
+    tables = {t.name: t for t in workload.tables}
+    wanted = names.split(",")
+    if len(wanted) != 3 or len(set(wanted)) != 3:
+        raise SystemExit(f"--stats-tables: three different names (item,category,user), got {names!r}")
+    missing = [n for n in wanted if n not in tables]
+    if missing:
+        have = ", ".join(tables)
+        raise SystemExit(f"--stats-tables: {path} has no table {missing[0]!r} (its tables: {have})")
+    item, category, user = (tables[n] for n in wanted)
+    ids = [complete_order(orders.get(t.name), t.num_rows, t.name) for t in (item, category, user)]
+    return item.hist, ids[0], category.hist, ids[1], (user.hist, ids[2])
 
 
 # --- the model ------------------------------------------------------------------------------------
 
 
 class SASRec(nn.Module):
-    def __init__(self, items: int, categories: int) -> None:
+    def __init__(self, items: int, categories: int, users: int) -> None:
         super().__init__()
         self.ec = EmbeddingCollection(
             tables=[
@@ -196,7 +217,7 @@ class SASRec(nn.Module):
         self.ebc = EmbeddingBagCollection(
             tables=[
                 EmbeddingBagConfig(
-                    name="user", embedding_dim=DIM, num_embeddings=USERS, feature_names=["user"]
+                    name="user", embedding_dim=DIM, num_embeddings=users, feature_names=["user"]
                 )
             ]
         )
@@ -311,7 +332,12 @@ def main() -> None:
         "--plan", default=None, help="a plan file (--write-plan, flexshard plan); else planned on the fly"
     )
     p.add_argument("--objective", choices=("bytes", "step"), default="bytes", help="what the plan minimises")
-    p.add_argument("--stats", default=None, help="a stats file: its first two tables (else synthetic)")
+    p.add_argument("--stats", default=None, help="a stats file (flexshard stats); else synthetic tables")
+    p.add_argument(
+        "--stats-tables",
+        default=STATS_TABLES,
+        help=f"the stats file's item, category and user tables (default {STATS_TABLES})",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="rank 0 writes the per-step figures and the summary here")
     p.add_argument("--write-plan", default=None, help="write the plan made on the fly here and exit")
@@ -322,7 +348,7 @@ def main() -> None:
     if args.groups <= 0 or world % args.groups:
         raise SystemExit(f"--groups: must divide the {world} ranks, got {args.groups}")
     torch.set_num_threads(1)
-    data = make_data(args.batch, args.seed, args.stats)
+    data = make_data(args.batch, args.seed, args.stats, args.stats_tables)
     if args.write_plan:
         if rank == 0:
             write_plan_file(args.write_plan, data, world, args.groups, args.objective)
@@ -330,7 +356,7 @@ def main() -> None:
         dist.destroy_process_group()
         return
     torch.manual_seed(args.seed)  # the unsharded model's weights: the same in both runs
-    model = SASRec(*(t.num_rows for t in data.workload.tables))
+    model = SASRec(*(t.num_rows for t in data.workload.tables), data.user_rows)
     users = {k: v.detach().clone() for k, v in model.ebc.state_dict().items()}
     # DMP keeps the collection's rows (both shardings); the user table is restored below
     dmp = shard(model, args.sharding, data, args.groups, args.plan, args.objective)
@@ -382,10 +408,12 @@ def main() -> None:
             said += f", FlexShard's plan predicts {predicted['flexshard_plan']:,.0f}"
         print(f"{said}; TorchRec row-wise predicted {predicted['torchrec_row_wise']:,.0f}")
         if args.json:
+            rows = {t.name: t.num_rows for t in data.workload.tables} | {"user": data.user_rows}
+            record = {"sharding": args.sharding, "world": world, "groups": args.groups, "batch": args.batch,
+                      "table_rows": rows, "steps": steps, "measured_inter_bytes": measured,
+                      "predicted_inter_bytes": predicted}  # fmt: skip
             with open(args.json, "w") as f:
-                json.dump({"sharding": args.sharding, "world": world, "groups": args.groups,
-                           "batch": args.batch, "steps": steps, "measured_inter_bytes": measured,
-                           "predicted_inter_bytes": predicted}, f, indent=1)  # fmt: skip
+                json.dump(record, f, indent=1)
     dist.destroy_process_group()
 
 

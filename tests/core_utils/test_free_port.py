@@ -30,3 +30,38 @@ def test_a_taken_port_is_not_returned(monkeypatch):
         monkeypatch.setattr(osutil, "FIXED_PORTS_FROM", busy - 2000)
         seen = {osutil.free_port() for _ in range(200)}
         assert busy not in seen
+
+
+class _Always:
+    """A stand-in for ``random.SystemRandom`` whose every choice is one port."""
+
+    port = 0
+
+    def randrange(self, _start: int, _stop: int) -> int:
+        return self.port
+
+
+def test_a_port_is_never_handed_out_twice(monkeypatch):
+    """The random choice repeats one port: the second call must not return it again (it falls back to
+    the kernel's choice), and many calls are all distinct."""
+    monkeypatch.setattr(osutil, "_HANDED_OUT", set())
+    first = osutil.free_port()
+    monkeypatch.setattr(osutil.random, "SystemRandom", lambda: _Always())
+    _Always.port = first
+    again = [osutil.free_port() for _ in range(5)]
+    assert first not in again
+    assert len(set(again)) == 5
+    monkeypatch.undo()
+    monkeypatch.setattr(osutil, "_HANDED_OUT", set())
+    ports = [osutil.free_port() for _ in range(300)]
+    assert len(set(ports)) == 300
+
+
+def test_the_kernels_choice_is_not_repeated_either(monkeypatch):
+    """With no room below the ephemeral range the kernel picks (bind to 0), and may pick a port it picked
+    before; free_port still never returns one twice."""
+    monkeypatch.setattr(osutil, "_HANDED_OUT", set())
+    monkeypatch.setattr(osutil, "_ephemeral_low", lambda: osutil.FIXED_PORTS_FROM)
+    ports = [osutil.free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert set(ports) == osutil._HANDED_OUT

@@ -10,12 +10,14 @@ TorchRec's row-wise sharding and 4 with FlexShardSharder, on the same batches fr
   the cost model's row-wise prediction, and the measured ratio FlexShard / TorchRec within 5% of the
   predicted ratio (the saving is what the plan says it is);
 * ``--write-plan`` then ``--plan`` runs the plan made on the fly: the same losses and bytes, bit for bit;
-* ``--stats FILE`` (2 ranks in 2 groups, 3 steps) takes the file's first two tables: losses within 1e-5 and
-  bytes, each within 3% of its prediction.
+* ``--stats FILE`` takes each table from the file's table of its name (item_id, item_attribute, user_id,
+  in any order among others): rows, popularity and order; run at 2 ranks in 2 groups for 3 steps: losses
+  within 1e-5 and bytes, each within 3% of its prediction.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -91,16 +93,68 @@ def test_a_written_plan_file_runs_the_same_plan(runs, tmp_path):
     assert "plan: item: " in out
 
 
-def test_a_stats_files_tables(tmp_path):
+def _stats_file(tmp_path: Path) -> tuple[str, dict[str, np.ndarray]]:
+    """A stats file whose tables are not in the example's order (the user table first, an extra table
+    between): the example must take each by name. Its users: 50 of 700 rows touched."""
     from flexshard.workloads import save_stats, zipf_table
-    from solvers.types import Workload
+    from solvers.types import RowHistogram, TableSpec, Workload
 
     rng = np.random.default_rng(3)
-    tables = (zipf_table("views", 3000, 8, 10.0, 1.05, 0.02), zipf_table("genres", 90, 8, 30.0, 1.2))
-    orders = {"views": rng.permutation(3000)[:2500], "genres": rng.permutation(90)}  # views: touched ids
-    stats = str(save_stats(tmp_path / "stats.npz", Workload("test", tables, 512), orders))
+    counts = np.zeros(700, dtype=np.int64)
+    counts[:50] = rng.integers(1, 20, 50)
+    users = TableSpec("user_id", 700, 8, 1.0, RowHistogram.from_counts(counts))
+    tables = (
+        users,
+        zipf_table("item_attribute", 90, 8, 30.0, 1.2),
+        zipf_table("tag", 40, 8, 5.0, 1.1),
+        zipf_table("item_id", 3000, 8, 10.0, 1.05, 0.02),
+    )
+    orders = {
+        "user_id": rng.permutation(700)[:50],  # the touched users, hottest first
+        "item_attribute": rng.permutation(90),
+        "tag": rng.permutation(40),
+        "item_id": rng.permutation(3000)[:2500],  # touched ids
+    }
+    return str(save_stats(tmp_path / "stats.npz", Workload("test", tables, 512), orders)), orders
+
+
+def _example():
+    """The example as a module (its functions, without torchrun)."""
+    spec = importlib.util.spec_from_file_location("sasrec_torchrec", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_table_takes_its_own_table_of_the_stats_file_by_name(tmp_path):
+    from flexshard.runtime.routing import complete_order
+    from flexshard.workloads import load_stats
+
+    stats, orders = _stats_file(tmp_path)
+    example = _example()
+    data = example.make_data(16, 0, stats)
+    saved = {t.name: t for t in load_stats(stats)[0].tables}
+    item, category = data.workload.tables
+    assert (item.name, item.num_rows, category.name, category.num_rows) == ("item", 3000, "category", 90)
+    assert data.user_rows == 700
+    for hist, name in ((data.history, "item_id"), (category.hist, "item_attribute")):
+        np.testing.assert_array_equal(hist.rows, saved[name].hist.rows)
+        np.testing.assert_array_equal(hist.prob, saved[name].hist.prob)
+    np.testing.assert_array_equal(data.orders["item"], complete_order(orders["item_id"], 3000))
+    np.testing.assert_array_equal(data.orders["category"], complete_order(orders["item_attribute"], 90))
+    batch = data.make_batch(0, 0)
+    users = batch.users.values().numpy()
+    assert users.size == 16 and set(users) <= set(orders["user_id"].tolist())  # only touched users
+    with pytest.raises(SystemExit, match=r"--stats-tables: .* has no table 'genre' \(its tables: user_id, "):
+        example.make_data(16, 0, stats, "item_id,genre,user_id")
+
+
+def test_a_stats_files_tables(tmp_path):
+    stats, _orders = _stats_file(tmp_path)
     ours, _ = launch("flexshard", tmp_path / "ours.json", "--stats", stats, steps=3, world=2)
     theirs, _ = launch("torchrec", tmp_path / "theirs.json", "--stats", stats, steps=3, world=2)
+    assert ours["table_rows"] == theirs["table_rows"] == {"item": 3000, "category": 90, "user": 700}
     plan = ours["predicted_inter_bytes"]["flexshard_plan"]
     row_wise = theirs["predicted_inter_bytes"]["torchrec_row_wise"]
     got, base = ours["measured_inter_bytes"], theirs["measured_inter_bytes"]
