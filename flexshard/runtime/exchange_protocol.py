@@ -75,6 +75,7 @@ class Routed:
     index: list[list[torch.Tensor]]
     send: list[list[torch.Tensor]]
     counts: np.ndarray  # int64[world, tables, KINDS]: entries sent to each rank
+    whole: list[bool]  # per table: GIDS is every lookup in order (its index the identity)
 
 
 @dataclass
@@ -159,6 +160,7 @@ class ExchangeProtocol:
         none = self._none
         no_bins = self._no_bins
         index, send, bins = [], [], []
+        whole = [lk.by_rail for lk in lookups]
         for t, lk in enumerate(lookups):
             if lk.by_rail:  # already in the group fetch's destination order
                 index.append([none, none])
@@ -206,7 +208,7 @@ class ExchangeProtocol:
                 bins.append(torch.bincount(dest, minlength=self.world))
         n_t = len(lookups)
         counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
-        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64))
+        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), whole)
 
     def _route_by_rail(self, t: int, lk: TableLookup, index: list, send: list, bins: list) -> None:
         """:meth:`route`'s GIDS and GSLOTS columns of an all-cold table whose lookups are sorted by
@@ -392,11 +394,14 @@ class ExchangeProtocol:
 
             def place() -> None:
                 for t, views in enumerate(gathered.wait()):
-                    index, off = routed.index[t][GIDS], 0
+                    index, off, rows = routed.index[t][GIDS], 0, routed.lookups[t].rows
                     for got in views:
-                        if got.shape[0]:
-                            routed.lookups[t].rows.index_copy_(0, index[off : off + got.shape[0]], got)
-                        off += got.shape[0]
+                        n = got.shape[0]
+                        if n and routed.whole[t]:
+                            rows[off : off + n].copy_(got)
+                        elif n:
+                            rows.index_copy_(0, index[off : off + n], got)
+                        off += n
 
             return Pending([gathered], place)
         cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
@@ -404,7 +409,10 @@ class ExchangeProtocol:
 
         def finish() -> None:
             for t, got in enumerate(pending.wait()):
-                routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
+                if routed.whole[t]:
+                    routed.lookups[t].rows.copy_(got)
+                else:
+                    routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
 
         return Pending([pending], finish)
 
@@ -416,7 +424,13 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
-        cols = [_rows_at(unique_grads[t], routed.index[t][k]) for t in range(n_t) for k in ROW_KINDS]
+        cols = [
+            unique_grads[t]
+            if k == GIDS and routed.whole[t]
+            else _rows_at(unique_grads[t], routed.index[t][k])
+            for t in range(n_t)
+            for k in ROW_KINDS
+        ]
         sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         widths = np.repeat(self.dims, len(ROW_KINDS))
