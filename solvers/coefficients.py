@@ -214,14 +214,17 @@ def table_coefficients(
                 relay = relay_dedup + t.dim * move
                 cold_group = cold_group + per_row * np.diff(mass.group) / g + relay * volume
                 cold_group = cold_group + pack * (2 * volume + np.diff(mass.group) / g)  # + the relay's
-                # the rail peer routes its group's ids and copies the distinct rows it fetches; lookups owned
-                # in other groups are routed twice and deduplicated at their owners (time_model.local_work)
+                # the rail peer copies the distinct rows it fetches (its group's keys need no routing);
+                # lookups owned in other groups are deduplicated at their owners and routed twice, but on
+                # 2 groups with dedup not (time_model.local_work: an all-cold table dedups into rail order;
+                # priced so here whatever the tiers)
                 other = (1.0 - g / n) * volume
-                cold_group = cold_group + rates.route_s_per_lookup * (volume + other)
+                twice = 0.0 if dedup and view.num_groups == 2 else rates.route_s_per_lookup * other
+                cold_group = cold_group + twice
                 cold_group = cold_group + rates.dedup_s_per_lookup * other + pack * np.diff(mass.group) / g
                 # the input distribution's part (time_model.local_work's "input"): the relay's dedup and
                 # the second routing
-                cold_group_input = cold_group_input + relay_dedup * volume + rates.route_s_per_lookup * other
+                cold_group_input = cold_group_input + relay_dedup * volume + twice
         out.append(
             TableCoefficients(
                 rows,

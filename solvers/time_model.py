@@ -15,9 +15,11 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   :class:`~solvers.time_types.LocalRates`: every lookup is deduplicated (with dedup) and routed, gathered
   into the output and scatter-added in the backward; every row a rank serves to a requester (warm and
   cold, one per requesting rank, or per group in a group fetch) is gathered, its gradient scatter-added
-  and the row updated; a group fetch's rail peer routes, deduplicates, forwards and sums its group's
-  requests and copies the distinct rows it fetches, its owners deduplicate the slots other groups send
-  them, and its requesters route the lookups owned in other groups a second time (their slots);
+  and the row updated; a group fetch's rail peer deduplicates, forwards and sums its group's requests
+  (keys ``owner * rows + slot``: no routing) and copies the distinct rows it fetches, its owners
+  deduplicate the slots other groups send them, and its requesters route the lookups owned in other
+  groups a second time (their slots; not with dedup on 2 groups, where an all-cold table's lookups
+  dedup into the order both columns are sent in);
   every replicated row synced (touched ones with the sparse sync) is packed, unpacked and updated on every
   replica (a single rank updates the rows its batch touched); each collective costs
   ``collective_call_s`` on the host and, where ranks share cores, ``collective_wait_s`` of waiting for the
@@ -78,11 +80,15 @@ def local_work(
             served = served + group_share * (vol.cold_group_volume or 0.0) * big_g
             position_share = np.bincount(position, weights=cold_share)[position]
             relay = position_share * vol.cold_volume * gsize
-            # the group fetch's own work: the rail peer routes its group's ids and copies the distinct rows
-            # it fetches (in, and their gradient sums out); the requester sends the lookups owned in other
-            # groups twice (ids to the rail peer, slots to the owner); the owner deduplicates those slots
+            # the group fetch's own work: the rail peer copies the distinct rows it fetches (in, and their
+            # gradient sums out; its group's keys need no routing); the requester sends the lookups owned
+            # in other groups twice (keys to the rail peer, slots to the owner), sorted a second time
+            # but not with dedup on 2 groups (an all-cold table dedups into rail order; a table with
+            # tiers sorts them once more, not priced: the planner's linear form cannot see the tiers
+            # here, and this equals it); the owner deduplicates those slots
             fetched = position_share * (vol.cold_group_volume or 0.0)
-            routed_twice = (1.0 - view.group_share(cold_share)) * vol.cold_volume
+            if not (plan.dedup and big_g == 2):
+                routed_twice = (1.0 - view.group_share(cold_share)) * vol.cold_volume
             asked_in = cold_share * vol.cold_volume * (n - gsize)
         elif n > 1:
             served = served + cold_share * vol.cold_volume * n
@@ -92,7 +98,7 @@ def local_work(
         synced = hot_rows + warm_rows
         dedup = rates.dedup_s_per_lookup * (lookups + relay) if plan.dedup else np.zeros(n)
         out["dedup"] += dedup + rates.dedup_s_per_lookup * asked_in
-        out["route"] += rates.route_s_per_lookup * (lookups + relay + routed_twice)
+        out["route"] += rates.route_s_per_lookup * (lookups + routed_twice)
         out["gather"] += rates.gather_s_per_value * t.dim * (lookups + served + relay + synced)
         out["scatter_add"] += rates.scatter_add_s_per_value * t.dim * (lookups + served + relay + synced)
         own = 0.0 if n > 1 else (mass.unique if plan.dedup else mass.lookups)[-1]  # one rank updates its rows

@@ -6,17 +6,19 @@ contract. Each collective phase is one stage of :func:`solvers.schedule.step_sch
 
 ``input_dist``
     :meth:`ExchangeProtocol.route` (local): each table's remote lookups sorted by destination, in four
-    id columns: warm slots to their owner in the group, flat cold slots to their owner, group-fetch ids to
-    the *rail peer* (the rank of this group at the owner's position) and, for owners in other groups, the
-    same lookups' slots straight to the owner. :meth:`~ExchangeProtocol.meta` (``meta``, world
-    all-to-all, int64): every rank's input error code (to every rank) and the split sizes of every column
-    to the peers it reaches (warm and group ids: the group; flat: everyone; group slots: the other
-    groups). :meth:`~ExchangeProtocol.ids` (``ids``, world all-to-all): the columns.
+    id columns: warm slots to their owner in the group, flat cold slots to their owner, group-fetch keys
+    ``owner * rows + slot`` to the *rail peer* (the rank of this group at the owner's position) and, for
+    owners in other groups, the same lookups' slots straight to the owner. An all-cold group-fetched
+    table deduplicated in :attr:`~ExchangeProtocol.owner_key` order needs no sort for either.
+    :meth:`~ExchangeProtocol.meta` (``meta``, world all-to-all, int64): every rank's input error code
+    (to every rank) and the split sizes of every column to the peers it reaches (warm and group ids: the
+    group; flat: everyone; group slots: the other groups). :meth:`~ExchangeProtocol.ids` (``ids``, world
+    all-to-all): the columns.
 ``compute`` (local)
     :meth:`~ExchangeProtocol.compute`: owners gather the warm and flat rows asked of them. For the group
     fetch the owner deduplicates the slots it received per requesting group (``torch.unique`` of
     ``(rail peer, slot)``: sorted by the group's rail peer, then slot) and the rail peer deduplicates its
-    group's ids per owner (routing lookup, ``torch.unique`` of ``(owner, slot)``): both know the same
+    group's keys (``torch.unique`` of ``owner * rows + slot``, no routing lookup): both know the same
     distinct rows in the same order without an exchange of sizes. Rows the rail peer owns itself are read
     locally.
 ``output_dist``
@@ -66,12 +68,14 @@ ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's dis
 @dataclass
 class Routed:
     """This rank's remote lookups (``input_dist``'s local part). Per table and kind: positions among
-    the table's unique ids, and what is sent (slots, or row ids for ``GIDS``), sorted by destination."""
+    the table's unique ids, and what is sent (slots, or ``owner * rows + slot`` for ``GIDS``), sorted by
+    destination."""
 
     lookups: list[TableLookup]
     index: list[list[torch.Tensor]]
     send: list[list[torch.Tensor]]
     counts: np.ndarray  # int64[world, tables, KINDS]: entries sent to each rank
+    whole: list[bool]  # per table: GIDS is every lookup in order (its index the identity)
 
 
 @dataclass
@@ -125,6 +129,15 @@ class ExchangeProtocol:
         )
         self.rail_peer_of_requester = torch.as_tensor(peer_of, device=device)
         self.same_group = torch.as_tensor(same, device=device)
+        # owner_key[o]: owner o's place in the order (rail peer of o, o). Lookups sorted by (owner_key,
+        # slot) send GIDS in destination order; GSLOTS too (its owners ascending) where ``gslots_sorted``
+        by_rail = np.lexsort((np.arange(self.world), rail_peer))
+        self.owner_key = torch.as_tensor(np.argsort(by_rail), device=device)
+        away = by_rail[~same[by_rail]]
+        self.gslots_sorted = bool(np.all(np.diff(away) > 0))
+        self._rail_owners = torch.as_tensor(np.flatnonzero(ok), device=device)  # owners with a rail peer
+        self._rail_dest = torch.as_tensor(rail_peer[ok], device=device)
+        self._away = torch.as_tensor(~same, dtype=torch.int64, device=device)
         warm, flat, group = uses
         # active[p, k]: column k reaches rank p (its split sizes travel in ``meta``)
         self.active = np.zeros((self.world, KINDS), dtype=bool)
@@ -147,11 +160,19 @@ class ExchangeProtocol:
         none = self._none
         no_bins = self._no_bins
         index, send, bins = [], [], []
+        whole = [lk.by_rail for lk in lookups]
         for t, lk in enumerate(lookups):
+            if lk.by_rail:  # already in the group fetch's destination order
+                index.append([none, none])
+                send.append([none, none])
+                bins += [no_bins, no_bins]
+                self._route_by_rail(t, lk, index[t], send[t], bins)
+                continue
             grouped = bool(self.group_fetch[t])
             cold = lk.positions(Tier.COLD)  # None: every lookup
             owner = lk.owner if cold is None else lk.owner.index_select(0, cold)
-            columns: list = [None] * KINDS  # (positions or None for all, destination rank, ids or slots)
+            columns: list = [None] * KINDS  # (positions or None for all, destination rank, keys or slots)
+            key = None
             if lk.tier is not None and self.routing[t].warm_rows:
                 warm = lk.positions(Tier.WARM)
                 dest = self.warm_rank.index_select(0, lk.owner.index_select(0, warm))
@@ -159,7 +180,10 @@ class ExchangeProtocol:
             if not grouped:
                 columns[FLAT] = (cold, owner, lk.slot)
             else:
-                columns[GIDS] = (cold, self.rail_peer_of_owner.index_select(0, owner), lk.ids)
+                rows = int(self.routing[t].num_rows)  # GIDS: owner * rows + slot (the peer looks up nothing)
+                key = owner * rows + (lk.slot if cold is None else lk.slot.index_select(0, cold))
+                dest = self.rail_peer_of_owner.index_select(0, owner)
+                columns[GIDS] = (cold, dest, key)
                 away = ~self.same_group.index_select(0, owner)
                 other = torch.nonzero(away).flatten() if cold is None else cold[away]
                 columns[GSLOTS] = (other, lk.owner.index_select(0, other), lk.slot)
@@ -179,11 +203,29 @@ class ExchangeProtocol:
                     continue
                 order = torch.argsort(dest, stable=True)
                 index[t].append(order if sel is None else sel.index_select(0, order))
-                send[t].append(values.index_select(0, index[t][-1]))
+                # GIDS's key is already one per selected lookup (others: one per unique id)
+                send[t].append(values.index_select(0, order if values is key else index[t][-1]))
                 bins.append(torch.bincount(dest, minlength=self.world))
         n_t = len(lookups)
         counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
-        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64))
+        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), whole)
+
+    def _route_by_rail(self, t: int, lk: TableLookup, index: list, send: list, bins: list) -> None:
+        """:meth:`route`'s GIDS and GSLOTS columns of an all-cold table whose lookups are sorted by
+        (:attr:`owner_key` of the owner, slot): GIDS is every lookup in order, GSLOTS the lookups owned
+        in other groups in order (a stable sort by owner of these alone where not ``gslots_sorted``)."""
+        n = lk.owner.numel()
+        per_owner = torch.bincount(lk.owner, minlength=self.world)
+        index.append(torch.arange(n, device=self.device))
+        send.append(lk.owner * int(self.routing[t].num_rows) + lk.slot)
+        per_owner_rail = per_owner.index_select(0, self._rail_owners)
+        bins.append(torch.zeros_like(per_owner).index_add_(0, self._rail_dest, per_owner_rail))
+        other = torch.nonzero(self._away.index_select(0, lk.owner)).flatten()
+        if not self.gslots_sorted:
+            other = other.index_select(0, torch.argsort(lk.owner.index_select(0, other), stable=True))
+        index.append(other)
+        send.append(lk.slot.index_select(0, other))
+        bins.append(per_owner * self._away)
 
     def empty_counts(self, num_tables: int) -> np.ndarray:
         """The split sizes of a rank whose batch failed its checks (it asks for nothing)."""
@@ -236,7 +278,6 @@ class ExchangeProtocol:
     def compute(self, received: list[list[torch.Tensor]], recv_counts: np.ndarray) -> Asked:
         """The owners' and rail peers' local work: dedup of the group fetch on both sides. No collective."""
         n_t = len(received)
-        peers = torch.arange(self.world, device=self.device)
         owner_slots, inverse, d_owner, d_slot = [], [], [], []
         owner_bins, fetch_bins = [], []
         none = self._none
@@ -252,14 +293,14 @@ class ExchangeProtocol:
                 continue
             rows = int(self.routing[t].num_rows)
             # owner: slots from other groups, distinct per requesting group's rail peer
-            sender = peers.repeat_interleave(torch.as_tensor(recv_counts[:, t, GSLOTS], device=self.device))
-            key = self.rail_peer_of_requester.index_select(0, sender) * rows + received[t][GSLOTS]
-            distinct = torch.unique(key)
+            offset = (self.rail_peer_of_requester * rows).repeat_interleave(
+                torch.as_tensor(recv_counts[:, t, GSLOTS], device=self.device)
+            )
+            distinct = torch.unique(offset + received[t][GSLOTS])
             owner_slots.append(distinct % rows)
             owner_bins.append(torch.bincount(distinct // rows, minlength=self.world))
-            # rail peer: the group's ids, distinct per owner
-            _tier, owner, slot = self.routing[t].lookup(received[t][GIDS])
-            distinct, inv = torch.unique(owner * rows + slot, return_inverse=True)
+            # rail peer: the group's keys (owner * rows + slot), distinct per owner
+            distinct, inv = torch.unique(received[t][GIDS], return_inverse=True)
             inverse.append(inv)
             d_owner.append(distinct // rows)
             d_slot.append(distinct % rows)
@@ -353,11 +394,14 @@ class ExchangeProtocol:
 
             def place() -> None:
                 for t, views in enumerate(gathered.wait()):
-                    index, off = routed.index[t][GIDS], 0
+                    index, off, rows = routed.index[t][GIDS], 0, routed.lookups[t].rows
                     for got in views:
-                        if got.shape[0]:
-                            routed.lookups[t].rows.index_copy_(0, index[off : off + got.shape[0]], got)
-                        off += got.shape[0]
+                        n = got.shape[0]
+                        if n and routed.whole[t]:
+                            rows[off : off + n].copy_(got)
+                        elif n:
+                            rows.index_copy_(0, index[off : off + n], got)
+                        off += n
 
             return Pending([gathered], place)
         cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
@@ -365,7 +409,10 @@ class ExchangeProtocol:
 
         def finish() -> None:
             for t, got in enumerate(pending.wait()):
-                routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
+                if routed.whole[t]:
+                    routed.lookups[t].rows.copy_(got)
+                else:
+                    routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
 
         return Pending([pending], finish)
 
@@ -377,7 +424,13 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
-        cols = [_rows_at(unique_grads[t], routed.index[t][k]) for t in range(n_t) for k in ROW_KINDS]
+        cols = [
+            unique_grads[t]
+            if k == GIDS and routed.whole[t]
+            else _rows_at(unique_grads[t], routed.index[t][k])
+            for t in range(n_t)
+            for k in ROW_KINDS
+        ]
         sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         widths = np.repeat(self.dims, len(ROW_KINDS))

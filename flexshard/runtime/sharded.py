@@ -171,6 +171,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.protocol = ExchangeProtocol(
             self.pg, group_fetch, self.routing, self.dims, self.shards, self.device, self.wire_dtype, uses
         )
+        # and all-cold group-fetched ones into the group fetch's destination order
+        self._rail_key = [
+            self.protocol.owner_key if r.layout == "exact" and r.hot_rows + r.warm_rows == 0 and g else None
+            for r, g in zip(self.routing, group_fetch, strict=True)
+        ]
         g = int(plan_file.layout.group_sizes.max())
         warm_sizes = np.zeros((len(self.routing), g), dtype=np.int64)
         for t, r in enumerate(self.routing):
@@ -278,7 +283,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         routed = None
         if int(err[0]) == 0:  # input_dist, local part: dedup, routing, hot rows
             hot = self._tier_shards(Tier.HOT)
-            lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device, self._by_owner)
+            lookups = local_lookups(
+                parsed, self.routing, self.dedup, hot, self.device, self._by_owner, self._rail_key
+            )
             routed = self.protocol.route(lookups)
         counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
         meta = self.protocol.meta(err, counts, group)  # every rank's error code, too

@@ -198,3 +198,17 @@ def test_unique_by_owner_is_dedup_sorted_by_owner_then_id():
     assert torch.equal(slot, p_slot[order]) and torch.equal(ids[inverse], values)
     for k in range(4):  # an owner's slots ascend with its ids (its cold rows numbered by id)
         assert bool((slot[owner == k].diff() > 0).all())
+
+
+def test_unique_by_owner_with_an_owner_key_sorts_owners_by_their_key():
+    tp = TablePlan("t", 0, 0, 60, np.full(6, 0.5), np.array([0.2, 0.15, 0.2, 0.15, 0.15, 0.15]))
+    r = build_routing(tp, [[0, 1], [2, 3], [4, 5]], np.random.default_rng(4).permutation(60), period=7)
+    values = torch.as_tensor(np.random.default_rng(5).integers(0, 60, 300))
+    key = torch.tensor([0, 3, 1, 4, 2, 5])  # rail order of rank 0 in 3 groups of 2: owners 0 2 4 1 3 5
+    ids, inverse, owner, slot = r.unique_by_owner(values, key)
+    plain = torch.unique(values)  # the reference: dedup by id, then a stable sort by the owner's key
+    p_owner, p_slot = r.lookup_cold(plain)
+    order = torch.argsort(key[p_owner], stable=True)
+    assert torch.equal(ids, plain[order]) and torch.equal(owner, p_owner[order])
+    assert torch.equal(slot, p_slot[order]) and torch.equal(ids[inverse], values)
+    assert owner.unique_consecutive().tolist() == [0, 2, 4, 1, 3, 5]

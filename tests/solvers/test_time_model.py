@@ -237,10 +237,15 @@ def test_group_fetch_work_by_hand():
     plan = Plan("hand", (table_plan(TABLE, VIEW, 0, 0, FetchMode.GROUP),), dedup=False, sync=SyncMode.SPARSE)
     st = step_time(WORKLOAD, VIEW, plan, TABLE_S, rates, dealt=False)
     # even shares 1/4: this rank's 3 lookups, half of them owned in the other group (routed again as
-    # slots: 1.5); as a rail peer it relays its group's ids owned at its position, (1/4 + 1/4) x 3 x 2 = 3
-    # (routed); as an owner it deduplicates the slots of the other group's 2 ranks, 1/4 x 3 x 2 = 1.5
-    assert st.local_by_piece["route"] == pytest.approx(2.0 * (3 + 3 + 1.5), rel=REL)
+    # slots: 1.5); as a rail peer it relays its group's keys owned at its position, (1/4 + 1/4) x 3 x 2 =
+    # 3 (not routed: they carry owner and slot); as an owner it deduplicates the slots of the other
+    # group's 2 ranks, 1/4 x 3 x 2 = 1.5
+    assert st.local_by_piece["route"] == pytest.approx(2.0 * (3 + 1.5), rel=REL)
     assert st.local_by_piece["dedup"] == pytest.approx(1.0 * 1.5, rel=REL)
+    # with dedup on 2 groups the lookups dedup into the order both columns are sent in: routed once
+    deduped = Plan("hand", plan.tables, dedup=True, sync=SyncMode.SPARSE)
+    once = step_time(WORKLOAD, VIEW, deduped, TABLE_S, rates, dealt=False)
+    assert VIEW.num_groups == 2 and once.local_by_piece["route"] == pytest.approx(2.0 * 3, rel=REL)
     # distinct rows per group (6 lookups); served once per group, 1/4 x 2 groups; fetched by the rail
     # peer, half of them; values in and out both ways: 2 x 2 x (requested + served + relay + fetched)
     group_rows = sum(1 - (1 - p) ** 6 for p in (0.4, 0.3, 0.2, 0.1))
