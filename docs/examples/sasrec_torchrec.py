@@ -329,7 +329,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     p.add_argument("--groups", type=int, default=2, help="NVLink groups of consecutive ranks (emulated)")
     p.add_argument(
-        "--plan", default=None, help="a plan file (--write-plan, flexshard plan); else planned on the fly"
+        "--plan",
+        default=None,
+        help="a plan file for these tables (item, category), as --write-plan writes; else planned on the fly",
     )
     p.add_argument("--objective", choices=("bytes", "step"), default="bytes", help="what the plan minimises")
     p.add_argument("--stats", default=None, help="a stats file (flexshard stats); else synthetic tables")
