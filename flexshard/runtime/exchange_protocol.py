@@ -38,7 +38,7 @@ a sent one. Bytes: :mod:`~flexshard.runtime.exchange_bytes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -72,6 +72,9 @@ class Routed:
     index: list[list[torch.Tensor]]
     send: list[list[torch.Tensor]]
     counts: np.ndarray  # int64[world, tables, KINDS]: entries sent to each rank
+    # tables whose FLAT column is every unique id in order (index[t][FLAT] is arange: rows and
+    # gradients travel without a gather or a scatter on this side)
+    in_order: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -146,7 +149,7 @@ class ExchangeProtocol:
         table cannot use (no warm rows; the other fetch mode) is empty without work."""
         none = self._none
         no_bins = self._no_bins
-        index, send, bins = [], [], []
+        index, send, bins, in_order = [], [], [], set()
         for t, lk in enumerate(lookups):
             grouped = bool(self.group_fetch[t])
             cold = lk.positions(Tier.COLD)  # None: every lookup
@@ -174,6 +177,7 @@ class ExchangeProtocol:
                 sel, dest, values = column
                 if sel is None and lk.by_owner and values is lk.slot:  # already in destination order
                     index[t].append(torch.arange(dest.numel(), device=self.device))
+                    in_order.add(t)
                     send[t].append(values)
                     bins.append(torch.bincount(dest, minlength=self.world))
                     continue
@@ -183,7 +187,7 @@ class ExchangeProtocol:
                 bins.append(torch.bincount(dest, minlength=self.world))
         n_t = len(lookups)
         counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
-        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64))
+        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), in_order)
 
     def empty_counts(self, num_tables: int) -> np.ndarray:
         """The split sizes of a rank whose batch failed its checks (it asks for nothing)."""
@@ -196,29 +200,31 @@ class ExchangeProtocol:
         process group of every rank in rank order; None: the default group). Waits to the received
         counts ``[p, t, k]`` and every rank's error code (int64[ERROR_WORDS] each)."""
         world, n_t, _ = counts.shape
-        err_np = err.cpu().numpy().astype(np.int64).reshape(-1)
-        sizes = [ERROR_WORDS + n_t * int(self.active[p].sum()) for p in range(world)]
-        send = np.concatenate(
-            [np.concatenate([err_np, counts[p][:, self.active[p]].reshape(-1)]) for p in range(world)]
-        )
-        sent = torch.from_numpy(send).to(self.device)
-        pending = exchange_columns_async(
-            "meta", [sent], np.array(sizes)[:, None], np.array(sizes)[:, None], np.ones(1), group
-        )
+        mask = self._meta_mask(n_t)  # [p, word]: the words this rank sends p (and p sends it)
+        full = np.empty(mask.shape, dtype=np.int64)
+        full[:, :ERROR_WORDS] = err.cpu().numpy().reshape(-1)
+        full[:, ERROR_WORDS:] = counts.reshape(world, -1)
+        sizes = mask.sum(axis=1)[:, None]
+        sent = torch.from_numpy(full[mask]).to(self.device)
+        pending = exchange_columns_async("meta", [sent], sizes, sizes, np.ones(1), group)
 
-        def finish() -> tuple[np.ndarray, list[torch.Tensor]]:
-            recv = pending.wait()[0][0].cpu().numpy()
-            recv_counts = np.zeros_like(counts)
-            codes, off = [], 0
-            for p in range(world):
-                codes.append(recv[off : off + ERROR_WORDS].copy())
-                m = sizes[p] - ERROR_WORDS
-                block = recv[off + ERROR_WORDS : off + ERROR_WORDS + m]
-                recv_counts[p][:, self.active[p]] = block.reshape(n_t, -1)
-                off += sizes[p]
-            return recv_counts, codes
+        def finish() -> tuple[np.ndarray, list[np.ndarray]]:
+            got = np.zeros(mask.shape, dtype=np.int64)
+            got[mask] = pending.wait()[0][0].cpu().numpy()
+            return got[:, ERROR_WORDS:].reshape(counts.shape), list(got[:, :ERROR_WORDS])
 
         return Pending([pending], finish)
+
+    def _meta_mask(self, n_t: int) -> np.ndarray:
+        """bool[world, ERROR_WORDS + n_t * KINDS]: per peer the words of ``meta`` sent to it (the error
+        code, then the split sizes ``[t, k]`` of the columns that reach it), made once."""
+        cache = self.__dict__.setdefault("_meta_masks", {})
+        if n_t not in cache:
+            columns = np.broadcast_to(self.active[:, None, :], (self.world, n_t, KINDS))
+            cache[n_t] = np.concatenate(
+                [np.ones((self.world, ERROR_WORDS), dtype=bool), columns.reshape(self.world, -1)], axis=1
+            )
+        return cache[n_t]
 
     def ids(self, routed: Routed, recv_counts: np.ndarray, group=None) -> Pending[list[list[torch.Tensor]]]:
         """``ids``: every id column to its destination, on ``group`` (as :meth:`meta`). Waits to the
@@ -315,6 +321,10 @@ class ExchangeProtocol:
             got = pending.wait()
             out = []
             for t, lk in enumerate(routed.lookups):
+                if t in routed.in_order:  # every unique id in this column, in order: the rows as received
+                    lk.rows = got[3 * t + FLAT]
+                    out.append(got[3 * t + 2])  # empty: a flat table has no distinct rows
+                    continue
                 for k in (WARM, FLAT):
                     if routed.index[t][k].numel():
                         lk.rows.index_copy_(0, routed.index[t][k], got[3 * t + k])
@@ -377,7 +387,13 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
-        cols = [_rows_at(unique_grads[t], routed.index[t][k]) for t in range(n_t) for k in ROW_KINDS]
+        cols = [
+            unique_grads[t]
+            if k == FLAT and t in routed.in_order
+            else _rows_at(unique_grads[t], routed.index[t][k])
+            for t in range(n_t)
+            for k in ROW_KINDS
+        ]
         sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         widths = np.repeat(self.dims, len(ROW_KINDS))
