@@ -37,29 +37,31 @@ class ProtocolBytes:
         self.vector_bytes = np.asarray(wire.vector_bytes(dims, FLOAT32_BYTES, wire_dtype), dtype=np.float64)
         self.active, self.num_tables = active, int(np.size(dims))
         self._backward = Traffic.zeros()
+        # [link, peer]: 1 for the other ranks reached over that link class; the split sizes' bytes per link
+        self._peers = np.stack([self.others & (self.link_of_peer == link) for link in LinkClass]).astype(
+            float
+        )
+        self._split = [
+            wire.split_bytes(float(self.active[p > 0].sum()), self.num_tables) for p in self._peers
+        ]
 
     def forward(self, sent: np.ndarray, asked, traffic: Traffic) -> None:
         """Add one batch's ids and forward bytes to ``traffic`` (``sent``: int64[world, tables, kinds]
         entries sent; ``asked``: the :class:`~flexshard.runtime.exchange_protocol.Asked` of the batch)
-        and keep its backward bytes."""
+        and keep its backward bytes. Every link class at once (integer sums, exact in float64)."""
         self._backward = Traffic.zeros()
         recv = asked.recv_counts
-        for link in LinkClass:
-            peers = self.others & (self.link_of_peer == link)
-            split = wire.split_bytes(float(self.active[peers].sum()), self.num_tables)
-            ids_send = float(sent[peers].sum()) * INDEX_BYTES + split
-            ids_recv = float(recv[peers].sum()) * INDEX_BYTES + split
-            traffic.add(link, Component.IDS, ids_send, ids_recv)
-            asked_rows = sent[peers][:, :, ROW_COLUMNS].sum(axis=(0, 2)) + asked.fetch_counts[peers].sum(
-                axis=0
-            )
-            served_rows = recv[peers][:, :, ROW_COLUMNS].sum(axis=(0, 2)) + asked.owner_counts[peers].sum(
-                axis=0
-            )
-            asked_b = float(asked_rows @ self.vector_bytes)
-            served_b = float(served_rows @ self.vector_bytes)
-            traffic.add(link, Component.FORWARD, served_b, asked_b)
-            self._backward.add(link, Component.BACKWARD, asked_b, served_b)
+        ids_send = self._peers @ sent.sum(axis=(1, 2)) * INDEX_BYTES
+        ids_recv = self._peers @ recv.sum(axis=(1, 2)) * INDEX_BYTES
+        asked_b = self._peers @ (sent[:, :, ROW_COLUMNS].sum(axis=2) + asked.fetch_counts) @ self.vector_bytes
+        served_b = (
+            self._peers @ (recv[:, :, ROW_COLUMNS].sum(axis=2) + asked.owner_counts) @ self.vector_bytes
+        )
+        for i, link in enumerate(LinkClass):
+            split = self._split[i]
+            traffic.add(link, Component.IDS, float(ids_send[i]) + split, float(ids_recv[i]) + split)
+            traffic.add(link, Component.FORWARD, float(served_b[i]), float(asked_b[i]))
+            self._backward.add(link, Component.BACKWARD, float(asked_b[i]), float(served_b[i]))
 
     def backward(self, traffic: Traffic) -> None:
         """Add the kept backward bytes of the batch to ``traffic``."""

@@ -40,7 +40,7 @@ a sent one. Bytes: :mod:`~flexshard.runtime.exchange_bytes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -57,7 +57,9 @@ from flexshard.runtime.transfer import (
     exchange_columns_async,
     exchange_gathered_async,
     exchange_vectors,
+    joined_blocks,
     round_like_wire,
+    rows_at,
 )
 
 WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
@@ -75,7 +77,9 @@ class Routed:
     index: list[list[torch.Tensor]]
     send: list[list[torch.Tensor]]
     counts: np.ndarray  # int64[world, tables, KINDS]: entries sent to each rank
-    whole: list[bool]  # per table: GIDS is every lookup in order (its index the identity)
+    # (table, kind) of the columns that are every unique id in order (FLAT of an all-cold by-owner table,
+    # GIDS of a by-rail one: the index is arange): rows and gradients travel without a gather or scatter
+    in_order: set[tuple[int, int]] = field(default_factory=set)
 
 
 @dataclass
@@ -159,14 +163,14 @@ class ExchangeProtocol:
         table cannot use (no warm rows; the other fetch mode) is empty without work."""
         none = self._none
         no_bins = self._no_bins
-        index, send, bins = [], [], []
-        whole = [lk.by_rail for lk in lookups]
+        index, send, bins, in_order = [], [], [], set()
         for t, lk in enumerate(lookups):
             if lk.by_rail:  # already in the group fetch's destination order
                 index.append([none, none])
                 send.append([none, none])
                 bins += [no_bins, no_bins]
                 self._route_by_rail(t, lk, index[t], send[t], bins)
+                in_order.add((t, GIDS))
                 continue
             grouped = bool(self.group_fetch[t])
             cold = lk.positions(Tier.COLD)  # None: every lookup
@@ -198,6 +202,7 @@ class ExchangeProtocol:
                 sel, dest, values = column
                 if sel is None and lk.by_owner and values is lk.slot:  # already in destination order
                     index[t].append(torch.arange(dest.numel(), device=self.device))
+                    in_order.add((t, FLAT))  # the only column taking every unique id
                     send[t].append(values)
                     bins.append(torch.bincount(dest, minlength=self.world))
                     continue
@@ -208,7 +213,7 @@ class ExchangeProtocol:
                 bins.append(torch.bincount(dest, minlength=self.world))
         n_t = len(lookups)
         counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
-        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), whole)
+        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), in_order)
 
     def _route_by_rail(self, t: int, lk: TableLookup, index: list, send: list, bins: list) -> None:
         """:meth:`route`'s GIDS and GSLOTS columns of an all-cold table whose lookups are sorted by
@@ -238,29 +243,31 @@ class ExchangeProtocol:
         process group of every rank in rank order; None: the default group). Waits to the received
         counts ``[p, t, k]`` and every rank's error code (int64[ERROR_WORDS] each)."""
         world, n_t, _ = counts.shape
-        err_np = err.cpu().numpy().astype(np.int64).reshape(-1)
-        sizes = [ERROR_WORDS + n_t * int(self.active[p].sum()) for p in range(world)]
-        send = np.concatenate(
-            [np.concatenate([err_np, counts[p][:, self.active[p]].reshape(-1)]) for p in range(world)]
-        )
-        sent = torch.from_numpy(send).to(self.device)
-        pending = exchange_columns_async(
-            "meta", [sent], np.array(sizes)[:, None], np.array(sizes)[:, None], np.ones(1), group
-        )
+        mask = self._meta_mask(n_t)  # [p, word]: the words this rank sends p (and p sends it)
+        full = np.empty(mask.shape, dtype=np.int64)
+        full[:, :ERROR_WORDS] = err.cpu().numpy().reshape(-1)
+        full[:, ERROR_WORDS:] = counts.reshape(world, -1)
+        sizes = mask.sum(axis=1)[:, None]
+        sent = torch.from_numpy(full[mask]).to(self.device)
+        pending = exchange_columns_async("meta", [sent], sizes, sizes, np.ones(1), group)
 
-        def finish() -> tuple[np.ndarray, list[torch.Tensor]]:
-            recv = pending.wait()[0][0].cpu().numpy()
-            recv_counts = np.zeros_like(counts)
-            codes, off = [], 0
-            for p in range(world):
-                codes.append(recv[off : off + ERROR_WORDS].copy())
-                m = sizes[p] - ERROR_WORDS
-                block = recv[off + ERROR_WORDS : off + ERROR_WORDS + m]
-                recv_counts[p][:, self.active[p]] = block.reshape(n_t, -1)
-                off += sizes[p]
-            return recv_counts, codes
+        def finish() -> tuple[np.ndarray, list[np.ndarray]]:
+            got = np.zeros(mask.shape, dtype=np.int64)
+            got[mask] = pending.wait()[0][0].cpu().numpy()
+            return got[:, ERROR_WORDS:].reshape(counts.shape), list(got[:, :ERROR_WORDS])
 
         return Pending([pending], finish)
+
+    def _meta_mask(self, n_t: int) -> np.ndarray:
+        """bool[world, ERROR_WORDS + n_t * KINDS]: per peer the words of ``meta`` sent to it (the error
+        code, then the split sizes ``[t, k]`` of the columns that reach it), made once."""
+        cache = self.__dict__.setdefault("_meta_masks", {})
+        if n_t not in cache:
+            columns = np.broadcast_to(self.active[:, None, :], (self.world, n_t, KINDS))
+            cache[n_t] = np.concatenate(
+                [np.ones((self.world, ERROR_WORDS), dtype=bool), columns.reshape(self.world, -1)], axis=1
+            )
+        return cache[n_t]
 
     def ids(self, routed: Routed, recv_counts: np.ndarray, group=None) -> Pending[list[list[torch.Tensor]]]:
         """``ids``: every id column to its destination, on ``group`` (as :meth:`meta`). Waits to the
@@ -356,6 +363,10 @@ class ExchangeProtocol:
             got = pending.wait()
             out = []
             for t, lk in enumerate(routed.lookups):
+                if (t, FLAT) in routed.in_order:  # every unique id, in order: the rows as received
+                    lk.rows = got[3 * t + FLAT]
+                    out.append(got[3 * t + 2])  # empty: a flat table has no distinct rows
+                    continue
                 for k in (WARM, FLAT):
                     if routed.index[t][k].numel():
                         lk.rows.index_copy_(0, routed.index[t][k], got[3 * t + k])
@@ -366,7 +377,7 @@ class ExchangeProtocol:
 
     def _gather(self, t: int, tier: Tier, slots: torch.Tensor) -> torch.Tensor:
         """Rows ``slots`` of this rank's shard of table t in ``tier``."""
-        return _rows_at(self.shards[(t, tier)].weights, slots)
+        return rows_at(self.shards[(t, tier)].weights, slots)
 
     def _distinct_rows(self, t: int, asked: Asked, fetched: torch.Tensor) -> torch.Tensor:
         """The rail peer's distinct rows of table t: fetched ones (owners before and after this rank), and
@@ -397,7 +408,7 @@ class ExchangeProtocol:
                     index, off, rows = routed.index[t][GIDS], 0, routed.lookups[t].rows
                     for got in views:
                         n = got.shape[0]
-                        if n and routed.whole[t]:
+                        if n and (t, GIDS) in routed.in_order:
                             rows[off : off + n].copy_(got)
                         elif n:
                             rows.index_copy_(0, index[off : off + n], got)
@@ -409,7 +420,7 @@ class ExchangeProtocol:
 
         def finish() -> None:
             for t, got in enumerate(pending.wait()):
-                if routed.whole[t]:
+                if (t, GIDS) in routed.in_order:
                     routed.lookups[t].rows.copy_(got)
                 else:
                     routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
@@ -425,9 +436,7 @@ class ExchangeProtocol:
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
         cols = [
-            unique_grads[t]
-            if k == GIDS and routed.whole[t]
-            else _rows_at(unique_grads[t], routed.index[t][k])
+            unique_grads[t] if (t, k) in routed.in_order else rows_at(unique_grads[t], routed.index[t][k])
             for t in range(n_t)
             for k in ROW_KINDS
         ]
@@ -472,7 +481,7 @@ class ExchangeProtocol:
                 for lo, hi, n in remote
             ]
             pending = exchange_gathered_async("rail_grads", sums, index, sc, rc, self.pg.replica)
-            result = Pending([pending], lambda: [_joined(views) for views in pending.wait()])
+            result = Pending([pending], lambda: [joined_blocks(views) for views in pending.wait()])
         else:
             cols = [torch.cat([sums[t][:lo], sums[t][hi:]]) for t, (lo, hi, _n) in enumerate(remote)]
             result = exchange_vectors(
@@ -485,14 +494,3 @@ class ExchangeProtocol:
                     self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t], got)
 
         return Pending([result], finish)
-
-
-def _joined(views: list[torch.Tensor]) -> torch.Tensor:
-    """Per-peer blocks of rows as one tensor in peer order (no copy when at most one is not empty)."""
-    full = [v for v in views if v.shape[0]]
-    return full[0] if len(full) == 1 else torch.cat(views)
-
-
-def _rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x.index_select(0, index)``; an empty view of ``x`` (no op) for an empty ``index``."""
-    return x.index_select(0, index) if index.numel() else x[:0]

@@ -55,19 +55,20 @@ def exchange_columns_async(
         return ready(([], None))
     widths = np.asarray(widths, dtype=np.int64)
     # columns with no rows to or from any peer take no part (no split, no copy); they come back empty
-    used = [c for c in range(n_c) if counts[:, c].any() or recv_counts[:, c].any()]
+    used = np.flatnonzero(counts.any(axis=0) | recv_counts.any(axis=0)).tolist()
     counts, recv_counts, widths = counts[:, used], recv_counts[:, used], widths[used]
     recv_sizes = recv_counts * widths[None, :]
     per_peer_recv = (recv_sizes.sum(axis=1) + hw).tolist()
     if len(used) == 1 and not hw and peers > 1:  # one column: already in peer order
         send = columns[used[0]].reshape(-1)
     else:
-        blocks = [columns[c].split(counts[:, i].tolist()) for i, c in enumerate(used)]
-        parts = []
-        for p in range(peers):
-            if header is not None:
-                parts.append(header)
-            parts += [blocks[i][p].reshape(-1) for i in range(len(used))]
+        # each column flat, cut into its peers' blocks; the blocks interleaved (peer, column)
+        blocks = [
+            columns[c].reshape(-1).split((counts[:, i] * widths[i]).tolist()) for i, c in enumerate(used)
+        ]
+        lead = [header] if header is not None else []
+        by_peer = zip(*blocks, strict=True) if blocks else [()] * peers
+        parts = [b for by_column in by_peer for b in (*lead, *by_column)]
         send = torch.cat(parts) if parts else columns[0].new_empty(0)
     if peers == 1:
         recv, works = send, []
@@ -81,13 +82,17 @@ def exchange_columns_async(
         if len(used) == 1 and not hw and peers > 1:
             out[used[0]] = recv.view(-1, *columns[used[0]].shape[1:])
             return out, None
-        sizes = np.concatenate([np.full((peers, 1), hw), recv_sizes], axis=1).reshape(-1).tolist()
-        got = recv.split(sizes)
-        stride = len(used) + 1
-        headers = torch.stack([got[p * stride] for p in range(peers)]) if hw else None
+        if hw:
+            sizes = np.concatenate([np.full((peers, 1), hw), recv_sizes], axis=1).reshape(-1).tolist()
+            got = recv.split(sizes)
+            stride = len(used) + 1
+            headers = torch.stack(got[::stride])
+        else:  # no header: the blocks alone, (peer, column)
+            got = recv.split(recv_sizes.reshape(-1).tolist())
+            stride, headers = len(used), None
+        first = stride - len(used)
         for i, c in enumerate(used):
-            joined = torch.cat([got[p * stride + 1 + i] for p in range(peers)])
-            out[c] = joined.view(-1, *columns[c].shape[1:])
+            out[c] = torch.cat(got[first + i :: stride]).view(-1, *columns[c].shape[1:])
         return out, headers
 
     return Pending(works, finish)
@@ -222,3 +227,14 @@ def exchange_gathered_async(
         return [[got[p * n_c + c].view(-1, int(dims[c])) for p in range(peers)] for c in range(n_c)]
 
     return Pending(works, finish)
+
+
+def joined_blocks(views: list[torch.Tensor]) -> torch.Tensor:
+    """Per-peer blocks of rows as one tensor in peer order (no copy when at most one is not empty)."""
+    full = [v for v in views if v.shape[0]]
+    return full[0] if len(full) == 1 else torch.cat(views)
+
+
+def rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(0, index)``; an empty view of ``x`` (no op) for an empty ``index``."""
+    return x.index_select(0, index) if index.numel() else x[:0]
