@@ -208,23 +208,24 @@ class LocalRates:
         return replace(self, **scaled, source=f"{self.source}; x{factor:g} ({factor:g} ranks per core)")
 
 
-# experiments/calibrate_local.py --repeats 5 as printed on 2026-11-25 on the development machine (x86_64
-# Linux, 2 cores shared with other jobs, torch 2.13.0+cpu, one thread): CPU figures, for the gloo runs on
-# this machine, fitted in relative error (the earlier absolute fit let the 40-80 MB sizes, past the caches,
-# set gather at 2.2 ns per value where the bench's sizes take 0.2-0.4). A GPU cluster's rates come from
-# running the script there and LocalRates.load.
+# experiments/calibrate_local.py --host, the median of each figure over 5 runs on 2026-11-26 on the
+# development machine while nothing else ran (x86_64 Linux, 2 cores, torch 2.13.0+cpu, one thread): CPU
+# figures, for the gloo runs on this machine, fitted in relative error (an absolute fit let the 40-80 MB
+# sizes, past the caches, set gather at 2.2 ns per value where the bench's sizes take 0.2-0.4). The host
+# terms are the least steady (step_s 0 to 1.0 ms over the 5 runs, table_stage_s 0.21-0.28 ms). A GPU
+# cluster's rates come from running the script there and LocalRates.load.
 DEFAULT_RATES = LocalRates(
-    dedup_s_per_lookup=9.452e-09,
-    route_s_per_lookup=5.386e-08,
-    gather_s_per_value=1.994e-10,
-    scatter_add_s_per_value=4.294e-10,
-    update_s_per_value=2.004e-09,
-    collective_call_s=5.135e-05,
-    source="experiments/calibrate_local.py --host, 2026-11-25, x86_64 CPU, torch 2.13.0+cpu, 1 thread",
-    pack_s_per_value=2.557e-10,
-    output_s_per_value=7.83e-10,
-    table_stage_s=1.938e-04,
-    step_s=1.942e-03,
+    dedup_s_per_lookup=8.848e-09,
+    route_s_per_lookup=5.308e-08,
+    gather_s_per_value=2.208e-10,
+    scatter_add_s_per_value=4.583e-10,
+    update_s_per_value=2.26e-09,
+    collective_call_s=6.045e-05,
+    source="experiments/calibrate_local.py --host (median of 5), 2026-11-26, x86_64 CPU, torch 2.13.0+cpu",
+    pack_s_per_value=2.225e-10,
+    output_s_per_value=4.015e-10,
+    table_stage_s=2.266e-04,
+    step_s=6.836e-04,
 )
 
 HBM_BPS = 3.35e12  # H100 SXM HBM3, bytes/s
