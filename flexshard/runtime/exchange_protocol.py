@@ -137,6 +137,7 @@ class ExchangeProtocol:
         # slot) send GIDS in destination order; GSLOTS too (its owners ascending) where ``gslots_sorted``
         by_rail = np.lexsort((np.arange(self.world), rail_peer))
         self.owner_key = torch.as_tensor(np.argsort(by_rail), device=device)
+        self.key_owner = torch.as_tensor(by_rail, device=device)  # its inverse: the owner at each key
         away = by_rail[~same[by_rail]]
         self.gslots_sorted = bool(np.all(np.diff(away) > 0))
         self._rail_owners = torch.as_tensor(np.flatnonzero(ok), device=device)  # owners with a rail peer
@@ -154,6 +155,7 @@ class ExchangeProtocol:
         self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
         # read-only stand-ins for a column a table does not use (no tensor made per step)
         self._none = torch.zeros(0, dtype=torch.int64, device=device)
+        self._meta_masks: dict[int, np.ndarray] = {}  # tables -> _meta_mask
         self._no_bins = torch.zeros(self.world, dtype=torch.int64, device=device)
 
     # --- input_dist ----------------------------------------------------------------------------------
@@ -261,7 +263,7 @@ class ExchangeProtocol:
     def _meta_mask(self, n_t: int) -> np.ndarray:
         """bool[world, ERROR_WORDS + n_t * KINDS]: per peer the words of ``meta`` sent to it (the error
         code, then the split sizes ``[t, k]`` of the columns that reach it), made once."""
-        cache = self.__dict__.setdefault("_meta_masks", {})
+        cache = self._meta_masks
         if n_t not in cache:
             columns = np.broadcast_to(self.active[:, None, :], (self.world, n_t, KINDS))
             cache[n_t] = np.concatenate(

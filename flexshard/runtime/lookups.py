@@ -62,20 +62,20 @@ def local_lookups(
     hot: list[Shard],
     device: torch.device,
     by_owner: list[bool] | None = None,
-    rail_key: list[torch.Tensor | None] | None = None,
+    rail_key: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
 ) -> list[TableLookup]:
     """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective.
     ``by_owner[t]``: table t (every row cold, exact routing) may list its unique ids by owner, then id
     (:meth:`~flexshard.runtime.routing.TableRouting.unique_by_owner`), when deduplicated.
-    ``rail_key[t]`` (a group-fetched table of that kind): list them by ``rail_key[t][owner]``, then id
-    (:attr:`~flexshard.runtime.exchange_protocol.ExchangeProtocol.owner_key`: the group fetch's columns
-    then need no sort by destination)."""
+    ``rail_key[t]`` (a group-fetched table of that kind): ``(owner_key, key_owner)``; list them by
+    ``owner_key[owner]``, then id (:attr:`~flexshard.runtime.exchange_protocol.ExchangeProtocol.owner_key`
+    and its inverse ``key_owner``: the group fetch's columns then need no sort by destination)."""
     out = []
     none = torch.zeros(0, dtype=torch.int64, device=device)
     for t, (values, _lengths) in enumerate(parsed):
         key = rail_key[t] if rail_key is not None else None
         if dedup and key is not None:
-            ids, inverse, owner, slot = routing[t].unique_by_owner(values, key)
+            ids, inverse, owner, slot = routing[t].unique_by_owner(values, *key)
             rows = torch.empty(ids.numel(), hot[t].dim, device=device)
             out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows, by_rail=True))
             continue

@@ -165,14 +165,18 @@ class TableRouting:
         return maps[1].index_select(0, ids).long(), maps[2].index_select(0, ids).long()
 
     def unique_by_owner(
-        self, values: torch.Tensor, owner_key: torch.Tensor | None = None
+        self,
+        values: torch.Tensor,
+        owner_key: torch.Tensor | None = None,
+        key_owner: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """(ids, inverse, owner, slot): the distinct ``values`` of a table with every row cold, sorted by
         owner and then id (the order the exchange sends them in, so no sort by destination follows),
         ``inverse`` the position of each value among them. One sort (``torch.unique`` of
         ``owner * rows + id``) where dedup by id and a stable sort by owner took two. ``owner_key``
         (int64[ranks], a permutation of the ranks): sort owners by ``owner_key[owner]`` instead (the
-        group fetch's rail-peer order). Within an owner, id order is slot order (slots by ascending id)."""
+        group fetch's rail-peer order); ``key_owner``: its inverse permutation (computed when not given).
+        Within an owner, id order is slot order (slots by ascending id)."""
         maps = _on_device(self, values.device, lambda: (self.tier, self.owner, self.slot))
         owner = maps[1].index_select(0, values).long()
         if owner_key is not None:
@@ -181,7 +185,8 @@ class TableRouting:
         owner = torch.div(distinct, self.num_rows, rounding_mode="floor")
         ids = distinct - owner * self.num_rows
         if owner_key is not None:
-            owner = torch.argsort(owner_key).index_select(0, owner)
+            key_owner = torch.argsort(owner_key) if key_owner is None else key_owner
+            owner = key_owner.index_select(0, owner)
         return ids, inverse, owner, maps[2].index_select(0, ids).long()
 
 

@@ -173,7 +173,9 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         )
         # and all-cold group-fetched ones into the group fetch's destination order
         self._rail_key = [
-            self.protocol.owner_key if r.layout == "exact" and r.hot_rows + r.warm_rows == 0 and g else None
+            (self.protocol.owner_key, self.protocol.key_owner)
+            if r.layout == "exact" and r.hot_rows + r.warm_rows == 0 and g
+            else None
             for r, g in zip(self.routing, group_fetch, strict=True)
         ]
         g = int(plan_file.layout.group_sizes.max())
