@@ -24,7 +24,6 @@ median over ranks: the rates of the ranks as they run together at the run's size
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -46,7 +45,6 @@ RATE_FIELD = {
 }
 MIN_S = 0.02  # seconds each piece is repeated for (at least 3 runs)
 REPEATS = 3  # interleaved measurements of every piece; a rate is the median over them
-WAIT_MIN_S = 0.1  # seconds of load-then-collective runs the collective wait is measured over
 HOT_IDS = 2_000  # replicated ids the routing piece tests against (a sorted id list)
 ROUTE_PEERS = 8  # owners of the routing piece's arithmetic
 
@@ -168,87 +166,19 @@ def median_rates(every: list[LocalRates], source: str) -> LocalRates:
     return replace(every[0], **dict(zip(LocalRates.FIELDS, map(float, values), strict=True)), source=source)
 
 
-def run_times_s(fn: Callable[[], object], runs: int) -> np.ndarray:
-    """Seconds of each of ``runs`` runs of ``fn()`` after one warm-up run (a run count every rank agrees
-    on: ``fn`` may be a collective, so no rank may stop before the others)."""
-    fn()
-    out = np.empty(runs)
-    for i in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        out[i] = time.perf_counter() - t0
-    return out
-
-
-def paired_times_s(load: Callable[[], object], exchange: Callable[[], object], runs: int):
-    """``runs`` pairs, after one warm-up pair, each ``load()``, ``load()`` again, then ``exchange()``:
-    seconds of the first ``load()`` and of the whole pair (float64[runs] each). Every pair starts at the
-    previous exchange, a point common to every rank; a change in other load falls on both loads of a
-    pair alike."""
-    alone, whole = np.empty(runs), np.empty(runs)
-    for i in range(-1, runs):
-        t0 = time.perf_counter()
-        load()
-        t1 = time.perf_counter()
-        load()
-        exchange()
-        if i >= 0:
-            alone[i], whole[i] = t1 - t0, time.perf_counter() - t0
-    return alone, whole
-
-
-def collective_wait_s(load: Callable[[], object], min_s: float = WAIT_MIN_S) -> float:
-    """Seconds a small world all-to-all waits, beyond its bare latency, when the ranks arrive at it from
-    local work, as a step's collectives do. Every rank runs, all ranks at once and the same number of
-    times (enough for ``min_s`` of the slowest rank's ``load()``): the all-to-all alone (``bare``: the
-    median over runs and ranks), then pairs of two ``load()`` and the all-to-all
-    (:func:`paired_times_s`). Per pair, ``whole`` is the median over ranks of the pair's time and
-    ``load`` the slowest rank's first ``load()`` (a step waits for the slowest rank, and the model prices
-    its local work: uneven work is not a wait); the wait is ``max(0, median over pairs of (whole -
-    2 load) - bare)``. Where
-    ranks share cores, a rank descheduled by the others' work holds every rank at the collective; with a
-    core per rank the wait is about 0. Collective: every rank calls it; one process: 0."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return 0.0
-    world = dist.get_world_size()
-    send, recv = torch.zeros(world), torch.empty(world)
-
-    def exchange() -> None:
-        dist.all_to_all_single(recv, send)
-
-    dist.barrier()
-    first = torch.tensor([mean_s(load, min_s / 4)], dtype=torch.float64)
-    dist.all_reduce(first, op=dist.ReduceOp.MAX)
-    runs = max(5, math.ceil(min_s / max(float(first), 1e-6)))
-    dist.barrier()
-    bare = run_times_s(exchange, runs)
-    dist.barrier()
-    alone, whole = paired_times_s(load, exchange, runs)
-    every: list = [None] * world
-    dist.all_gather_object(every, (np.asarray(bare), np.asarray(alone), np.asarray(whole)))
-    t_bare = float(np.median(np.concatenate([e[0] for e in every])))
-    per_pair = np.median([e[2] for e in every], axis=0) - 2 * np.max([e[1] for e in every], axis=0)
-    return max(0.0, float(np.median(per_pair)) - t_bare)
-
-
 def measured_rates(
     lookups: list[tuple[torch.Tensor, int, int]],
     base: LocalRates,
     min_s: float = MIN_S,
     repeats: int = REPEATS,
-    wait: bool = False,
 ) -> LocalRates:
     """The local rates of this job's ranks as they run together: every rank times every piece on its own
     ``lookups`` (per table: ids, dim, rows) at once (after a barrier), ``repeats`` times with the pieces
     interleaved (piece after piece, then again: a burst of other load falls on one repeat of each piece,
     not on every run of one piece); a rank's rate is the median over its repeats of
     :func:`rates_from_points`, and each rate is the median over ranks. ``base``: the host terms
-    (collective calls, per-table and per-step host work) and any piece without lookups. ``wait``: also
-    measure :func:`collective_wait_s` (the median of ``repeats``), with the value work of the rank's
-    lookups (a gather and a scatter-add of every table) as the load. Collective: every rank calls it.
-    One process: no barrier, no wait."""
+    (collective calls, per-table and per-step host work) and any piece without lookups. Collective: every
+    rank calls it. One process: no barrier."""
     import torch.distributed as dist
 
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -272,29 +202,8 @@ def measured_rates(
         dist.all_gather_object(every, values)
     median = np.median(np.asarray(every, dtype=np.float64), axis=0)
     measured = {RATE_FIELD[p]: float(v) for p, v in zip(PIECES, median, strict=True)}
-    if wait and several:
-        load = value_work(lookups)
-        measured["collective_wait_s"] = float(
-            np.median([collective_wait_s(load) for _ in range(max(1, repeats))])
-        )
     ranks = f"{len(every)} rank{'s' if len(every) > 1 else ''}"
     return replace(
         base, **measured, source=f"measured on the job's {ranks} at the run's sizes; host: {base.source}"
     )
 
-
-def value_work(lookups: list[tuple[torch.Tensor, int, int]]) -> Callable[[], None]:
-    """A step's value work on ``lookups`` (per table: ids, dim, rows): a gather of every lookup's row and
-    a scatter-add of its gradient, every table (the load :func:`collective_wait_s` arrives from)."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    tables = [
-        (ids, torch.randn(rows, dim, generator=gen).to(ids.device))
-        for ids, dim, rows in lookups
-        if ids.numel()
-    ]
-
-    def run() -> None:
-        for ids, weight in tables:
-            weight.index_add_(0, ids, weight.index_select(0, ids), alpha=0.0)
-
-    return run

@@ -6,12 +6,13 @@ per-tier coefficients. ``tests/solvers/test_optimizer.py`` checks that these sum
 :func:`solvers.cost_model.evaluate` on uniform clusters.
 
 With :class:`~solvers.time_types.LocalRates`, each row also carries its local work
-(:func:`solvers.time_model.local_work` at even shares): a served row (warm, cold) costs its owner a
-gather, a scatter-add and an update per requesting rank (per group in a group fetch, plus the rail peer's
-dedup, forward and sum of each lookup), and every exchanged row is copied into and out of the all-to-all
-buffers by its requester, its owner and a rail peer; a replicated row costs every replica the pack, unpack
-and update of its sync. Work that every plan does (each lookup's dedup, routing, gather and scatter-add,
-the loss over its output) and the collectives' host calls and the runtime's host work are a fixed cost
+(:func:`solvers.time_model.local_work` at even shares): a served row (warm, cold) costs its owner a gather and
+a scatter-add per requesting rank (per group in a group fetch, plus the rail peer's dedup, forward and sum of
+each lookup) and one update per step where it was touched anywhere, and every exchanged row is copied into and
+out of the all-to-all buffers by its requester, its owner and a rail peer; a replicated row costs every
+replica the pack, unpack and update of its sync. Work that every plan does (each lookup's dedup, routing,
+gather and scatter-add, the loss over its output) and the collectives' host calls and the runtime's host work
+are a fixed cost
 (:func:`fixed_local_s`), their latency another
 (:func:`fixed_time_s` with ``include_latency``).
 """
@@ -188,16 +189,18 @@ def table_coefficients(
         per_row = 0.0
         if rates is not None and n > 1:  # one rank: no owner-side work, no sync (a fixed cost)
             move = rates.gather_s_per_value + rates.scatter_add_s_per_value
-            per_row = (move + rates.update_s_per_value) * t.dim  # served or synced, one row
+            served = move * t.dim  # a row served to one requester: gathered, its gradient scatter-added
+            update = rates.update_s_per_value * t.dim  # a row its owner updates, once per step
+            per_row = served + update  # a synced row on one replica
             synced = touched if SyncMode(sync) is SyncMode.SPARSE else rows
             sync_s[0] += per_row * synced
             time_s[0] += per_row * synced
             if view.num_groups > 1:
                 sync_s[1] += per_row * synced / g
-                time_s[1] += per_row * (volume + synced / g)
-            else:  # a warm tier on one group is never used; priced as served rows
-                time_s[1] += per_row * volume
-            time_s[2] += per_row * volume
+                time_s[1] += served * volume + per_row * synced / g
+            else:  # a warm tier on one group is never used; priced as served rows, touched ones updated
+                time_s[1] += served * volume + update * touched / g
+            time_s[2] += served * volume + update * touched / n
             pack = rates.pack_s_per_value * t.dim * 2  # one value in and out of the buffers, both ways
             time_s[1:] += pack * 2 * volume  # its own lookups' and the lookups it serves (even shares)
         memory = np.stack(
@@ -212,7 +215,8 @@ def table_coefficients(
             if rates is not None:  # rows served once per group; the rail peer dedups, forwards and sums
                 relay_dedup = rates.dedup_s_per_lookup if dedup else 0.0
                 relay = relay_dedup + t.dim * move
-                cold_group = cold_group + per_row * np.diff(mass.group) / g + relay * volume
+                cold_group = cold_group + served * np.diff(mass.group) / g + update * touched / n
+                cold_group = cold_group + relay * volume
                 cold_group = cold_group + pack * (2 * volume + np.diff(mass.group) / g)  # + the relay's
                 # the rail peer copies the distinct rows it fetches (its group's keys need no routing);
                 # lookups owned in other groups are deduplicated at their owners and routed twice, but on
@@ -282,11 +286,11 @@ def fixed_local_s(
 ) -> float:
     """Local seconds per step every plan of ``shape`` pays whatever its tier boundaries: each lookup's
     dedup, routing, gather into the output and scatter-add of its gradient, the collectives' host calls
-    and waits and, on one rank, the update of the rows its batch touched
+    and, on one rank, the update of the rows its batch touched
     (:func:`solvers.time_model.local_work`)."""
     move = rates.gather_s_per_value + rates.scatter_add_s_per_value
     schedule = shape_schedule(shape, view)
-    total = (rates.collective_call_s + rates.collective_wait_s) * len(schedule)
+    total = rates.collective_call_s * len(schedule)
     total += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     for t in workload.tables:
         lookups = workload.lookups_per_gpu(t)

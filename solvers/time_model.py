@@ -12,24 +12,22 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   / bandwidth``. A component travels in its own collectives, each a synchronisation point, so a rank's
   sends of one component do not overlap its receives of another.
 * ``local_s``: expected counts of one step (:mod:`solvers.volumes`) times
-  :class:`~solvers.time_types.LocalRates`: every lookup is deduplicated (with dedup) and routed, gathered
-  into the output and scatter-added in the backward; every row a rank serves to a requester (warm and
-  cold, one per requesting rank, or per group in a group fetch) is gathered, its gradient scatter-added
-  and the row updated; a group fetch's rail peer deduplicates, forwards and sums its group's requests
-  (keys ``owner * rows + slot``: no routing) and copies the distinct rows it fetches, its owners
-  deduplicate the slots other groups send them, and its requesters route the lookups owned in other
-  groups a second time (their slots; not with dedup on 2 groups, where an all-cold table's lookups
-  dedup into the order both columns are sent in);
-  every replicated row synced (touched ones with the sparse sync) is packed, unpacked and updated on every
-  replica (a single rank updates the rows its batch touched); each collective costs
-  ``collective_call_s`` on the host and, where ranks share cores, ``collective_wait_s`` of waiting for the
-  ranks descheduled by the others (measured under the run's load). Around the exchange: every vector
-  element a rank sends or receives in an all-to-all (its warm and cold lookups' rows and gradients, the
-  rows it serves and their gradients, a rail peer's relayed rows) is copied into a send buffer or out of
-  a receive buffer (``pack_s_per_value``, twice per exchanged lookup: forward and backward); every
-  looked-up output element carries the loss and its gradient (``output_s_per_value``); the runtime's
-  host work (Python, small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per
-  collective.
+  :class:`~solvers.time_types.LocalRates`: every lookup is deduplicated (with dedup) and routed, gathered into
+  the output and scatter-added in the backward; every row a rank serves to a requester (warm and cold, one per
+  requesting rank, or per group in a group fetch) is gathered and its gradient scatter-added, and each row it
+  owns that was touched anywhere is updated once; a group fetch's rail peer deduplicates, forwards and sums
+  its group's requests (keys ``owner * rows + slot``: no routing) and copies the distinct rows it fetches, its
+  owners deduplicate the slots other groups send them, and its requesters route the lookups owned in other
+  groups a second time (their slots; not with dedup on 2 groups, where an all-cold table's lookups dedup into
+  the order both columns are sent in); every replicated row synced (touched ones with the sparse sync) is
+  packed, unpacked and updated on every replica (a single rank updates the rows its batch touched); each
+  collective costs ``collective_call_s`` on the host (where ranks share cores, the host terms fitted on shared
+  cores hold their wait for descheduled ranks; docs/cost_model.md section 10.2.1b). Around the exchange: every
+  vector element a rank sends or receives in an all-to-all (its warm and cold lookups' rows and gradients, the
+  rows it serves and their gradients, a rail peer's relayed rows) is copied into a send buffer or out of a
+  receive buffer (``pack_s_per_value``, twice per exchanged lookup: forward and backward); every looked-up
+  output element carries the loss and its gradient (``output_s_per_value``); the runtime's host work (Python,
+  small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per collective.
   A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
   pays.
 * ``total_s = latency_s + bandwidth_s + local_s``. With ``overlap`` (the pipelined step, off until the
@@ -51,7 +49,7 @@ from solvers.volumes import dealt_volumes, tier_volumes, view_mass
 from topology.views import ClusterView
 
 __all__ = ["LatencyTable", "LocalRates", "StepTime", "local_work", "stage_latency_s", "step_time"]
-PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls", "wait", "pack", "output", "host")
+PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls", "pack", "output", "host")
 INPUT_STAGES = ("meta", "ids")
 
 
@@ -101,8 +99,13 @@ def local_work(
         out["route"] += rates.route_s_per_lookup * (lookups + routed_twice)
         out["gather"] += rates.gather_s_per_value * t.dim * (lookups + served + relay + synced)
         out["scatter_add"] += rates.scatter_add_s_per_value * t.dim * (lookups + served + relay + synced)
+        # an owner updates each row it holds once per step, however many ranks or groups asked for it: its
+        # cold rows touched anywhere (warm rows on one group: touched in it; replicas: the synced rows)
+        owned = _share(vol.cold_touched_by_rank, tp.cold_share) * vol.cold_touched if n > 1 else 0.0
+        if n > 1 and big_g == 1:
+            owned = owned + _share(vol.warm_touched_by_position, tp.warm_share, position) * vol.warm_touched
         own = 0.0 if n > 1 else (mass.unique if plan.dedup else mass.lookups)[-1]  # one rank updates its rows
-        out["update"] += rates.update_s_per_value * t.dim * (served + synced + own)
+        out["update"] += rates.update_s_per_value * t.dim * (owned + synced + own)
         requested = vol.warm_volume + vol.cold_volume if n > 1 else 0.0  # its own rows and gradients
         out["pack"] += rates.pack_s_per_value * t.dim * 2 * (requested + served + relay + fetched)
         out["output"] += rates.output_s_per_value * t.dim * lookups
@@ -110,7 +113,6 @@ def local_work(
         input_s += dedup + rates.route_s_per_lookup * (lookups + routed_twice)
     schedule = step_schedule(plan, view)
     out["calls"] += rates.collective_call_s * len(schedule)
-    out["wait"] += rates.collective_wait_s * len(schedule)
     out["host"] += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     out["synced"] = synced_s
     out["input"] = input_s

@@ -131,9 +131,6 @@ class LocalRates:
     output_s_per_value: float = 0.0  # the loss and its gradient over one looked-up output element
     table_stage_s: float = 0.0  # the runtime's host work around one collective, per table
     step_s: float = 0.0  # the runtime's host work per step outside its collectives (checks, autograd)
-    # a collective's wait for ranks descheduled by others on shared cores (more ranks than cores), beyond
-    # its bare latency; 0 where every rank has a core (flexshard.local_rates.collective_wait_s measures it)
-    collective_wait_s: float = 0.0
 
     REQUIRED = (
         "dedup_s_per_lookup",
@@ -149,7 +146,6 @@ class LocalRates:
         "output_s_per_value",
         "table_stage_s",
         "step_s",
-        "collective_wait_s",
     )
 
     def __post_init__(self) -> None:
@@ -199,12 +195,11 @@ class LocalRates:
 
     def shared(self, ranks_per_core: float) -> LocalRates:
         """These rates on a machine where ``ranks_per_core`` ranks share each core (more ranks than cores:
-        each rank's local work takes that many times longer); at most one rank per core, unchanged. The
-        collective wait is a measured figure of the shared machine, kept as it is."""
+        each rank's local work takes that many times longer); at most one rank per core, unchanged."""
         factor = max(1.0, float(ranks_per_core))
         if factor == 1.0:
             return self
-        scaled = {name: getattr(self, name) * factor for name in self.FIELDS if name != "collective_wait_s"}
+        scaled = {name: getattr(self, name) * factor for name in self.FIELDS}
         return replace(self, **scaled, source=f"{self.source}; x{factor:g} ({factor:g} ranks per core)")
 
 

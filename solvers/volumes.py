@@ -118,6 +118,8 @@ class TierVolumes:
     warm_rows_by_position: np.ndarray | None = None  # int64[g]: warm rows by owner position
     cold_by_rank: np.ndarray | None = None  # float64[N]: cold_volume by owner rank
     cold_group_by_rank: np.ndarray | None = None  # float64[N]: cold_group_volume by owner rank
+    cold_touched: float = 0.0  # cold rows touched cluster-wide per iteration (each updated once)
+    cold_touched_by_rank: np.ndarray | None = None  # float64[N]: cold_touched by owner rank
 
 
 def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
@@ -131,6 +133,7 @@ def tier_volumes(mass: TableMass, plan: TablePlan, dedup: bool) -> TierVolumes:
         hot_touched=tch[0],
         warm_touched=tch[1],
         cold_group_volume=float(np.diff(at["group"])[2]),
+        cold_touched=tch[2],
     )
 
 
@@ -166,7 +169,11 @@ def dealt_volumes(
         else:
             pattern = dealing.owner_pattern(plan.cold_share, dealing.OWNER_PATTERN_PERIOD, plan.cold_start)
             _, masses = dealing.interleave_masses(mass.rows, cumulative, h + w, table.num_rows, pattern, n)
-        cold = dict(cold_by_rank=masses[:, volume], cold_group_by_rank=masses[:, group])
+        cold = dict(
+            cold_by_rank=masses[:, volume],
+            cold_group_by_rank=masses[:, group],
+            cold_touched_by_rank=masses[:, touched],
+        )
     return replace(volumes, **warm, **cold)
 
 

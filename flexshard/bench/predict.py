@@ -26,8 +26,7 @@ def predicted_step_ms(
     """The modeled step time of ``plan`` on ``view``, ms (slowest rank, latency + bandwidth + local work).
     ``latency`` and ``rates``: as :func:`~solvers.time_model.step_time` takes them (None: the view's);
     ``local_s``: the local work of a step measured as a whole (another implementation's, e.g.
-    TorchRec's, on a one-rank group), in place of the modeled local work but for the collectives' wait
-    for descheduled ranks (``rates.collective_wait_s`` per collective), which its collectives pay too."""
+    TorchRec's, on a one-rank group), in place of the modeled local work."""
     return predicted_parts_ms(workload, view, plan, latency, rates, local_s)["total"]
 
 
@@ -39,10 +38,8 @@ def predicted_parts_ms(
     rates: LocalRates | None = None,
     local_s: float | None = None,
 ) -> dict[str, float]:
-    """:func:`predicted_step_ms` split, ms: ``total``, ``latency``, ``bandwidth``, ``local`` and ``wait``
-    (the collectives' wait for descheduled ranks, a part of ``local``)."""
+    """:func:`predicted_step_ms` split, ms: ``total``, ``latency``, ``bandwidth`` and ``local``."""
     st = step_time(workload, view, plan, latency=latency, rates=rates)
-    wait = st.local_by_piece.get("wait", 0.0)
-    local = st.local_s if local_s is None else local_s + wait
-    parts = {"latency": st.latency_s, "bandwidth": st.bandwidth_s, "local": local, "wait": wait}
+    local = st.local_s if local_s is None else local_s
+    parts = {"latency": st.latency_s, "bandwidth": st.bandwidth_s, "local": local}
     return {"total": (st.latency_s + st.bandwidth_s + local) * 1e3} | {k: v * 1e3 for k, v in parts.items()}

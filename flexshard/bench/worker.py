@@ -103,15 +103,14 @@ def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[l
     return [s for s in systems if s.key not in failed], failed
 
 
-def machine_rates(cfg: BenchConfig, data: BenchData | None = None, wait: bool = False) -> LocalRates:
+def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates:
     """The local-work rates the predictions are priced with (``--rates``). Host terms (collective calls,
     per-table and per-step host work): this machine's stored figures, times the ranks that share a core
     (this host's ranks x ``--threads`` over its cores: 4 ranks on 2 cores do their host work at half
-    speed; this host's ranks: torchrun's LOCAL_WORLD_SIZE, else ``--nproc``). Value work: ``measured``
-    on every rank at once on a batch of the run (not a timed one), :func:`flexshard.local_rates.
-    measured_rates` (collective; needs ``data``; ``wait``: with the collectives' wait for descheduled
-    ranks, on gloo); ``stored``: the stored figures with the same factor; a file: :meth:`LocalRates.load`,
-    as written."""
+    speed; this host's ranks: torchrun's LOCAL_WORLD_SIZE, else ``--nproc``). Value work: ``measured`` on
+    every rank at once on a batch of the run (not a timed one), :func:`flexshard.local_rates.
+    measured_rates` (collective; needs ``data``); ``stored``: the stored figures with the same factor; a
+    file: :meth:`LocalRates.load`, as written."""
     if cfg.rates not in RATES_CHOICES:
         return LocalRates.load(cfg.rates)
     here = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
@@ -124,12 +123,12 @@ def machine_rates(cfg: BenchConfig, data: BenchData | None = None, wait: bool = 
         (values.to(device) if device else values, dim, rows)
         for (values, _lengths), (_name, rows, dim) in zip(batch.values(), data.tables, strict=True)
     ]
-    return measured_rates(lookups, stored, wait=wait and device is None)
+    return measured_rates(lookups, stored)
 
 
 def rate_measurer(cfg: BenchConfig, data: BenchData, torchrec: bool) -> Any:
     """A function that measures, on every rank at once, the rates the predictions use
-    (:func:`machine_rates`, with the collectives' wait) and TorchRec's local step (None without it, or
+    (:func:`machine_rates`) and TorchRec's local step (None without it, or
     when the rates are not ``measured``); each call measures again (the bench calls it before the
     rounds and after each round, and prices with the medians). Collective: every rank calls it."""
     rank = dist.get_rank()
@@ -137,7 +136,7 @@ def rate_measurer(cfg: BenchConfig, data: BenchData, torchrec: bool) -> Any:
     timer = torchrec_local_timer(data.tables, cfg.lr, batch) if torchrec and cfg.rates == "measured" else None
 
     def measure() -> tuple[LocalRates, float | None]:
-        return machine_rates(cfg, data, wait=True), timer(TORCHREC_MIN_S) if timer else None
+        return machine_rates(cfg, data), timer(TORCHREC_MIN_S) if timer else None
 
     return measure
 
@@ -190,7 +189,6 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
         if "skipped" not in r:
             r["plan_view"] = view_figures(planned_for)
             r["local_rates"] = priced  # what the prediction priced local work with
-            r["collective_wait_ms_each"] = [t[0].collective_wait_s * 1e3 for t in taken]
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
                 r["torchrec_local_ms_each"] = [t[1] * 1e3 for t in taken if t[1] is not None]

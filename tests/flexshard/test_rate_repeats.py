@@ -1,13 +1,10 @@
 """Robust measured rates (flexshard.local_rates, flexshard.bench.worker): interleaved repeats and their
-median, the collectives' wait for descheduled ranks (by hand on one process, bounds on real ranks), the
-medians over the bench's measurements and the predictions priced again with them."""
+median, the medians over the bench's measurements and the predictions priced again with them."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,7 +13,6 @@ from flexshard.bench.data import default_data
 from flexshard.bench.plans import TORCHREC, StrategyPlan, h100_view, repriced
 from flexshard.bench.predict import predicted_parts_ms, predicted_step_ms
 from flexshard.bench.worker import medians
-from flexshard.runtime.local import run_on_ranks
 from solvers.planner import budget_bytes, make_plan
 from solvers.time_model import step_time
 from solvers.time_types import LocalRates
@@ -25,11 +21,11 @@ BASE = LocalRates(1.0, 2.0, 3.0, 4.0, 5.0, 6.0, "base", 7.0, 8.0, 9.0, 10.0)
 
 
 def test_median_rates_is_the_per_field_median():
-    a = replace(BASE, gather_s_per_value=1.0, collective_wait_s=0.0)
-    b = replace(BASE, gather_s_per_value=5.0, collective_wait_s=0.3)
-    c = replace(BASE, gather_s_per_value=2.0, collective_wait_s=0.1)
+    a = replace(BASE, gather_s_per_value=1.0, step_s=0.0)
+    b = replace(BASE, gather_s_per_value=5.0, step_s=0.3)
+    c = replace(BASE, gather_s_per_value=2.0, step_s=0.1)
     got = lr.median_rates([a, b, c], "m")
-    assert (got.gather_s_per_value, got.collective_wait_s, got.source) == (2.0, 0.1, "m")
+    assert (got.gather_s_per_value, got.step_s, got.source) == (2.0, 0.1, "m")
     assert got.dedup_s_per_lookup == 1.0  # equal fields stay
     two = lr.median_rates([a, b], "m")
     assert two.gather_s_per_value == 3.0  # an even count: the mean of the middle two
@@ -49,53 +45,6 @@ def test_a_rate_is_the_median_over_interleaved_repeats(monkeypatch):
     assert calls == [5, 5, 5]
     assert got.gather_s_per_value == pytest.approx(0.2)
     assert got.dedup_s_per_lookup == BASE.dedup_s_per_lookup  # no points: the base's
-    assert got.collective_wait_s == 0.0  # one process: no wait measured
-
-
-def test_one_process_has_no_collective_wait():
-    assert lr.collective_wait_s(lambda: None) == 0.0
-
-
-def _sleepy(rank: int, world: int) -> float:
-    # ranks 0 and 1 work (sleep, leaving the cores free) 10 ms before each exchange, rank 2 90 ms: the
-    # others wait 80 ms for rank 2 at each exchange, but that is its longer work, which the model prices
-    return lr.collective_wait_s(lambda: time.sleep(0.09 if rank == 2 else 0.01), min_s=0.3)
-
-
-@pytest.mark.slow
-def test_uneven_work_is_not_a_wait():
-    got = run_on_ranks(_sleepy, 3)
-    assert got[0] == got[1] == got[2]  # one figure for the job
-    # not the 80 ms (twice, per pair) of uneven work; what is left is waking from the sleeps on a
-    # loaded machine (a few ms)
-    assert 0.0 <= got[0] < 0.04
-
-
-def _by_hand(rank: int, world: int) -> float:
-    # what each rank "measured": the exchange alone 1 ms (a 0.5 s burst of other load in one run); pairs:
-    # its first load 10 (r + 1) ms (45 ms on rank 2 in pair 1), the whole pair 65 + r ms (130 + r in
-    # pair 1: a burst)
-    def bare(fn, runs):
-        return np.array([0.001, 0.001, 0.5, 0.001, 0.001])
-
-    def pairs(load, exchange, runs):
-        alone = np.full(5, 0.010 * (rank + 1))
-        whole = np.full(5, 0.065 + 0.001 * rank)
-        if rank == 2:
-            alone[1] = 0.045
-        whole[1] = 0.130 + 0.001 * rank
-        return alone, whole
-
-    lr.run_times_s, lr.paired_times_s = bare, pairs
-    return lr.collective_wait_s(lambda: None, min_s=0.0)
-
-
-@pytest.mark.slow
-def test_the_wait_from_the_ranks_medians_by_hand():
-    # per pair: the median over ranks of the whole (66 ms; 131 in pair 1) less twice the slowest rank's
-    # first load (60 ms; 90 in pair 1): 6, 41, 6, 6, 6 ms, median 6; less the bare exchange's 1 ms: 5 ms
-    got = run_on_ranks(_by_hand, 3)
-    assert got == [pytest.approx(0.005, rel=1e-9)] * 3
 
 
 def test_medians_over_the_measurements():
@@ -114,7 +63,7 @@ def test_predictions_are_priced_again_with_the_rates_measured_in_the_rounds():
     data = default_data(16, 0, 4)
     view = h100_view(4, 2)
     plan = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0)).plan
-    rates = replace(LocalRates.default(), collective_wait_s=0.002, source="t")
+    rates = replace(LocalRates.default(), source="t")
     plans = {
         "row_wise": StrategyPlan("row_wise", None, 0.0, 0.0, 1.0, "", plan),
         TORCHREC: StrategyPlan(TORCHREC, None, 0.0, 0.0, 1.0, "", plan),
@@ -123,13 +72,12 @@ def test_predictions_are_priced_again_with_the_rates_measured_in_the_rounds():
     got = repriced(plans, data.workload, view, rates, torchrec_local_s=0.004)
     st = step_time(data.workload, view, plan, rates=rates)
     assert got["row_wise"].predicted_ms == pytest.approx(st.total_s * 1e3, rel=1e-12)
-    # TorchRec: its own local step, plus the wait of its collectives (2 ms each of the plan's 4)
-    assert st.collectives == 4 and st.local_by_piece["wait"] == pytest.approx(0.008)
-    expected = (st.latency_s + st.bandwidth_s + 0.004 + 0.008) * 1e3
+    # TorchRec: the plan's latency and bandwidth, and its own local step in place of the modeled one
+    expected = (st.latency_s + st.bandwidth_s + 0.004) * 1e3
     assert got[TORCHREC].predicted_ms == pytest.approx(expected, rel=1e-12)
     parts = got[TORCHREC].predicted_parts_ms
     assert parts == predicted_parts_ms(data.workload, view, plan, rates=rates, local_s=0.004)
     assert parts["total"] == pytest.approx(parts["latency"] + parts["bandwidth"] + parts["local"], rel=1e-12)
-    assert parts["wait"] == pytest.approx(8.0)
+    assert parts["local"] == pytest.approx(4.0)
     assert predicted_step_ms(data.workload, view, plan, rates=rates, local_s=0.004) == parts["total"]
     assert got["none"].predicted_ms == 1.0  # no plan to price: kept

@@ -164,13 +164,16 @@ def test_all_cold_step_by_hand():
     # bytes: tests/solvers/test_cost_model.py::test_all_cold_no_dedup, 5.46 s (send = recv per component)
     assert st.bandwidth_s == pytest.approx(5.46, rel=REL)
     # local: 3 lookups routed (2 s each); 3 rows served (share 1/4 of 3 lookups from 4 ranks);
-    # gather and scatter-add of 3 + 3 rows of 2 values, update of the 3 served rows, 4 calls
-    pieces = {"dedup": 0.0, "route": 6.0, "gather": 36.0, "scatter_add": 60.0, "update": 42.0, "calls": 44.0}
-    pieces |= {"pack": 0.0, "output": 0.0, "host": 0.0}  # rates of the work around the exchange: 0 here
-    pieces |= {"wait": 0.0}  # no wait for descheduled ranks
+    # gather and scatter-add of 3 + 3 rows of 2 values, 4 calls; the owner updates each of its rows
+    # touched anywhere once: 12 lookups in the cluster touch sum(1 - (1 - p)^12) rows, a quarter of
+    # them its own, 2 values at 7 s each
+    touched = sum(1 - (1 - p) ** 12 for p in (0.4, 0.3, 0.2, 0.1))  # 3.6328...
+    update = 7.0 * 2 * touched / 4  # 12.71 s: not 42 (one update per served row)
+    pieces = {"dedup": 0.0, "route": 6.0, "gather": 36.0, "scatter_add": 60.0, "update": update}
+    pieces |= {"calls": 44.0, "pack": 0.0, "output": 0.0, "host": 0.0}  # work around the exchange: 0 here
     assert st.local_by_piece == pytest.approx(pieces, rel=REL)
-    assert st.local_s == pytest.approx(188.0, rel=REL)
-    assert st.total_s == pytest.approx(4.0 + 5.46 + 188.0, rel=REL)
+    assert st.local_s == pytest.approx(146.0 + update, rel=REL)
+    assert st.total_s == pytest.approx(4.0 + 5.46 + 146.0 + update, rel=REL)
 
 
 def test_work_around_the_exchange_by_hand():
@@ -217,8 +220,10 @@ def test_one_hot_row_step_by_hand():
     rows = 3 + served + touched
     assert st.local_by_piece["gather"] == pytest.approx(3.0 * 2 * rows, rel=REL)
     assert st.local_by_piece["scatter_add"] == pytest.approx(5.0 * 2 * rows, rel=REL)
-    assert st.local_by_piece["update"] == pytest.approx(7.0 * 2 * (served + touched), rel=REL)
-    local = 6.0 + 8.0 * 2 * rows + 14.0 * (served + touched) + 8 * 11.0
+    # updated once each: the owner's cold rows touched anywhere (rows 1-3, a quarter of them), the hot row
+    cold_touched = sum(1 - (1 - p) ** 12 for p in (0.3, 0.2, 0.1)) / 4  # 0.6588
+    assert st.local_by_piece["update"] == pytest.approx(7.0 * 2 * (cold_touched + touched), rel=REL)
+    local = 6.0 + 8.0 * 2 * rows + 14.0 * (cold_touched + touched) + 8 * 11.0
     assert st.local_s == pytest.approx(local, rel=REL)
     assert st.total_s == pytest.approx(8.5 + 4.48695514447872 + local, rel=REL)
     # overlap: the sync (4.5 s latency, its bytes, 30 s per synced row) runs beside the next input (2 s
@@ -270,37 +275,15 @@ def test_rates_of_ranks_sharing_a_core_scale_every_piece():
     assert base.shared(0.5) is base and base.shared(1.0) is base  # a core each: unchanged
     twice = base.shared(2.0)
     for name in LocalRates.FIELDS:
-        if name != "collective_wait_s":
-            assert getattr(twice, name) == pytest.approx(2.0 * getattr(base, name), rel=1e-15)
+        assert getattr(twice, name) == pytest.approx(2.0 * getattr(base, name), rel=1e-15)
     assert "2 ranks per core" in twice.source
-    # the collectives' wait is measured on the shared machine as it is: kept
-    assert replace(base, collective_wait_s=0.003).shared(4.0).collective_wait_s == 0.003
 
 
-def test_the_collectives_wait_by_hand():
-    # only the wait priced: 0.25 s per collective
-    rates = replace(LocalRates(0, 0, 0, 0, 0, 0), collective_wait_s=0.25)
-    cold = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, rates, dealt=False)
-    assert cold.local_by_piece["wait"] == pytest.approx(4 * 0.25, rel=REL)  # meta, ids, rows, grads
-    assert cold.local_s == pytest.approx(1.0, rel=REL)
-    hot = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, rates, dealt=False)
-    assert hot.local_by_piece["wait"] == pytest.approx(8 * 0.25, rel=REL)  # and 4 sync stages
-    # added to everything else unchanged: the step with RATES and the wait is RATES' step + 8 x 0.25
-    both = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, replace(RATES, collective_wait_s=0.25), dealt=False)
-    plain = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, RATES, dealt=False)
-    assert both.total_s == pytest.approx(plain.total_s + 2.0, rel=REL)
-    # one rank: no collectives, no wait
-    one = uniform_view(1, 1, 100.0, 0.0)
-    plan = Plan("one", (table_plan(TABLE, one, 0, 0),), dedup=True, sync=SyncMode.SPARSE)
-    assert step_time(WORKLOAD, one, plan, TABLE_S, rates, dealt=False).local_by_piece["wait"] == 0.0
-
-
-def test_rates_files_without_the_wait_load_with_it_at_zero(tmp_path):
+def test_rates_files_with_fields_of_older_versions_still_load(tmp_path):
+    # the collectives' wait was a separate term until 2026-11-26 (the host terms hold it): ignored
     path = tmp_path / "rates.json"
-    path.write_text(json.dumps({name: 1.0 for name in LocalRates.REQUIRED}))
-    assert LocalRates.load(path).collective_wait_s == 0.0
-    with pytest.raises(ConfigError, match="'collective_wait_s' = -1"):
-        replace(LocalRates.default(), collective_wait_s=-1)
+    path.write_text(json.dumps({name: 1.0 for name in LocalRates.REQUIRED} | {"collective_wait_s": 0.5}))
+    assert LocalRates.load(path) == LocalRates(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
 
 
 def test_a_plan_priced_pipelined_is_never_above_a_baseline_pipelined():
@@ -329,16 +312,3 @@ def test_a_plan_priced_pipelined_is_never_above_a_baseline_pipelined():
         except PlannerError:  # infeasible under the budget
             continue
         assert on.step.total_s <= step_time(w, view, base.plan, overlap=True).total_s * (1 + 1e-9), name
-
-
-def test_the_optimizers_fixed_cost_carries_the_wait_per_collective():
-    from solvers.coefficients import fixed_local_s
-    from solvers.schedule import step_shape
-
-    rates = replace(LocalRates(0, 0, 0, 0, 0, 0), collective_wait_s=0.25)
-    for hot, stages in ((0, 4), (1, 8)):
-        shape = step_shape(_plan(hot), VIEW)
-        assert fixed_local_s(WORKLOAD, VIEW, shape, False, rates) == pytest.approx(0.25 * stages, rel=REL)
-        # equal to the time model's wait for the same plan
-        st = step_time(WORKLOAD, VIEW, _plan(hot), TABLE_S, rates, dealt=False)
-        assert st.local_by_piece["wait"] == pytest.approx(0.25 * stages, rel=REL)
