@@ -24,7 +24,8 @@ import torch.multiprocessing as mp
 
 from core.osutil import free_port
 
-__all__ = ["end_rank", "free_port", "run_on_ranks", "wait_for_ranks"]
+__all__ = ["end_rank", "free_port", "port_taken", "run_on_ranks", "wait_for_ranks"]
+RENDEZVOUS_TRIES = 3  # jobs started again, each on a new port, when rank 0 cannot listen on its port
 
 
 def end_rank() -> NoReturn:
@@ -73,13 +74,31 @@ def run_on_ranks(
     """Spawn ``world`` ranks that each run ``fn(rank, world, *args)`` (a module-level function) inside
     an initialised process group (``backend``, one thread per rank), and return what they returned, in
     rank order. Raises ``RuntimeError`` with every failed rank's traceback when a rank fails, or after
-    ``timeout_s`` seconds when one hangs; the remaining ranks are killed either way."""
+    ``timeout_s`` seconds when one hangs; the remaining ranks are killed either way. A job whose
+    rendezvous port was taken before rank 0 listened (:func:`port_taken`) is started again on another
+    port, up to ``RENDEZVOUS_TRIES`` times."""
     label = label or getattr(fn, "__name__", "ranks")
-    with tempfile.TemporaryDirectory(prefix="flexshard-ranks-") as outdir:
-        spawn_args = (world, free_port(), backend, outdir, fn, args)
-        ctx = mp.start_processes(_rank_main, args=spawn_args, nprocs=world, join=False, start_method="spawn")
-        wait_for_ranks(ctx, timeout_s, outdir, label)
-        return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for attempt in range(RENDEZVOUS_TRIES):
+        with tempfile.TemporaryDirectory(prefix="flexshard-ranks-") as outdir:
+            spawn_args = (world, free_port(), backend, outdir, fn, args)
+            ctx = mp.start_processes(
+                _rank_main, args=spawn_args, nprocs=world, join=False, start_method="spawn"
+            )
+            try:
+                wait_for_ranks(ctx, timeout_s, outdir, label)
+            except RuntimeError as err:
+                if attempt + 1 < RENDEZVOUS_TRIES and port_taken(str(err)):
+                    continue  # nothing of fn ran: another job took the port before rank 0 listened
+                raise
+            return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    raise AssertionError("unreachable")
+
+
+def port_taken(errors: str) -> bool:
+    """Whether the ranks' tracebacks say that rank 0's rendezvous could not listen on its port (another
+    process bound it between :func:`free_port` and the listen): the job never started, and may be
+    started again on another port."""
+    return "EADDRINUSE" in errors and "init_process_group" in errors
 
 
 def wait_for_ranks(ctx: Any, timeout_s: float, outdir: str | Path, label: str) -> None:

@@ -1,6 +1,6 @@
 """run_on_ranks: results come back in rank order and the ranks leave without the interpreter's teardown
 (end_rank: no atexit handler runs); a failing or hanging rank ends every rank with its traceback,
-within the deadline."""
+within the deadline; a job whose rendezvous port was taken starts again on another."""
 
 from __future__ import annotations
 
@@ -53,3 +53,32 @@ def test_a_hanging_rank_is_killed_at_the_deadline():
     with pytest.raises(RuntimeError, match="^hang: ranks did not finish within 3 s$"):
         run_on_ranks(_rank1_hangs, 2, timeout_s=3.0, label="hang")
     assert time.monotonic() - start < 30
+
+
+def test_a_job_whose_port_another_process_holds_starts_again_on_another(monkeypatch, tmp_path):
+    import socket
+
+    import flexshard.runtime.local as local
+    from core.osutil import free_port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:  # another job listening on it
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        handed = []
+
+        def ports() -> int:
+            handed.append(taken if not handed else free_port())
+            return handed[-1]
+
+        monkeypatch.setattr(local, "free_port", ports)
+        assert run_on_ranks(_sum_of_ranks, 2, 1, str(tmp_path)) == [(0, 3), (1, 3)]
+    assert len(handed) == 2 and handed[0] == taken  # the first try failed to listen, the second ran
+
+
+def test_only_a_rendezvous_that_could_not_listen_is_started_again():
+    from flexshard.runtime.local import port_taken
+
+    assert port_taken("rank0.err:\n  dist.init_process_group(...)\nDistNetworkError: ... EADDRINUSE ...")
+    assert not port_taken("rank1.err:\nValueError: rank 1 cannot go on")  # the job's own error
+    assert not port_taken("rank0.err:\n  in my_fn\nOSError: EADDRINUSE")  # the job's own bind, after init
