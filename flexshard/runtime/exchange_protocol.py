@@ -7,7 +7,8 @@ contract. Each collective phase is one stage of :func:`solvers.schedule.step_sch
 ``input_dist``
     :meth:`ExchangeProtocol.route` (local): each table's remote lookups sorted by destination, in four
     id columns: warm slots to their owner in the group, flat cold slots to their owner, group-fetch keys
-    ``owner * rows + slot`` to the *rail peer* (the rank of this group at the owner's position) and, for
+    (:meth:`~flexshard.runtime.group_dedup.GroupDedup.key`: table, owner and slot in one int64) to the
+    *rail peer* (the rank of this group at the owner's position) and, for
     owners in other groups, the same lookups' slots straight to the owner. An all-cold group-fetched
     table deduplicated in :attr:`~ExchangeProtocol.owner_key` order needs no sort for either.
     :meth:`~ExchangeProtocol.meta` (``meta``, world all-to-all, int64): every rank's input error code
@@ -72,7 +73,7 @@ ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's dis
 @dataclass
 class Routed:
     """This rank's remote lookups (``input_dist``'s local part). Per table and kind: positions among
-    the table's unique ids, and what is sent (slots, or ``owner * rows + slot`` for ``GIDS``), sorted by
+    the table's unique ids, and what is sent (slots, or the rows' keys for ``GIDS``), sorted by
     destination."""
 
     lookups: list[TableLookup]
@@ -174,8 +175,8 @@ class ExchangeProtocol:
             if not grouped:
                 columns[FLAT] = (cold, owner, lk.slot)
             else:
-                rows = int(self.routing[t].num_rows)  # GIDS: owner * rows + slot (the peer looks up nothing)
-                key = owner * rows + (lk.slot if cold is None else lk.slot.index_select(0, cold))
+                # GIDS: the row's key (the rail peer looks up nothing)
+                key = self.dedup.key(t, owner, lk.slot if cold is None else lk.slot.index_select(0, cold))
                 dest = self.rail_peer_of_owner.index_select(0, owner)
                 columns[GIDS] = (cold, dest, key)
                 away = ~self.same_group.index_select(0, owner)
@@ -212,7 +213,7 @@ class ExchangeProtocol:
         n = lk.owner.numel()
         per_owner = torch.bincount(lk.owner, minlength=self.world)
         index.append(torch.arange(n, device=self.device))
-        send.append(lk.owner * int(self.routing[t].num_rows) + lk.slot)
+        send.append(self.dedup.key(t, lk.owner, lk.slot))
         per_owner_rail = per_owner.index_select(0, self._rail_owners)
         bins.append(torch.zeros_like(per_owner).index_add_(0, self._rail_dest, per_owner_rail))
         other = torch.nonzero(self._away.index_select(0, lk.owner)).flatten()
@@ -366,28 +367,33 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
-        cols = [
-            unique_grads[t] if (t, k) in routed.in_order else rows_at(unique_grads[t], routed.index[t][k])
-            for t in range(n_t)
-            for k in ROW_KINDS
-        ]
         sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
-        widths = np.repeat(self.dims, len(ROW_KINDS))
-        pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
+        if self.wire_dtype is WireDtype.FP32:  # gathered into the send buffer, added per peer block
+            sources = [unique_grads[t] for t in range(n_t) for _k in ROW_KINDS]
+            order = routed.in_order
+            indices = [None if (t, k) in order else routed.index[t][k] for t in range(n_t) for k in ROW_KINDS]
+            pending = exchange_gathered_async("grads", sources, indices, sc, rc)
+        else:
+            cols = [
+                unique_grads[t] if (t, k) in routed.in_order else rows_at(unique_grads[t], routed.index[t][k])
+                for t in range(n_t)
+                for k in ROW_KINDS
+            ]
+            widths = np.repeat(self.dims, len(ROW_KINDS))
+            pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
 
         def finish() -> list[torch.Tensor]:
             got = pending.wait()
             out = []
             for t in range(n_t):
                 for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):
-                    if asked.slots[t][k].numel():
-                        self.shards[(t, tier)].add_gradient(asked.slots[t][k], got[3 * t + k])
-                if not self.group_fetch[t]:
-                    out.append(got[3 * t + 2])  # empty: a flat table has no group-fetch gradients
-                    continue
+                    for lo, hi, block in _blocks(got[3 * t + k]):
+                        self.shards[(t, tier)].add_gradient(asked.slots[t][k][lo:hi], block)
                 total = torch.zeros(int(asked.num_distinct[t]), int(self.dims[t]), device=self.device)
-                out.append(total.index_add_(0, asked.inverse[t], got[3 * t + 2]))
+                for lo, hi, block in _blocks(got[3 * t + 2]):
+                    total.index_add_(0, asked.inverse[t][lo:hi], block)
+                out.append(total)  # empty for a flat table
             return out
 
         return Pending([pending], finish)
@@ -411,13 +417,29 @@ class ExchangeProtocol:
                     self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t][a:b], own)
                 cols.append(torch.cat([sums[t][:lo], sums[t][hi:]]))
                 slots.append(torch.cat([asked.owner_slots[t][:a], asked.owner_slots[t][b:]]))
-        pending = exchange_vectors(
-            "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
-        )
+        if self.wire_dtype is WireDtype.FP32:  # sums copied into the send buffer, added per peer block
+            pending = exchange_gathered_async("rail_grads", cols, [None] * n_t, sc, rc, self.pg.replica)
+        else:
+            pending = exchange_vectors(
+                "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
+            )
 
         def finish() -> None:
             for t, got in enumerate(pending.wait()):
-                if slots[t].numel():
-                    self.shards[(t, Tier.COLD)].add_gradient(slots[t], got)
+                for lo, hi, block in _blocks(got):
+                    self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], block)
 
         return Pending([pending], finish)
+
+
+def _blocks(got: torch.Tensor | list[torch.Tensor]) -> list[tuple[int, int, torch.Tensor]]:
+    """``(lo, hi, rows)`` of the non-empty blocks of a received column: its per-peer views (rows
+    ``[lo, hi)`` of the column in peer order), or the whole column as one block."""
+    views = [got] if isinstance(got, torch.Tensor) else got
+    out, lo = [], 0
+    for v in views:
+        n = int(v.shape[0])
+        if n:
+            out.append((lo, lo + n, v))
+        lo += n
+    return out

@@ -2,14 +2,15 @@
 list the warm and flat slots asked of them, and both ends of the group fetch deduplicate without an
 exchange of sizes.
 
-The group fetch's distinct rows are numbered in one key space for every table at once: table ``t``
-takes ``G * S_t`` keys (``G`` the ranks at this rank's position, its *rail*, ascending; ``S_t`` the
-largest cold shard of table t), the key of slot ``s`` at the rail's ``j``-th rank is
-``base_t + j * S_t + s``. Sorted keys are sorted by (table, owner or rail peer, slot), exactly the
-order a per-table ``torch.unique`` of ``owner * rows + slot`` gives, and one dedup serves every table:
+The group fetch's rows are numbered in one key space for every table at once, the same on every rank:
+table ``t`` takes ``G * S_t`` keys (``G`` the ranks at one position, a *rail*, one per group; ``S_t``
+the largest cold shard of table t), the key of slot ``s`` of the rank ``j``-th in its rail (ascending)
+is ``base_t + j * S_t + s`` (:meth:`GroupDedup.key`). A rail peer receives keys of its own rail's
+owners only, so sorted keys are sorted by (table, owner or rail peer, slot), the order a per-table
+``torch.unique`` of ``owner * rows + slot`` gives, and one dedup serves every table:
 
-* the rail peer deduplicates its group's keys (``owner * rows + slot``, received in ``GIDS``) with the
-  inverse indices, per owner of its rail;
+* the rail peer deduplicates its group's keys (received in ``GIDS``; requesters send the keys, so it
+  decodes nothing) with the inverse indices, per owner of its rail;
 * the owner deduplicates the slots the other groups asked of it (``GSLOTS``) per requesting group's
   rail peer, and adds its own group's distinct rows (the rail peer's bucket of its own rank), which it
   sends itself in ``rows`` (a local copy, never counted as bytes) so that the rail peer receives every
@@ -86,13 +87,13 @@ class GroupDedup:
         self.device, self.me = device, me
         pos = np.asarray(position_of_rank)
         self.rail = np.flatnonzero(pos == pos[me])  # ascending ranks
-        j_of_rank = np.zeros(pos.size, dtype=np.int64)
-        j_of_rank[self.rail] = np.arange(self.rail.size)
+        j_of_rank = np.zeros(pos.size, dtype=np.int64)  # every rank's place in its rail
+        for p in np.unique(pos):
+            j_of_rank[pos == p] = np.arange(int(np.sum(pos == p)))
         self.j_me = int(j_of_rank[me])
         self.group_fetch = np.asarray(group_fetch, dtype=bool)
         self.tables = int(self.group_fetch.size)
         g = self.rail.size
-        self.rows = np.array([int(r.num_rows) for r in routing], dtype=np.int64)
         # S_t: the largest cold shard of a group-fetched table (0: the table takes no keys)
         shards = [int(np.max(r.cold_rows_per_rank, initial=0)) for r in routing]
         self.span = np.where(self.group_fetch, shards, 0).astype(np.int64)
@@ -106,10 +107,13 @@ class GroupDedup:
         peer = np.asarray(rail_peer_of_requester, dtype=np.int64)
         self.j_req = np.where(peer >= 0, j_of_rank[np.maximum(peer, 0)], 0)
         self._j_of_rank = torch.as_tensor(j_of_rank, device=device)
-        self._rows = torch.as_tensor(self.rows, device=device)
-        self._span = torch.as_tensor(self.span, device=device)
-        self._base = torch.as_tensor(self.base[:-1], device=device)
         self._none = torch.zeros(0, dtype=torch.int64, device=device)
+
+    def key(self, t: int, owner: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """The keys of slots ``slot`` at ranks ``owner`` of group-fetched table ``t`` (a requester's
+        ``GIDS``)."""
+        j = self._j_of_rank.index_select(0, owner)
+        return j * int(self.span[t]) + (slot + int(self.base[t]))
 
     def _per_key(self, values: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         """``values[i]`` repeated ``counts[i]`` times, on the device."""
@@ -132,17 +136,9 @@ class GroupDedup:
             none = [self._none] * n_t
             span = np.zeros((n_t, 2), dtype=np.int64)
             return Asked(recv_counts, slots, none, zeros, none, zeros.copy(), span, span.copy())
-        tables = np.arange(n_t)
-        # rail peer: the group's keys owner * rows + slot, distinct per (table, owner)
+        # rail peer: the group's keys, distinct per (table, owner)
         n_ids = recv_counts[:, :, GIDS].sum(axis=0)
-        raw = _joined([received[t][GIDS] for t in range(n_t)])
-        table = self._per_key(tables, n_ids)
-        rows = self._rows.index_select(0, table)
-        owner = torch.div(raw, rows, rounding_mode="floor")
-        j = self._j_of_rank.index_select(0, owner)
-        keys = raw + (
-            self._base.index_select(0, table) - owner * rows + j * self._span.index_select(0, table)
-        )
+        keys = _joined([received[t][GIDS] for t in range(n_t)])
         distinct, inverse = distinct_keys(keys, self.key_range, return_inverse=True)
         fetch = self._buckets(distinct)
         fetch_counts = zeros.copy()

@@ -188,15 +188,16 @@ def exchange_vectors(
 def exchange_gathered_async(
     name: str,
     sources: list[torch.Tensor],
-    indices: list[torch.Tensor],
+    indices: list[torch.Tensor | None],
     counts: np.ndarray,
     recv_counts: np.ndarray,
     group=None,
 ) -> Pending[list[list[torch.Tensor]]]:
     """:func:`exchange_columns_async` of float32 rows (an fp32 wire) whose column ``c`` is
-    ``sources[c].index_select(0, indices[c])``, gathered straight into the send buffer (no column, no
-    concatenation), returned as per-peer views of the receive buffer (no concatenation either): per column
-    a list over peers of ``[recv_counts[p, c], dim_c]`` rows. The same rows in the same order as
+    ``sources[c].index_select(0, indices[c])`` (``sources[c]`` itself where ``indices[c]`` is None),
+    gathered straight into the send buffer (no column, no concatenation), returned as per-peer views of
+    the receive buffer (no concatenation either): per column a list over peers of
+    ``[recv_counts[p, c], dim_c]`` rows. The same rows in the same order as
     :func:`exchange_columns_async` of the gathered columns; two copies of every row fewer."""
     peers, n_c = counts.shape
     if not n_c:
@@ -212,8 +213,11 @@ def exchange_gathered_async(
         for c in range(n_c):
             n = int(counts[p, c])
             if n:
-                rows = indices[c][int(start[p, c]) : int(start[p, c]) + n]
-                torch.index_select(sources[c], 0, rows, out=send[off : off + n * int(dims[c])].view(n, -1))
+                lo, out = int(start[p, c]), send[off : off + n * int(dims[c])].view(n, -1)
+                if indices[c] is None:
+                    out.copy_(sources[c][lo : lo + n])
+                else:
+                    torch.index_select(sources[c], 0, indices[c][lo : lo + n], out=out)
             off += n * int(dims[c])
     per_peer_recv = recv_sizes.sum(axis=1).tolist()
     if peers == 1:

@@ -42,8 +42,9 @@ def _case(seed: int, groups: int, size: int, me: int):
     ]
     peer_of = grp * size + pos[me]  # requester p's rail peer at my position
     rail = np.flatnonzero(pos == pos[me])
+    dedup = GroupDedup(me, pos, peer_of, routing, fetch, torch.device("cpu"))
     recv = np.zeros((world, 3, 4), np.int64)
-    received = []
+    received, pairs = [], []
     for t in range(3):
         gids, gslots = [], []
         for p in range(world):
@@ -51,7 +52,7 @@ def _case(seed: int, groups: int, size: int, me: int):
                 n = int(rng.integers(0, 12))
                 owner = rng.choice(rail, n)
                 slot = rng.integers(0, shards[t][owner])
-                gids.append(owner * rows[t] + slot)
+                gids.append(owner * rows[t] + slot)  # the reference's key
                 recv[p, t, GIDS] = n
             if fetch[t] and grp[p] != grp[me]:
                 n = int(rng.integers(0, 9))
@@ -59,27 +60,29 @@ def _case(seed: int, groups: int, size: int, me: int):
                 recv[p, t, GSLOTS] = n
         recv[:, t, FLAT] = 0 if fetch[t] else rng.integers(0, 3, world)
         flat = torch.as_tensor(rng.integers(0, shards[t][me], int(recv[:, t, FLAT].sum())), dtype=torch.int64)
+        pairs.append(torch.as_tensor(np.concatenate([np.zeros(0, np.int64), *gids]), dtype=torch.int64))
+        owner, slot = pairs[-1] // rows[t], pairs[-1] % rows[t]
+        keys = dedup.key(t, owner, slot) if fetch[t] else pairs[-1]
         received.append(
             [
                 torch.zeros(0, dtype=torch.int64),
                 flat,
-                torch.as_tensor(np.concatenate([np.zeros(0, np.int64), *gids]), dtype=torch.int64),
+                keys,
                 torch.as_tensor(np.concatenate([np.zeros(0, np.int64), *gslots]), dtype=torch.int64),
             ]
         )
-    dedup = GroupDedup(me, pos, peer_of, routing, fetch, torch.device("cpu"))
-    return dedup, received, recv, rows, fetch, peer_of
+    return dedup, received, recv, rows, fetch, peer_of, pairs
 
 
-def _reference(me, received, recv, rows, fetch, peer_of, world):
-    """The per-table ``torch.unique`` of the rail peer's keys and of the owner's (rail peer, slot),
-    its own group's distinct rows (owner ``me``) served to itself."""
+def _reference(me, received, recv, rows, fetch, peer_of, world, pairs):
+    """The per-table ``torch.unique`` of the rail peer's ``owner * rows + slot`` (``pairs``) and of the
+    owner's (rail peer, slot), its own group's distinct rows (owner ``me``) served to itself."""
     out = []
     for t in range(len(rows)):
         if not fetch[t]:
             out.append(None)
             continue
-        distinct, inverse = torch.unique(received[t][GIDS], return_inverse=True)
+        distinct, inverse = torch.unique(pairs[t], return_inverse=True)
         owner = distinct // rows[t]
         fetch_counts = torch.bincount(owner, minlength=world).numpy()
         lo = int(fetch_counts[:me].sum())
@@ -100,9 +103,9 @@ def _reference(me, received, recv, rows, fetch, peer_of, world):
 )
 def test_group_dedup_equals_a_per_table_unique(monkeypatch, dense, seed, groups, size, me):
     monkeypatch.setattr(group_dedup, "DENSE_PER_KEY", 10**9 if dense else 0)
-    dedup, received, recv, rows, fetch, peer_of = _case(seed, groups, size, me)
+    dedup, received, recv, rows, fetch, peer_of, pairs = _case(seed, groups, size, me)
     asked = dedup.compute(received, recv)
-    want = _reference(me, received, recv, rows, fetch, peer_of, groups * size)
+    want = _reference(me, received, recv, rows, fetch, peer_of, groups * size, pairs)
     for t, w in enumerate(want):
         assert asked.slots[t][0] is received[t][WARM] and asked.slots[t][1] is received[t][FLAT]
         if w is None:
@@ -129,3 +132,15 @@ def test_without_a_group_fetched_table_only_the_slots_are_listed():
     asked = dedup.compute(received, recv)
     assert all(asked.slots[t][1] is received[t][FLAT] for t in range(2))
     assert not asked.fetch_counts.any() and not asked.owner_counts.any() and not asked.local.any()
+
+
+def test_every_rank_makes_the_same_keys():
+    """A requester's keys are its rail peer's: every rank numbers the ranks of every rail alike."""
+    keys = []
+    for me in range(6):
+        dedup, *_ = _case(2, 3, 2, me)
+        owner = torch.arange(6).repeat(2)
+        keys.append(dedup.key(0, owner, torch.zeros(12, dtype=torch.int64) + 1))
+    assert all(torch.equal(k, keys[0]) for k in keys)
+    span = int(dedup.span[0])
+    assert keys[0][:6].tolist() == [1, 1, 1 + span, 1 + span, 1 + 2 * span, 1 + 2 * span]
