@@ -82,14 +82,11 @@ def exchange_columns_async(
         if len(used) == 1 and not hw and peers > 1:
             out[used[0]] = recv.view(-1, *columns[used[0]].shape[1:])
             return out, None
-        if hw:
-            sizes = np.concatenate([np.full((peers, 1), hw), recv_sizes], axis=1).reshape(-1).tolist()
-            got = recv.split(sizes)
-            stride = len(used) + 1
-            headers = torch.stack(got[::stride])
-        else:  # no header: the blocks alone, (peer, column)
-            got = recv.split(recv_sizes.reshape(-1).tolist())
-            stride, headers = len(used), None
+        # per peer: its header (a column of width hw, none without a header), then its blocks
+        sizes = np.concatenate([np.full((peers, 1 if hw else 0), hw), recv_sizes], axis=1)
+        got = recv.split(sizes.reshape(-1).tolist())
+        stride = sizes.shape[1]
+        headers = torch.stack(got[::stride]) if hw else None
         first = stride - len(used)
         for i, c in enumerate(used):
             out[c] = torch.cat(got[first + i :: stride]).view(-1, *columns[c].shape[1:])
