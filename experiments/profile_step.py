@@ -154,7 +154,10 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             t0 = time.perf_counter()
             for work in self._works:
                 if work is not None:
+                    c0 = time.thread_time()
                     work.wait()
+                    if not isinstance(work, awaitable.Pending):  # a collective's own wait
+                        clock["wait (thread cpu)"] += time.thread_time() - c0
             clock["wait"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             self._value, self._done = self._finish(), True
