@@ -62,6 +62,7 @@ from flexshard.runtime.transfer import (
     exchange_columns_async,
     exchange_gathered_async,
     exchange_vectors,
+    joined_blocks,
     round_like_wire,
     rows_at,
 )
@@ -369,16 +370,16 @@ class ExchangeProtocol:
         n_t = len(unique_grads)
         sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
-        if self.wire_dtype is WireDtype.FP32:  # gathered into the send buffer, added per peer block
+        order = routed.in_order
+        indices = [None if (t, k) in order else routed.index[t][k] for t in range(n_t) for k in ROW_KINDS]
+        if self.wire_dtype is WireDtype.FP32 and any(i is not None and i.numel() for i in indices):
+            # a column out of order: every column gathered straight into the send buffer (no column)
             sources = [unique_grads[t] for t in range(n_t) for _k in ROW_KINDS]
-            order = routed.in_order
-            indices = [None if (t, k) in order else routed.index[t][k] for t in range(n_t) for k in ROW_KINDS]
             pending = exchange_gathered_async("grads", sources, indices, sc, rc)
         else:
             cols = [
-                unique_grads[t] if (t, k) in routed.in_order else rows_at(unique_grads[t], routed.index[t][k])
-                for t in range(n_t)
-                for k in ROW_KINDS
+                unique_grads[t] if i is None else rows_at(unique_grads[t], i)
+                for t, i in zip(np.repeat(np.arange(n_t), len(ROW_KINDS)), indices, strict=True)
             ]
             widths = np.repeat(self.dims, len(ROW_KINDS))
             pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
@@ -387,9 +388,9 @@ class ExchangeProtocol:
             got = pending.wait()
             out = []
             for t in range(n_t):
-                for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):
-                    for lo, hi, block in _blocks(got[3 * t + k]):
-                        self.shards[(t, tier)].add_gradient(asked.slots[t][k][lo:hi], block)
+                for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):  # one add (a row's adds in order)
+                    if asked.slots[t][k].numel():
+                        self.shards[(t, tier)].add_gradient(asked.slots[t][k], _joined(got[3 * t + k]))
                 total = torch.zeros(int(asked.num_distinct[t]), int(self.dims[t]), device=self.device)
                 for lo, hi, block in _blocks(got[3 * t + 2]):
                     total.index_add_(0, asked.inverse[t][lo:hi], block)
@@ -430,6 +431,12 @@ class ExchangeProtocol:
                     self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], block)
 
         return Pending([pending], finish)
+
+
+def _joined(got: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """A received column as one tensor: itself, or its per-peer views in peer order (no copy when at
+    most one is not empty)."""
+    return got if isinstance(got, torch.Tensor) else joined_blocks(got)
 
 
 def _blocks(got: torch.Tensor | list[torch.Tensor]) -> list[tuple[int, int, torch.Tensor]]:
