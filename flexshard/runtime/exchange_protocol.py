@@ -392,8 +392,8 @@ class ExchangeProtocol:
                     if asked.slots[t][k].numel():
                         self.shards[(t, tier)].add_gradient(asked.slots[t][k], _joined(got[3 * t + k]))
                 total = torch.zeros(int(asked.num_distinct[t]), int(self.dims[t]), device=self.device)
-                for lo, hi, block in _blocks(got[3 * t + 2]):
-                    total.index_add_(0, asked.inverse[t][lo:hi], block)
+                if asked.inverse[t].numel():
+                    total.index_add_(0, asked.inverse[t], _joined(got[3 * t + 2]))
                 out.append(total)  # empty for a flat table
             return out
 
@@ -401,34 +401,35 @@ class ExchangeProtocol:
 
     def rail_grads(self, asked: Asked, sums: list[torch.Tensor]) -> Pending[None]:
         """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to
-        itself, a local copy); on wait every owner has added its gradients. On an fp16 wire, whose
-        gradients are scaled by the sender's largest, the own rows' sums are added apart, scaled by
-        their own largest, as sent to no one."""
+        itself, a local copy); on wait every owner has added its gradients, its own group's first, then
+        the other groups' in rail order (each row's gradient summed in the same order whichever rank owns
+        it). On an fp16 wire, whose gradients are scaled by the sender's largest, the own rows' sums are
+        added apart, scaled by their own largest, as sent to no one."""
         n_t = len(sums)
         sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
-        cols, slots = sums, asked.owner_slots
+        cols, slots, own = sums, asked.owner_slots, asked.own
         if self.wire_dtype is WireDtype.FP16:
+            own = np.zeros_like(own)  # none received
             mine = self.rail == self.me
             sc, rc = np.where(mine[:, None], 0, sc), np.where(mine[:, None], 0, rc)
             cols, slots = [], []
             for t in range(n_t):
                 (lo, hi), (a, b) = asked.local[t], asked.own[t]
                 if hi > lo:
-                    own = round_like_wire(sums[t][lo:hi], self.wire_dtype, scaled=True)
-                    self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t][a:b], own)
+                    kept = round_like_wire(sums[t][lo:hi], self.wire_dtype, scaled=True)
+                    self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t][a:b], kept)
                 cols.append(torch.cat([sums[t][:lo], sums[t][hi:]]))
                 slots.append(torch.cat([asked.owner_slots[t][:a], asked.owner_slots[t][b:]]))
-        if self.wire_dtype is WireDtype.FP32:  # sums copied into the send buffer, added per peer block
-            pending = exchange_gathered_async("rail_grads", cols, [None] * n_t, sc, rc, self.pg.replica)
-        else:
-            pending = exchange_vectors(
-                "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
-            )
+        pending = exchange_vectors(
+            "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
+        )
 
         def finish() -> None:
             for t, got in enumerate(pending.wait()):
-                for lo, hi, block in _blocks(got):
-                    self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], block)
+                (a, b), n = own[t], int(got.shape[0])
+                for lo, hi in ((a, b), (0, a), (b, n)):  # its own group's first: a row's sum in rail order
+                    if hi > lo:
+                        self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], got[lo:hi])
 
         return Pending([pending], finish)
 
@@ -437,16 +438,3 @@ def _joined(got: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
     """A received column as one tensor: itself, or its per-peer views in peer order (no copy when at
     most one is not empty)."""
     return got if isinstance(got, torch.Tensor) else joined_blocks(got)
-
-
-def _blocks(got: torch.Tensor | list[torch.Tensor]) -> list[tuple[int, int, torch.Tensor]]:
-    """``(lo, hi, rows)`` of the non-empty blocks of a received column: its per-peer views (rows
-    ``[lo, hi)`` of the column in peer order), or the whole column as one block."""
-    views = [got] if isinstance(got, torch.Tensor) else got
-    out, lo = [], 0
-    for v in views:
-        n = int(v.shape[0])
-        if n:
-            out.append((lo, lo + n, v))
-        lo += n
-    return out
