@@ -1,8 +1,11 @@
 """Where a benchmark step's time goes: runs ``flexshard bench``'s strategies on spawned gloo ranks and
 profiles rank 0's timed steps with ``torch.profiler`` (self CPU time per op, grouped into the pieces of
-the time model), beside the time model's pieces for the same plan.
+the time model), beside the time model's pieces for the same plan. Each exchange-protocol phase (and
+the local dedup and routing, ``lookups``) is clocked in thread CPU and, with ``--counts``, its torch ops
+and their self time are listed per phase; ``--clock-only`` leaves the profiler out (undistorted clocks).
 
     nice .venv/bin/python experiments/profile_step.py [--nproc 4] [--groups 2] [--batch 128] [--steps 10]
+        [--only flexshard,row_wise] [--counts | --clock-only]
 """
 
 from __future__ import annotations
