@@ -1,8 +1,11 @@
 """Where a benchmark step's time goes: runs ``flexshard bench``'s strategies on spawned gloo ranks and
 profiles rank 0's timed steps with ``torch.profiler`` (self CPU time per op, grouped into the pieces of
-the time model), beside the time model's pieces for the same plan.
+the time model), beside the time model's pieces for the same plan. Each exchange-protocol phase (and
+the local dedup and routing, ``lookups``) is clocked in thread CPU and, with ``--counts``, its torch ops
+and their self time are listed per phase; ``--clock-only`` leaves the profiler out (undistorted clocks).
 
     nice .venv/bin/python experiments/profile_step.py [--nproc 4] [--groups 2] [--batch 128] [--steps 10]
+        [--only flexshard,row_wise] [--counts | --clock-only]
 """
 
 from __future__ import annotations
@@ -53,27 +56,30 @@ def _piece(name: str) -> str:
 
 
 def _time_protocol(clock: dict) -> None:
-    """Clock every exchange-protocol phase's local work (the call, and its stage's finish after the
-    wait) under ``proto.<phase>``, in CPU seconds of the calling thread (``time.thread_time``: what this
-    rank spent, not the time slices other ranks took from it on shared cores); the wait stays in
-    ``wait``."""
+    """Clock every exchange-protocol phase's local work (the call, and the wait of its stage with the
+    finish after it) under ``proto.<phase>``, in CPU seconds of the calling thread (``time.thread_time``:
+    what this rank spent, not the time slices other ranks took from it on shared cores, nor a blocked
+    wait); ``local_lookups`` as ``proto.lookups``. Each is also a ``record_function`` range, so the
+    profile's ops can be counted per phase."""
     from flexshard.runtime import awaitable, exchange_protocol
 
     def timed(name, fn):
         def call(*a, **k):
             t0 = time.thread_time()
-            out = fn(*a, **k)
+            with torch.autograd.profiler.record_function(f"proto.{name}"):
+                out = fn(*a, **k)
             clock[f"proto.{name}"] += time.thread_time() - t0
             if isinstance(out, awaitable.Pending):
-                inner = out._finish
+                whole = out.wait  # the inner stages' finish runs in the works' wait: it is the phase's work
 
-                def finish():
-                    t1 = time.thread_time()
-                    value = inner()
+                def wait_in_phase():
+                    t1 = time.thread_time()  # a blocked wait takes no CPU of this thread
+                    with torch.autograd.profiler.record_function(f"proto.{name}"):
+                        value = whole()
                     clock[f"proto.{name}"] += time.thread_time() - t1
                     return value
 
-                out._finish = finish
+                out.wait = wait_in_phase
             return out
 
         return call
@@ -81,6 +87,34 @@ def _time_protocol(clock: dict) -> None:
     cls = exchange_protocol.ExchangeProtocol
     for name in ("route", "meta", "ids", "compute", "rows", "scatter", "grads", "rail_grads"):
         setattr(cls, name, timed(name, getattr(cls, name)))
+    from flexshard.runtime import sharded
+
+    sharded.local_lookups = timed("lookups", sharded.local_lookups)
+
+
+def _ops_by_phase(prof, steps: int) -> str:
+    """Torch ops per step inside each ``proto.<phase>`` range (nested ops included, as the op count
+    counts them), the rest under ``other``; the ranges themselves are not counted."""
+    per: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    self_us: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for ev in prof.events():
+        if ev.name.startswith("proto."):
+            continue
+        parent = ev.cpu_parent
+        while parent is not None and not parent.name.startswith("proto."):
+            parent = parent.cpu_parent
+        phase = parent.name[6:] if parent is not None else "other"
+        per[phase][ev.name] += 1
+        self_us[phase][ev.name] += ev.self_cpu_time_total
+    parts = []
+    for phase, ops in sorted(per.items(), key=lambda kv: -sum(kv[1].values())):
+        top = sorted(ops.items(), key=lambda kv: -kv[1])[:8]
+        named = ", ".join(f"{k.removeprefix('aten::')} {v / steps:g}" for k, v in top)
+        slow = sorted(self_us[phase].items(), key=lambda kv: -kv[1])[:4]
+        timed = ", ".join(f"{k.removeprefix('aten::')} {v / steps / 1e3:.2f}" for k, v in slow)
+        total = sum(self_us[phase].values()) / steps / 1e3
+        parts.append(f"{phase} {sum(ops.values()) / steps:g} ({named}; self ms {total:.2f}: {timed})")
+    return "; ".join(parts)
 
 
 def _rank(rank: int, args, port: int, out: str) -> None:
@@ -123,7 +157,10 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             t0 = time.perf_counter()
             for work in self._works:
                 if work is not None:
+                    c0 = time.thread_time()
                     work.wait()
+                    if not isinstance(work, awaitable.Pending):  # a collective's own wait
+                        clock["wait (thread cpu)"] += time.thread_time() - c0
             clock["wait"] += time.perf_counter() - t0
             t0 = time.perf_counter()
             self._value, self._done = self._finish(), True
@@ -145,7 +182,11 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             dist.barrier()
             s.step(b)
         times = []
-        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if rank == 0 else None
+        prof = (
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            if rank == 0 and not args.clock_only
+            else None
+        )
         if args.cprofile and rank == 0:
             import cProfile
 
@@ -184,13 +225,18 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             text = io.StringIO()
             pstats.Stats(python_prof, stream=text).sort_stats("tottime").print_stats(30)
             lines.append(f"== {s.key}: Python self time over {args.steps} steps\n{text.getvalue()}")
+        if args.clock_only and rank == 0:
+            lines.append(
+                f"== {s.key} (no profiler): step median {sorted(times)[len(times) // 2] * 1e3:.1f} ms; "
+                "phases ms/step: " + ", ".join(f"{k} {v * 1e3 / args.steps:.2f}" for k, v in clock.items())
+            )
         if prof:
             prof.__exit__(None, None, None)
             by = defaultdict(float)
             for ev in prof.key_averages():
                 by[_piece(ev.key)] += ev.self_cpu_time_total / 1e3 / args.steps
             top = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:14]
-            ops = sum(e.count for e in prof.key_averages()) / args.steps
+            ops = sum(e.count for e in prof.key_averages() if not e.key.startswith("proto.")) / args.steps
             lines.append(
                 f"== {s.key}: step median {sorted(times)[len(times) // 2] * 1e3:.1f} ms (profiled), "
                 f"{ops:.0f} torch ops per step"
@@ -198,9 +244,12 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             by["other ops and Python (host)"] += sorted(times)[len(times) // 2] * 1e3 - sum(by.values())
             lines.append("  measured ms/step: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(by.items())))
             if args.counts:
-                by_count = sorted(prof.key_averages(), key=lambda e: -e.count)
+                by_count = sorted(
+                    (e for e in prof.key_averages() if not e.key.startswith("proto.")), key=lambda e: -e.count
+                )
                 calls = "; ".join(f"{e.key} {e.count / args.steps:g}" for e in by_count)
                 lines.append("  calls/step: " + calls)
+                lines.append("  ops/step by phase: " + _ops_by_phase(prof, args.steps))
             lines.append(
                 "  phases ms/step: " + ", ".join(f"{k} {v * 1e3 / args.steps:.2f}" for k, v in clock.items())
             )
@@ -241,6 +290,9 @@ def main() -> None:
     ap.add_argument("--plan-for", default="h100", help="probed or h100 (what the plans are made for)")
     ap.add_argument("--cprofile", action="store_true", help="profile rank 0's Python instead (self time)")
     ap.add_argument("--counts", action="store_true", help="also list every op's calls per step")
+    ap.add_argument(
+        "--clock-only", action="store_true", help="no torch profiler: the phases' thread CPU undistorted"
+    )
     ap.add_argument("--only", default="", help="comma-separated strategy keys to profile (default: all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:

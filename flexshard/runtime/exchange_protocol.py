@@ -7,7 +7,8 @@ contract. Each collective phase is one stage of :func:`solvers.schedule.step_sch
 ``input_dist``
     :meth:`ExchangeProtocol.route` (local): each table's remote lookups sorted by destination, in four
     id columns: warm slots to their owner in the group, flat cold slots to their owner, group-fetch keys
-    ``owner * rows + slot`` to the *rail peer* (the rank of this group at the owner's position) and, for
+    (:meth:`~flexshard.runtime.group_dedup.GroupDedup.key`: table, owner and slot in one int64) to the
+    *rail peer* (the rank of this group at the owner's position) and, for
     owners in other groups, the same lookups' slots straight to the owner. An all-cold group-fetched
     table deduplicated in :attr:`~ExchangeProtocol.owner_key` order needs no sort for either.
     :meth:`~ExchangeProtocol.meta` (``meta``, world all-to-all, int64): every rank's input error code
@@ -15,21 +16,24 @@ contract. Each collective phase is one stage of :func:`solvers.schedule.step_sch
     group; flat: everyone; group slots: the other groups). :meth:`~ExchangeProtocol.ids` (``ids``, world
     all-to-all): the columns.
 ``compute`` (local)
-    :meth:`~ExchangeProtocol.compute`: owners gather the warm and flat rows asked of them. For the group
-    fetch the owner deduplicates the slots it received per requesting group (``torch.unique`` of
-    ``(rail peer, slot)``: sorted by the group's rail peer, then slot) and the rail peer deduplicates its
-    group's keys (``torch.unique`` of ``owner * rows + slot``, no routing lookup): both know the same
-    distinct rows in the same order without an exchange of sizes. Rows the rail peer owns itself are read
-    locally.
+    :meth:`~ExchangeProtocol.compute` (:mod:`~flexshard.runtime.group_dedup`): owners list the warm and
+    flat slots asked of them. For the group fetch the owner deduplicates the slots it received per
+    requesting group (sorted by the group's rail peer, then slot) and the rail peer its group's keys
+    (sorted by owner, then slot; no routing lookup): both know the same distinct rows in the same order
+    without an exchange of sizes. Every table in one dedup per side, without a sort where the key range
+    is small.
 ``output_dist``
     :meth:`~ExchangeProtocol.rows` (``rows``, world all-to-all): warm and flat rows back to the
-    requesters; each distinct group-fetch row once per group, owner to that group's rail peer.
+    requesters; each distinct group-fetch row once per group, owner to that group's rail peer (the rows
+    a rail peer owns itself sent to itself: a local copy, so that it receives every distinct row in
+    order).
     :meth:`~ExchangeProtocol.scatter` (``scatter``, group all-to-all): the rail peer hands every id of its
     group its row (inverse indices).
 backward
     :meth:`~ExchangeProtocol.grads` (``grads``, world all-to-all): warm and flat gradients to the owners,
     group-fetch gradients to the rail peer, which sums them per distinct row in float32;
-    :meth:`~ExchangeProtocol.rail_grads` (``rail_grads``, rail all-to-all): the sums to the owners.
+    :meth:`~ExchangeProtocol.rail_grads` (``rail_grads``, rail all-to-all): the sums to the owners (its
+    own to itself, as in ``rows``; on an fp16 wire added apart, scaled by their own largest).
 
 The replica ``sync`` phase is :mod:`~flexshard.runtime.sync`. A stage on a process group of one rank is a
 local copy. Embeddings and gradients travel as the plan's wire dtype; on an fp16 wire each sender scales
@@ -50,6 +54,7 @@ from core.vocabulary import Tier, WireDtype
 from flexshard.runtime.awaitable import Pending
 from flexshard.runtime.exchange_bytes import ProtocolBytes
 from flexshard.runtime.features import ERROR_WORDS
+from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.shards import Shard
@@ -62,15 +67,14 @@ from flexshard.runtime.transfer import (
     rows_at,
 )
 
-WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
-KINDS = 4
+KINDS = 4  # the id columns of a table: WARM, FLAT, GIDS, GSLOTS
 ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's distinct rows in GIDS)
 
 
 @dataclass
 class Routed:
     """This rank's remote lookups (``input_dist``'s local part). Per table and kind: positions among
-    the table's unique ids, and what is sent (slots, or ``owner * rows + slot`` for ``GIDS``), sorted by
+    the table's unique ids, and what is sent (slots, or the rows' keys for ``GIDS``), sorted by
     destination."""
 
     lookups: list[TableLookup]
@@ -80,21 +84,6 @@ class Routed:
     # (table, kind) of the columns that are every unique id in order (FLAT of an all-cold by-owner table,
     # GIDS of a by-rail one: the index is arange): rows and gradients travel without a gather or scatter
     in_order: set[tuple[int, int]] = field(default_factory=set)
-
-
-@dataclass
-class Asked:
-    """What the ``ids`` stage delivered to this rank, and the rows it serves (``compute``)."""
-
-    recv_counts: np.ndarray  # int64[world, tables, KINDS] received from each rank
-    slots: list[list[torch.Tensor]]  # per table, WARM / FLAT: slots asked of this rank, peer order
-    owner_slots: list[torch.Tensor]  # per table: distinct group-fetch slots served, by rail peer rank
-    owner_counts: np.ndarray  # int64[world, tables]: distinct rows served to each rail peer
-    inverse: list[torch.Tensor]  # per table: each received group id's position among the distinct rows
-    distinct_owner: list[torch.Tensor]  # per table: the owner rank of each distinct row (rail peer)
-    distinct_slot: list[torch.Tensor]  # per table: its slot at the owner
-    fetch_counts: np.ndarray  # int64[world, tables]: distinct rows this rail peer fetches from each owner
-    local: np.ndarray  # int64[tables, 2]: [lo, hi) of the distinct rows this rail peer owns (sorted by owner)
 
 
 class ExchangeProtocol:
@@ -153,6 +142,7 @@ class ExchangeProtocol:
         self.intra = np.asarray(pg.intra_ranks, dtype=np.int64)
         self.rail = np.asarray(pg.replica_ranks, dtype=np.int64)
         self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
+        self.dedup = GroupDedup(me, pos_of, peer_of, routing, self.group_fetch, device)
         # read-only stand-ins for a column a table does not use (no tensor made per step)
         self._none = torch.zeros(0, dtype=torch.int64, device=device)
         self._meta_masks: dict[int, np.ndarray] = {}  # tables -> _meta_mask
@@ -186,8 +176,8 @@ class ExchangeProtocol:
             if not grouped:
                 columns[FLAT] = (cold, owner, lk.slot)
             else:
-                rows = int(self.routing[t].num_rows)  # GIDS: owner * rows + slot (the peer looks up nothing)
-                key = owner * rows + (lk.slot if cold is None else lk.slot.index_select(0, cold))
+                # GIDS: the row's key (the rail peer looks up nothing)
+                key = self.dedup.key(t, owner, lk.slot if cold is None else lk.slot.index_select(0, cold))
                 dest = self.rail_peer_of_owner.index_select(0, owner)
                 columns[GIDS] = (cold, dest, key)
                 away = ~self.same_group.index_select(0, owner)
@@ -224,7 +214,7 @@ class ExchangeProtocol:
         n = lk.owner.numel()
         per_owner = torch.bincount(lk.owner, minlength=self.world)
         index.append(torch.arange(n, device=self.device))
-        send.append(lk.owner * int(self.routing[t].num_rows) + lk.slot)
+        send.append(self.dedup.key(t, lk.owner, lk.slot))
         per_owner_rail = per_owner.index_select(0, self._rail_owners)
         bins.append(torch.zeros_like(per_owner).index_add_(0, self._rail_dest, per_owner_rail))
         other = torch.nonzero(self._away.index_select(0, lk.owner)).flatten()
@@ -285,62 +275,16 @@ class ExchangeProtocol:
     # --- compute ---------------------------------------------------------------------------------------
 
     def compute(self, received: list[list[torch.Tensor]], recv_counts: np.ndarray) -> Asked:
-        """The owners' and rail peers' local work: dedup of the group fetch on both sides. No collective."""
-        n_t = len(received)
-        owner_slots, inverse, d_owner, d_slot = [], [], [], []
-        owner_bins, fetch_bins = [], []
-        none = self._none
-        no_bins = self._no_bins
-        for t in range(n_t):
-            if not self.group_fetch[t]:  # flat: no group-fetch ids or slots to dedup
-                owner_slots.append(none)
-                owner_bins.append(no_bins)
-                inverse.append(none)
-                d_owner.append(none)
-                d_slot.append(none)
-                fetch_bins.append(no_bins)
-                continue
-            rows = int(self.routing[t].num_rows)
-            # owner: slots from other groups, distinct per requesting group's rail peer
-            offset = (self.rail_peer_of_requester * rows).repeat_interleave(
-                torch.as_tensor(recv_counts[:, t, GSLOTS], device=self.device)
-            )
-            distinct = torch.unique(offset + received[t][GSLOTS])
-            owner_slots.append(distinct % rows)
-            owner_bins.append(torch.bincount(distinct // rows, minlength=self.world))
-            # rail peer: the group's keys (owner * rows + slot), distinct per owner
-            distinct, inv = torch.unique(received[t][GIDS], return_inverse=True)
-            inverse.append(inv)
-            d_owner.append(distinct // rows)
-            d_slot.append(distinct % rows)
-            fetch_bins.append(torch.bincount(d_owner[-1], minlength=self.world))
-        owner_counts = torch.stack(owner_bins).cpu().numpy().T.astype(np.int64) if n_t else None
-        fetch_counts = torch.stack(fetch_bins).cpu().numpy().T.astype(np.int64) if n_t else None
-        # the distinct rows are sorted by owner: this rank's own ones are one slice [lo, hi)
-        local = np.zeros((n_t, 2), dtype=np.int64)
-        if n_t:
-            local[:, 0] = fetch_counts[: self.me].sum(axis=0)
-            local[:, 1] = local[:, 0] + fetch_counts[self.me]
-            fetch_counts[self.me] = 0
-        slots = [[received[t][WARM], received[t][FLAT]] for t in range(n_t)]
-        return Asked(
-            recv_counts,
-            slots,
-            owner_slots,
-            np.ascontiguousarray(owner_counts),
-            inverse,
-            d_owner,
-            d_slot,
-            np.ascontiguousarray(fetch_counts),
-            local,
-        )
+        """The owners' and rail peers' local work: dedup of the group fetch on both sides
+        (:class:`~flexshard.runtime.group_dedup.GroupDedup`). No collective."""
+        return self.dedup.compute(received, recv_counts)
 
     # --- output_dist -----------------------------------------------------------------------------------
 
     def rows(self, routed: Routed, asked: Asked, traffic: Traffic) -> Pending[list[torch.Tensor]]:
         """``rows``: warm and flat rows to the requesters (written into their lookups on wait), the group's
-        distinct rows to its rail peer. Waits to the rail peer's distinct rows per table (its own rows
-        read locally, rounded like the wire). Adds the ids and forward bytes to ``traffic``."""
+        distinct rows to its rail peer. Waits to the rail peer's distinct rows per table, in order (its own
+        sent to itself, rounded like the wire). Adds the ids and forward bytes to ``traffic``."""
         n_t = len(routed.lookups)
         cols, send_counts, recv_counts = [], [], []
         for t in range(n_t):
@@ -372,7 +316,7 @@ class ExchangeProtocol:
                 for k in (WARM, FLAT):
                     if routed.index[t][k].numel():
                         lk.rows.index_copy_(0, routed.index[t][k], got[3 * t + k])
-                out.append(self._distinct_rows(t, asked, got[3 * t + 2]))
+                out.append(got[3 * t + 2])  # every distinct row in order (its own sent to itself)
             return out
 
         return Pending([pending], finish)
@@ -380,21 +324,6 @@ class ExchangeProtocol:
     def _gather(self, t: int, tier: Tier, slots: torch.Tensor) -> torch.Tensor:
         """Rows ``slots`` of this rank's shard of table t in ``tier``."""
         return rows_at(self.shards[(t, tier)].weights, slots)
-
-    def _distinct_rows(self, t: int, asked: Asked, fetched: torch.Tensor) -> torch.Tensor:
-        """The rail peer's distinct rows of table t: fetched ones (owners before and after this rank), and
-        its own (the slice ``asked.local[t]``) read locally."""
-        if not self.group_fetch[t]:
-            return fetched  # empty: a flat table has no distinct rows
-        lo, hi = (int(x) for x in asked.local[t])
-        if hi == lo:
-            return fetched
-        out = torch.empty(asked.distinct_owner[t].numel(), int(self.dims[t]), device=self.device)
-        out[:lo] = fetched[:lo]
-        out[hi:] = fetched[lo:]
-        own = self.shards[(t, Tier.COLD)].weights.index_select(0, asked.distinct_slot[t][lo:hi])
-        out[lo:hi] = round_like_wire(own, self.wire_dtype)
-        return out
 
     def scatter(self, routed: Routed, asked: Asked, distinct: list[torch.Tensor]) -> Pending[None]:
         """``scatter``: the rail peer gives every id of its group its row (group all-to-all); on wait the
@@ -407,12 +336,14 @@ class ExchangeProtocol:
 
             def place() -> None:
                 for t, views in enumerate(gathered.wait()):
-                    index, off, rows = routed.index[t][GIDS], 0, routed.lookups[t].rows
+                    rows = routed.lookups[t].rows
+                    if (t, GIDS) in routed.in_order:  # every unique id, in peer order
+                        torch.cat(views, out=rows)
+                        continue
+                    index, off = routed.index[t][GIDS], 0
                     for got in views:
                         n = got.shape[0]
-                        if n and (t, GIDS) in routed.in_order:
-                            rows[off : off + n].copy_(got)
-                        elif n:
+                        if n:
                             rows.index_copy_(0, index[off : off + n], got)
                         off += n
 
@@ -437,62 +368,73 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
-        cols = [
-            unique_grads[t] if (t, k) in routed.in_order else rows_at(unique_grads[t], routed.index[t][k])
-            for t in range(n_t)
-            for k in ROW_KINDS
-        ]
         sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
-        widths = np.repeat(self.dims, len(ROW_KINDS))
-        pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
+        order = routed.in_order
+        indices = [None if (t, k) in order else routed.index[t][k] for t in range(n_t) for k in ROW_KINDS]
+        if self.wire_dtype is WireDtype.FP32 and any(i is not None and i.numel() for i in indices):
+            # a column out of order: every column gathered straight into the send buffer (no column)
+            sources = [unique_grads[t] for t in range(n_t) for _k in ROW_KINDS]
+            pending = exchange_gathered_async("grads", sources, indices, sc, rc)
+        else:
+            cols = [
+                unique_grads[t] if i is None else rows_at(unique_grads[t], i)
+                for t, i in zip(np.repeat(np.arange(n_t), len(ROW_KINDS)), indices, strict=True)
+            ]
+            widths = np.repeat(self.dims, len(ROW_KINDS))
+            pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
 
         def finish() -> list[torch.Tensor]:
             got = pending.wait()
             out = []
             for t in range(n_t):
-                for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):
+                for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):  # one add (a row's adds in order)
                     if asked.slots[t][k].numel():
-                        self.shards[(t, tier)].add_gradient(asked.slots[t][k], got[3 * t + k])
-                if not self.group_fetch[t]:
-                    out.append(got[3 * t + 2])  # empty: a flat table has no group-fetch gradients
-                    continue
-                total = torch.zeros(asked.distinct_owner[t].numel(), int(self.dims[t]), device=self.device)
-                out.append(total.index_add_(0, asked.inverse[t], got[3 * t + 2]))
+                        self.shards[(t, tier)].add_gradient(asked.slots[t][k], _joined(got[3 * t + k]))
+                total = torch.zeros(int(asked.num_distinct[t]), int(self.dims[t]), device=self.device)
+                if asked.inverse[t].numel():
+                    total.index_add_(0, asked.inverse[t], _joined(got[3 * t + 2]))
+                out.append(total)  # empty for a flat table
             return out
 
         return Pending([pending], finish)
 
     def rail_grads(self, asked: Asked, sums: list[torch.Tensor]) -> Pending[None]:
-        """``rail_grads``: the rail peer's sums to the owners in other groups (rail all-to-all), its own
-        rows' sums into its shard; on wait every owner has added its gradients."""
+        """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to
+        itself, a local copy); on wait every owner has added its gradients, its own group's first, then
+        the other groups' in rail order (each row's gradient summed in the same order whichever rank owns
+        it). On an fp16 wire, whose gradients are scaled by the sender's largest, the own rows' sums are
+        added apart, scaled by their own largest, as sent to no one."""
         n_t = len(sums)
-        remote = []  # per table: positions of the distinct rows owned elsewhere (all but [lo, hi))
-        for t in range(n_t):
-            lo, hi = (int(x) for x in asked.local[t])
-            n = int(sums[t].shape[0])
-            if hi > lo:
-                own = round_like_wire(sums[t][lo:hi], self.wire_dtype, scaled=True)
-                self.shards[(t, Tier.COLD)].add_gradient(asked.distinct_slot[t][lo:hi], own)
-            remote.append((lo, hi, n))
         sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
-        if self.wire_dtype is WireDtype.FP32:  # sums gathered into the send buffer
-            dev = self.device
-            index = [
-                torch.cat([torch.arange(lo, device=dev), torch.arange(hi, n, device=dev)])
-                for lo, hi, n in remote
-            ]
-            pending = exchange_gathered_async("rail_grads", sums, index, sc, rc, self.pg.replica)
-            result = Pending([pending], lambda: [joined_blocks(views) for views in pending.wait()])
-        else:
-            cols = [torch.cat([sums[t][:lo], sums[t][hi:]]) for t, (lo, hi, _n) in enumerate(remote)]
-            result = exchange_vectors(
-                "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
-            )
+        cols, slots, own = sums, asked.owner_slots, asked.own
+        if self.wire_dtype is WireDtype.FP16:
+            own = np.zeros_like(own)  # none received
+            mine = self.rail == self.me
+            sc, rc = np.where(mine[:, None], 0, sc), np.where(mine[:, None], 0, rc)
+            cols, slots = [], []
+            for t in range(n_t):
+                (lo, hi), (a, b) = asked.local[t], asked.own[t]
+                if hi > lo:
+                    kept = round_like_wire(sums[t][lo:hi], self.wire_dtype, scaled=True)
+                    self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t][a:b], kept)
+                cols.append(torch.cat([sums[t][:lo], sums[t][hi:]]))
+                slots.append(torch.cat([asked.owner_slots[t][:a], asked.owner_slots[t][b:]]))
+        pending = exchange_vectors(
+            "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
+        )
 
         def finish() -> None:
-            for t, got in enumerate(result.wait()):
-                if asked.owner_slots[t].numel():
-                    self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t], got)
+            for t, got in enumerate(pending.wait()):
+                (a, b), n = own[t], int(got.shape[0])
+                for lo, hi in ((a, b), (0, a), (b, n)):  # its own group's first: a row's sum in rail order
+                    if hi > lo:
+                        self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], got[lo:hi])
 
-        return Pending([result], finish)
+        return Pending([pending], finish)
+
+
+def _joined(got: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
+    """A received column as one tensor: itself, or its per-peer views in peer order (no copy when at
+    most one is not empty)."""
+    return got if isinstance(got, torch.Tensor) else joined_blocks(got)

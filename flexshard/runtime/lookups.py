@@ -61,28 +61,24 @@ def local_lookups(
     dedup: bool,
     hot: list[Shard],
     device: torch.device,
-    by_owner: list[bool] | None = None,
-    rail_key: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None,
+    unique_order: list[tuple[torch.Tensor | None, torch.Tensor | None] | None] | None = None,
 ) -> list[TableLookup]:
     """Per table: dedup, routing and the hot rows (``hot[t]``: the local hot replica). No collective.
-    ``by_owner[t]``: table t (every row cold, exact routing) may list its unique ids by owner, then id
-    (:meth:`~flexshard.runtime.routing.TableRouting.unique_by_owner`), when deduplicated.
-    ``rail_key[t]`` (a group-fetched table of that kind): ``(owner_key, key_owner)``; list them by
-    ``owner_key[owner]``, then id (:attr:`~flexshard.runtime.exchange_protocol.ExchangeProtocol.owner_key`
-    and its inverse ``key_owner``: the group fetch's columns then need no sort by destination)."""
+    ``unique_order[t]`` (a table with every row cold and exact routing; None: by id): with dedup, list
+    its unique ids by owner, then id, as ``(None, None)``, or by ``owner_key[owner]``, then id, as
+    ``(owner_key, key_owner)`` (:meth:`~flexshard.runtime.routing.TableRouting.unique_by_owner`; the
+    group fetch's :attr:`~flexshard.runtime.exchange_protocol.ExchangeProtocol.owner_key` and its
+    inverse): the exchange's columns then need no sort by destination."""
     out = []
     none = torch.zeros(0, dtype=torch.int64, device=device)
     for t, (values, _lengths) in enumerate(parsed):
-        key = rail_key[t] if rail_key is not None else None
-        if dedup and key is not None:
-            ids, inverse, owner, slot = routing[t].unique_by_owner(values, *key)
+        order = unique_order[t] if unique_order is not None else None
+        if dedup and order is not None:
+            ids, inverse, owner, slot = routing[t].unique_by_owner(values, *order)
             rows = torch.empty(ids.numel(), hot[t].dim, device=device)
-            out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows, by_rail=True))
-            continue
-        if dedup and by_owner is not None and by_owner[t]:
-            ids, inverse, owner, slot = routing[t].unique_by_owner(values)
-            rows = torch.empty(ids.numel(), hot[t].dim, device=device)
-            out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows, by_owner=True))
+            rail = order[0] is not None
+            lookup = TableLookup(inverse, ids, None, owner, slot, none, none, rows, not rail, rail)
+            out.append(lookup)
             continue
         if dedup:
             ids, inverse = torch.unique(values, return_inverse=True)

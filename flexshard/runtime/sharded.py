@@ -163,19 +163,14 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         # on one rank the stages are local copies (no collective), as step_schedule says
         self.remote = uses_warm or bool(cold.any())
         self.group_fetch = uses[2]
-        # all-cold flat tables on the exact layout dedup straight into destination order
-        self._by_owner = [
-            r.layout == "exact" and r.hot_rows + r.warm_rows == 0 and not g
-            for r, g in zip(self.routing, group_fetch, strict=True)
-        ]
         self.protocol = ExchangeProtocol(
             self.pg, group_fetch, self.routing, self.dims, self.shards, self.device, self.wire_dtype, uses
         )
-        # and all-cold group-fetched ones into the group fetch's destination order
-        self._rail_key = [
-            (self.protocol.owner_key, self.protocol.key_owner)
-            if r.layout == "exact" and r.hot_rows + r.warm_rows == 0 and g
-            else None
+        # all-cold tables on the exact layout dedup straight into destination order: flat ones by owner,
+        # group-fetched ones by the group fetch's owner key (local_lookups' unique_order)
+        rail = (self.protocol.owner_key, self.protocol.key_owner)
+        self._unique_order = [
+            (rail if g else (None, None)) if r.layout == "exact" and r.hot_rows + r.warm_rows == 0 else None
             for r, g in zip(self.routing, group_fetch, strict=True)
         ]
         g = int(plan_file.layout.group_sizes.max())
@@ -285,9 +280,7 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         routed = None
         if int(err[0]) == 0:  # input_dist, local part: dedup, routing, hot rows
             hot = self._tier_shards(Tier.HOT)
-            lookups = local_lookups(
-                parsed, self.routing, self.dedup, hot, self.device, self._by_owner, self._rail_key
-            )
+            lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device, self._unique_order)
             routed = self.protocol.route(lookups)
         counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
         meta = self.protocol.meta(err, counts, group)  # every rank's error code, too

@@ -82,14 +82,11 @@ def exchange_columns_async(
         if len(used) == 1 and not hw and peers > 1:
             out[used[0]] = recv.view(-1, *columns[used[0]].shape[1:])
             return out, None
-        if hw:
-            sizes = np.concatenate([np.full((peers, 1), hw), recv_sizes], axis=1).reshape(-1).tolist()
-            got = recv.split(sizes)
-            stride = len(used) + 1
-            headers = torch.stack(got[::stride])
-        else:  # no header: the blocks alone, (peer, column)
-            got = recv.split(recv_sizes.reshape(-1).tolist())
-            stride, headers = len(used), None
+        # per peer: its header (a column of width hw, none without a header), then its blocks
+        sizes = np.concatenate([np.full((peers, 1 if hw else 0), hw), recv_sizes], axis=1)
+        got = recv.split(sizes.reshape(-1).tolist())
+        stride = sizes.shape[1]
+        headers = torch.stack(got[::stride]) if hw else None
         first = stride - len(used)
         for i, c in enumerate(used):
             out[c] = torch.cat(got[first + i :: stride]).view(-1, *columns[c].shape[1:])
@@ -188,15 +185,16 @@ def exchange_vectors(
 def exchange_gathered_async(
     name: str,
     sources: list[torch.Tensor],
-    indices: list[torch.Tensor],
+    indices: list[torch.Tensor | None],
     counts: np.ndarray,
     recv_counts: np.ndarray,
     group=None,
 ) -> Pending[list[list[torch.Tensor]]]:
     """:func:`exchange_columns_async` of float32 rows (an fp32 wire) whose column ``c`` is
-    ``sources[c].index_select(0, indices[c])``, gathered straight into the send buffer (no column, no
-    concatenation), returned as per-peer views of the receive buffer (no concatenation either): per column
-    a list over peers of ``[recv_counts[p, c], dim_c]`` rows. The same rows in the same order as
+    ``sources[c].index_select(0, indices[c])`` (``sources[c]`` itself where ``indices[c]`` is None),
+    gathered straight into the send buffer (no column, no concatenation), returned as per-peer views of
+    the receive buffer (no concatenation either): per column a list over peers of
+    ``[recv_counts[p, c], dim_c]`` rows. The same rows in the same order as
     :func:`exchange_columns_async` of the gathered columns; two copies of every row fewer."""
     peers, n_c = counts.shape
     if not n_c:
@@ -212,8 +210,11 @@ def exchange_gathered_async(
         for c in range(n_c):
             n = int(counts[p, c])
             if n:
-                rows = indices[c][int(start[p, c]) : int(start[p, c]) + n]
-                torch.index_select(sources[c], 0, rows, out=send[off : off + n * int(dims[c])].view(n, -1))
+                lo, out = int(start[p, c]), send[off : off + n * int(dims[c])].view(n, -1)
+                if indices[c] is None:
+                    out.copy_(sources[c][lo : lo + n])
+                else:
+                    torch.index_select(sources[c], 0, indices[c][lo : lo + n], out=out)
             off += n * int(dims[c])
     per_peer_recv = recv_sizes.sum(axis=1).tolist()
     if peers == 1:

@@ -1,6 +1,7 @@
 """:func:`flexshard.runtime.transfer.exchange_gathered_async` (rows gathered straight into the send
 buffer, received as per-peer views) delivers exactly what :func:`exchange_columns_async` of the gathered
-columns delivers: on 3 real gloo ranks, on one rank (a local copy), with empty blocks and empty columns."""
+columns delivers: on 3 real gloo ranks, on one rank (a local copy), with empty blocks and empty columns,
+and for a column sent as it is (no index)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _exchange_both(rank: int, world: int) -> list:
     for seed in range(4):
         sources, indices, sent, received = _case(rank, world, seed)
         columns = [s.index_select(0, i) for s, i in zip(sources, indices, strict=True)]
+        if seed >= 2:  # column 0 sent as it is (no index): its rows in order
+            sources[0], indices[0] = columns[0], None
         want = exchange_columns_async("", columns, sent, received, np.array(DIMS)).wait()[0]
         got = exchange_gathered_async("", sources, indices, sent, received).wait()
         out.append((want, got, received))

@@ -50,9 +50,10 @@ def _both_paths(rank: int, world: int, plan_path: str) -> dict:
             model = ShardedSequenceEmbedding(
                 pf, TABLES, make_orders(), init=SEED, optimizer="adagrad", lr=0.05
             )
-            used = [k is not None for k in model._rail_key]
-            if not rail:
-                model._rail_key = [None] * len(TABLES)  # the general path: a sort per column
+            used = [k is not None and k[0] is not None for k in model._unique_order]
+            if not rail:  # the general path: a sort per column
+                keep = zip(used, model._unique_order, strict=True)
+                model._unique_order = [None if u else k for u, k in keep]
             with torch.no_grad():
                 forward = {n: o.clone() for n, o in model(random_batch(SEED, 99, rank)).items()}
             traffic = _train(model, world, rank, 3, SEED)

@@ -1,0 +1,182 @@
+"""The ``compute`` phase of the exchange protocol (:mod:`~flexshard.runtime.exchange_protocol`): owners
+list the warm and flat slots asked of them, and both ends of the group fetch deduplicate without an
+exchange of sizes.
+
+The group fetch's rows are numbered in one key space for every table at once, the same on every rank:
+table ``t`` takes ``G * S_t`` keys (``G`` the ranks at one position, a *rail*, one per group; ``S_t``
+the largest cold shard of table t), the key of slot ``s`` of the rank ``j``-th in its rail (ascending)
+is ``base_t + j * S_t + s`` (:meth:`GroupDedup.key`). A rail peer receives keys of its own rail's
+owners only, so sorted keys are sorted by (table, owner or rail peer, slot), the order a per-table
+``torch.unique`` of ``owner * rows + slot`` gives, and one dedup serves every table:
+
+* the rail peer deduplicates its group's keys (received in ``GIDS``; requesters send the keys, so it
+  decodes nothing) with the inverse indices, per owner of its rail;
+* the owner deduplicates the slots the other groups asked of it (``GSLOTS``) per requesting group's
+  rail peer, and adds its own group's distinct rows (the rail peer's bucket of its own rank), which it
+  sends itself in ``rows`` (a local copy, never counted as bytes) so that the rail peer receives every
+  distinct row in order and reads none apart.
+
+A dedup is a mark over the key range where that range is at most :data:`DENSE_PER_KEY` times the
+keys (no sort), else ``torch.unique``: the same distinct keys and inverse either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
+DENSE_PER_KEY = 8  # a mark over the key range when the range is at most this many times the keys
+
+
+@dataclass
+class Asked:
+    """What the ``ids`` stage delivered to this rank, and the rows it serves (``compute``)."""
+
+    recv_counts: np.ndarray  # int64[world, tables, KINDS] received from each rank
+    slots: list[list[torch.Tensor]]  # per table, WARM / FLAT: slots asked of this rank, peer order
+    owner_slots: list[torch.Tensor]  # per table: distinct group-fetch slots served, by rail peer rank
+    owner_counts: np.ndarray  # int64[world, tables]: distinct rows served to each rail peer (itself too)
+    inverse: list[torch.Tensor]  # per table: each received group id's position among the distinct rows
+    fetch_counts: np.ndarray  # int64[world, tables]: distinct rows this rail peer gets from each owner
+    local: np.ndarray  # int64[tables, 2]: [lo, hi) of the distinct rows this rail peer owns (by owner)
+    own: np.ndarray  # int64[tables, 2]: [lo, hi) of this rank's own group's rows in ``owner_slots``
+
+    @property
+    def num_distinct(self) -> np.ndarray:
+        """int64[tables]: the rail peer's distinct rows per table."""
+        return self.fetch_counts.sum(axis=0)
+
+
+def distinct_keys(
+    keys: torch.Tensor, key_range: int, return_inverse: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``torch.unique(keys, sorted=True, return_inverse=return_inverse)`` of int64 ``keys`` in
+    ``[0, key_range)`` (inverse None unless asked): by a mark over the range where it is at most
+    :data:`DENSE_PER_KEY` times the keys, else by ``torch.unique``. The same tensors either way."""
+    dev = keys.device
+    if key_range > DENSE_PER_KEY * keys.numel():
+        if return_inverse:
+            return torch.unique(keys, sorted=True, return_inverse=True)
+        return torch.unique(keys, sorted=True), None
+    mark = torch.zeros(key_range, dtype=torch.bool, device=dev)
+    mark.index_fill_(0, keys, True)
+    distinct = torch.nonzero(mark).flatten()
+    if not return_inverse:
+        return distinct, None
+    place = torch.empty(key_range, dtype=torch.int64, device=dev)
+    place.index_copy_(0, distinct, torch.arange(distinct.numel(), device=dev))
+    return distinct, place.index_select(0, keys)
+
+
+class GroupDedup:
+    """This rank's ``compute`` (module docstring). ``rail_peer_of_requester[p]``: the rank of requester
+    p's group at this rank's position; ``position_of_rank``: every rank's position in its group."""
+
+    def __init__(
+        self,
+        me: int,
+        position_of_rank: np.ndarray,
+        rail_peer_of_requester: np.ndarray,
+        routing: list,
+        group_fetch: np.ndarray,
+        device: torch.device,
+    ) -> None:
+        self.device, self.me = device, me
+        pos = np.asarray(position_of_rank)
+        self.rail = np.flatnonzero(pos == pos[me])  # ascending ranks
+        j_of_rank = np.zeros(pos.size, dtype=np.int64)  # every rank's place in its rail
+        for p in np.unique(pos):
+            j_of_rank[pos == p] = np.arange(int(np.sum(pos == p)))
+        self.j_me = int(j_of_rank[me])
+        self.group_fetch = np.asarray(group_fetch, dtype=bool)
+        self.tables = int(self.group_fetch.size)
+        g = self.rail.size
+        # S_t: the largest cold shard of a group-fetched table (0: the table takes no keys)
+        shards = [int(np.max(r.cold_rows_per_rank, initial=0)) for r in routing]
+        self.span = np.where(self.group_fetch, shards, 0).astype(np.int64)
+        self.base = np.concatenate([[0], np.cumsum(g * self.span)]).astype(np.int64)
+        self.key_range = int(self.base[-1])
+        # the first key of every bucket (table, j) and the end of the key range
+        self.edges = (self.base[:-1, None] + np.arange(g)[None, :] * self.span[:, None]).reshape(-1)
+        self._edges = torch.as_tensor(np.append(self.edges, self.key_range), device=device)
+        # requester p's GSLOTS go to bucket j of its rail peer (a requester in a group without this
+        # rank's position sends no GSLOTS to it: its bucket is never used)
+        peer = np.asarray(rail_peer_of_requester, dtype=np.int64)
+        self.j_req = np.where(peer >= 0, j_of_rank[np.maximum(peer, 0)], 0)
+        self._j_of_rank = torch.as_tensor(j_of_rank, device=device)
+        self._none = torch.zeros(0, dtype=torch.int64, device=device)
+
+    def key(self, t: int, owner: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+        """The keys of slots ``slot`` at ranks ``owner`` of group-fetched table ``t`` (a requester's
+        ``GIDS``)."""
+        j = self._j_of_rank.index_select(0, owner)
+        return j * int(self.span[t]) + (slot + int(self.base[t]))
+
+    def _per_key(self, values: np.ndarray, counts: np.ndarray) -> torch.Tensor:
+        """``values[i]`` repeated ``counts[i]`` times, on the device."""
+        dev = self.device
+        values, counts = np.ravel(values), np.ravel(counts)
+        v, c = torch.as_tensor(values, device=dev), torch.as_tensor(counts, device=dev)
+        return torch.repeat_interleave(v, c, output_size=int(counts.sum()))
+
+    def _buckets(self, distinct: torch.Tensor) -> np.ndarray:
+        """Distinct keys per bucket (int64[tables, G])."""
+        ends = torch.searchsorted(distinct, self._edges).cpu().numpy()
+        return np.diff(ends).reshape(self.tables, self.rail.size)
+
+    def compute(self, received: list[list[torch.Tensor]], recv_counts: np.ndarray) -> Asked:
+        """The owners' and rail peers' local work (no collective); see the module docstring."""
+        n_t, world = self.tables, recv_counts.shape[0]
+        slots = [[received[t][WARM], received[t][FLAT]] for t in range(n_t)]
+        zeros = np.zeros((world, n_t), dtype=np.int64)
+        if not self.group_fetch.any():
+            none = [self._none] * n_t
+            span = np.zeros((n_t, 2), dtype=np.int64)
+            return Asked(recv_counts, slots, none, zeros, none, zeros.copy(), span, span.copy())
+        # rail peer: the group's keys, distinct per (table, owner)
+        n_ids = recv_counts[:, :, GIDS].sum(axis=0)
+        keys = _joined([received[t][GIDS] for t in range(n_t)])
+        distinct, inverse = distinct_keys(keys, self.key_range, return_inverse=True)
+        fetch = self._buckets(distinct)
+        fetch_counts = zeros.copy()
+        fetch_counts[self.rail] = fetch.T
+        first = np.concatenate([[0], np.cumsum(fetch.sum(axis=1))])  # each table's first distinct row
+        local = _bucket_span(fetch, self.j_me)
+        inverse = (inverse - self._per_key(first[:-1], n_ids)).split(n_ids.tolist())
+        # owner: the other groups' slots per rail peer, and its own group's distinct rows (bucket j_me)
+        asked_slots = recv_counts[:, :, GSLOTS].T  # [t, p]
+        offset = self.base[:-1, None] + self.j_req[None, :] * self.span[:, None]
+        mine = torch.cat([distinct[int(a) : int(b)] for a, b in first[:-1, None] + local])
+        keys = torch.cat(
+            [_joined([received[t][GSLOTS] for t in range(n_t)]) + self._per_key(offset, asked_slots), mine]
+        )
+        served, _none = distinct_keys(keys, self.key_range)
+        served_counts = self._buckets(served)
+        owner_slots = served - self._per_key(self.edges, served_counts)  # a key less its bucket's first
+        owner_counts = zeros.copy()
+        owner_counts[self.rail] = served_counts.T
+        return Asked(
+            recv_counts,
+            slots,
+            list(owner_slots.split(served_counts.sum(axis=1).tolist())),
+            owner_counts,
+            list(inverse),
+            fetch_counts,
+            local,
+            _bucket_span(served_counts, self.j_me),
+        )
+
+
+def _bucket_span(counts: np.ndarray, j: int) -> np.ndarray:
+    """int64[tables, 2]: per table ``[lo, hi)`` of bucket ``j`` among the table's keys (``counts``:
+    keys per bucket, int64[tables, G])."""
+    lo = counts[:, :j].sum(axis=1)
+    return np.stack([lo, lo + counts[:, j]], axis=1).astype(np.int64)
+
+
+def _joined(columns: list[torch.Tensor]) -> torch.Tensor:
+    """Columns as one tensor (no copy for one column)."""
+    return columns[0] if len(columns) == 1 else torch.cat(columns)
