@@ -206,4 +206,3 @@ def measured_rates(
     return replace(
         base, **measured, source=f"measured on the job's {ranks} at the run's sizes; host: {base.source}"
     )
-
