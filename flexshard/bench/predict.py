@@ -15,21 +15,6 @@ from solvers.types import Plan, Workload
 from topology.views import ClusterView
 
 
-def predicted_step_ms(
-    workload: Workload,
-    view: ClusterView,
-    plan: Plan,
-    latency: LatencyTable | None = None,
-    rates: LocalRates | None = None,
-    local_s: float | None = None,
-) -> float:
-    """The modeled step time of ``plan`` on ``view``, ms (slowest rank, latency + bandwidth + local work).
-    ``latency`` and ``rates``: as :func:`~solvers.time_model.step_time` takes them (None: the view's);
-    ``local_s``: the local work of a step measured as a whole (another implementation's, e.g.
-    TorchRec's, on a one-rank group), in place of the modeled local work."""
-    return predicted_parts_ms(workload, view, plan, latency, rates, local_s)["total"]
-
-
 def predicted_parts_ms(
     workload: Workload,
     view: ClusterView,
@@ -38,7 +23,11 @@ def predicted_parts_ms(
     rates: LocalRates | None = None,
     local_s: float | None = None,
 ) -> dict[str, float]:
-    """:func:`predicted_step_ms` split, ms: ``total``, ``latency``, ``bandwidth`` and ``local``."""
+    """The modeled step time of ``plan`` on ``view`` (slowest rank) and its parts, ms: ``total`` =
+    ``latency`` + ``bandwidth`` + ``local``. ``latency`` and ``rates``: as
+    :func:`~solvers.time_model.step_time` takes them (None: the view's); ``local_s``: the local work of a
+    step measured as a whole (another implementation's, e.g. TorchRec's, on a one-rank group), in place
+    of the modeled local work."""
     st = step_time(workload, view, plan, latency=latency, rates=rates)
     local = st.local_s if local_s is None else local_s
     parts = {"latency": st.latency_s, "bandwidth": st.bandwidth_s, "local": local}

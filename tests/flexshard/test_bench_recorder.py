@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from flexshard.bench.data import default_data
 from flexshard.bench.plans import h100_view, make_plans
-from flexshard.bench.predict import predicted_step_ms
+from flexshard.bench.predict import predicted_parts_ms
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem
 from flexshard.runtime.features import ERROR_WORDS
@@ -96,7 +96,8 @@ def test_prediction_with_the_time_model():
     view = h100_view(4, 2)
     planned = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0))
     expected = step_time(data.workload, view, planned.plan).total_s * 1e3
-    assert predicted_step_ms(data.workload, view, planned.plan) == pytest.approx(expected, rel=1e-12)
+    got = predicted_parts_ms(data.workload, view, planned.plan)["total"]
+    assert got == pytest.approx(expected, rel=1e-12)
     assert expected > 0
 
 
@@ -117,5 +118,6 @@ def test_prediction_prices_the_work_around_the_exchange_at_the_ranks_share_of_a_
     planned = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0))
     without = replace(rates, table_stage_s=0.0, step_s=0.0)
     host_ms = (rates.step_s + rates.table_stage_s * len(data.workload.tables) * 4) * 1e3  # 4 collectives
-    got = predicted_step_ms(data.workload, view, planned.plan, rates=rates)
-    assert got - predicted_step_ms(data.workload, view, planned.plan, rates=without) == pytest.approx(host_ms)
+    got = predicted_parts_ms(data.workload, view, planned.plan, rates=rates)["total"]
+    bare = predicted_parts_ms(data.workload, view, planned.plan, rates=without)["total"]
+    assert got - bare == pytest.approx(host_ms)

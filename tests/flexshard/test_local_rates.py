@@ -15,7 +15,7 @@ from core.errors import ConfigError
 from flexshard.bench.config import BenchConfig, check
 from flexshard.bench.data import default_data
 from flexshard.bench.plans import h100_view
-from flexshard.bench.predict import predicted_step_ms
+from flexshard.bench.predict import predicted_parts_ms
 from flexshard.bench.worker import machine_rates
 from flexshard.local_rates import (
     PIECES,
@@ -120,6 +120,7 @@ def test_a_measured_local_step_replaces_the_modeled_local_work():
     plan = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0)).plan
     rates = replace(LocalRates.default(), source="t")
     st = step_time(data.workload, view, plan, rates=rates)
-    got = predicted_step_ms(data.workload, view, plan, rates=rates, local_s=0.004)
+    got = predicted_parts_ms(data.workload, view, plan, rates=rates, local_s=0.004)["total"]
     assert got == pytest.approx((st.total_s - st.local_s + 0.004) * 1e3, rel=1e-12)
-    assert predicted_step_ms(data.workload, view, plan, rates=rates) == pytest.approx(st.total_s * 1e3)
+    modeled = predicted_parts_ms(data.workload, view, plan, rates=rates)["total"]
+    assert modeled == pytest.approx(st.total_s * 1e3)

@@ -11,7 +11,7 @@ import torch
 import flexshard.local_rates as lr
 from flexshard.bench.data import default_data
 from flexshard.bench.plans import TORCHREC, StrategyPlan, h100_view, repriced
-from flexshard.bench.predict import predicted_parts_ms, predicted_step_ms
+from flexshard.bench.predict import predicted_parts_ms
 from flexshard.bench.worker import medians
 from solvers.planner import budget_bytes, make_plan
 from solvers.time_model import step_time
@@ -79,5 +79,4 @@ def test_predictions_are_priced_again_with_the_rates_measured_in_the_rounds():
     assert parts == predicted_parts_ms(data.workload, view, plan, rates=rates, local_s=0.004)
     assert parts["total"] == pytest.approx(parts["latency"] + parts["bandwidth"] + parts["local"], rel=1e-12)
     assert parts["local"] == pytest.approx(4.0)
-    assert predicted_step_ms(data.workload, view, plan, rates=rates, local_s=0.004) == parts["total"]
     assert got["none"].predicted_ms == 1.0  # no plan to price: kept
