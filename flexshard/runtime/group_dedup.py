@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from flexshard.runtime.transfer import joined_blocks
+
 WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
 DENSE_PER_KEY = 8  # a mark over the key range when the range is at most this many times the keys
 
@@ -138,7 +140,7 @@ class GroupDedup:
             return Asked(recv_counts, slots, none, zeros, none, zeros.copy(), span, span.copy())
         # rail peer: the group's keys, distinct per (table, owner)
         n_ids = recv_counts[:, :, GIDS].sum(axis=0)
-        keys = _joined([received[t][GIDS] for t in range(n_t)])
+        keys = joined_blocks([received[t][GIDS] for t in range(n_t)])
         distinct, inverse = distinct_keys(keys, self.key_range, return_inverse=True)
         fetch = self._buckets(distinct)
         fetch_counts = zeros.copy()
@@ -150,9 +152,10 @@ class GroupDedup:
         asked_slots = recv_counts[:, :, GSLOTS].T  # [t, p]
         offset = self.base[:-1, None] + self.j_req[None, :] * self.span[:, None]
         mine = torch.cat([distinct[int(a) : int(b)] for a, b in first[:-1, None] + local])
-        keys = torch.cat(
-            [_joined([received[t][GSLOTS] for t in range(n_t)]) + self._per_key(offset, asked_slots), mine]
+        asked_keys = joined_blocks([received[t][GSLOTS] for t in range(n_t)]) + self._per_key(
+            offset, asked_slots
         )
+        keys = torch.cat([asked_keys, mine])
         served, _none = distinct_keys(keys, self.key_range)
         served_counts = self._buckets(served)
         owner_slots = served - self._per_key(self.edges, served_counts)  # a key less its bucket's first
@@ -175,8 +178,3 @@ def _bucket_span(counts: np.ndarray, j: int) -> np.ndarray:
     keys per bucket, int64[tables, G])."""
     lo = counts[:, :j].sum(axis=1)
     return np.stack([lo, lo + counts[:, j]], axis=1).astype(np.int64)
-
-
-def _joined(columns: list[torch.Tensor]) -> torch.Tensor:
-    """Columns as one tensor (no copy for one column)."""
-    return columns[0] if len(columns) == 1 else torch.cat(columns)
