@@ -4,7 +4,8 @@ same batches (``flexshard bench``'s data and plans), steps alternating between t
 Process CPU time (``time.process_time``) counts the work a step does and not the time a rank waits for a
 core, so on a machine whose cores are shared with other jobs it compares two code versions (run the script
 from each tree) or two plans far more steadily than the wall-clock step. Prints per strategy the median
-over steps of the CPU time summed over ranks and of the slowest rank's wall time (ms).
+over steps of the CPU time summed over ranks and of the slowest rank's wall time (ms), and each rank's
+median CPU time (where the work sits).
 
     nice .venv/bin/python experiments/step_cpu.py [--nproc 4] [--batch 1024] [--plan-for probed] [--steps 8]
 """
@@ -66,6 +67,8 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             w = np.max([e[1][key] for e in every], axis=0) * 1e3
             med_c, med_w = np.median(c), np.median(w)
             lines.append(f"{key}: CPU (all ranks) {med_c:.1f} ms/step, wall (slowest) {med_w:.1f} ms")
+            per_rank = " ".join(f"{np.median(e[0][key]) * 1e3:.1f}" for e in every)
+            lines.append(f"  CPU per rank (ms/step): {per_rank}")
         Path(out, "cpu.txt").write_text("\n".join(lines) + "\n")
     dist.barrier()
     dist.destroy_process_group()
