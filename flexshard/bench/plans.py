@@ -8,6 +8,8 @@ row-wise plan without dedup.
 
 ``--plan-for probed`` plans for the machine the ranks run on: a quick probe of the launched ranks
 (:func:`topology.probe.timing.measure` on their process group) gives a topology with the measured figures.
+The predictions are priced on the median of that probe and one after every round (:func:`measured_view`):
+one quick probe of ranks on shared cores can read a collective's latency 30% off.
 ``--plan-for h100`` plans for :func:`topology.presets.h100_cluster` with the same ranks and groups.
 """
 
@@ -28,6 +30,7 @@ from solvers.time_types import LocalRates
 from solvers.types import Plan, Workload
 from topology import cluster_view
 from topology.presets import h100_cluster
+from topology.probe.measurements import Measurements
 from topology.views import ClusterView
 
 log = logging.getLogger(__name__)
@@ -78,20 +81,32 @@ def repriced(
     return out
 
 
-def probed_view(groups: int, timeout_s: float) -> ClusterView:
-    """The view of the running job from a quick probe of its ranks in ``groups`` consecutive groups
-    (collective: every rank calls it; the same view on every rank)."""
+def probe_ranks(groups: int, timeout_s: float) -> Measurements:
+    """A quick probe of the running job's ranks in ``groups`` consecutive groups (collective: every rank
+    calls it; the same measurements on every rank)."""
     import torch.distributed as dist
 
     from core.ranks import RankLayout
     from topology.probe.measurements import ProbeConfig
-    from topology.probe.results import measured_graph
     from topology.probe.timing import measure
 
     layout = RankLayout.consecutive(dist.get_world_size(), groups, "--groups")
     names = [f"g{k}" for k in range(layout.num_groups)]
-    m = measure(layout.groups, ProbeConfig.quick(timeout_s=timeout_s), group_names=names)
-    return cluster_view(measured_graph(m, None, name="bench-probe"))
+    return measure(layout.groups, ProbeConfig.quick(timeout_s=timeout_s), group_names=names)
+
+
+def measured_view(probes: list[Measurements]) -> ClusterView:
+    """The view of the running job from its probes: each figure the median over them
+    (:func:`topology.probe.median_measurements`)."""
+    from topology.probe.measurements import median_measurements
+    from topology.probe.results import measured_graph
+
+    return cluster_view(measured_graph(median_measurements(probes), None, name="bench-probe"))
+
+
+def probed_view(groups: int, timeout_s: float) -> ClusterView:
+    """The view of the running job from one quick probe of its ranks (:func:`probe_ranks`; collective)."""
+    return measured_view([probe_ranks(groups, timeout_s)])
 
 
 def h100_view(nproc: int, groups: int) -> ClusterView:

@@ -7,8 +7,9 @@ for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step
 ``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
 a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
 batch for every system.
-With ``--rates measured`` the local rates (and TorchRec's local step) are measured before the rounds and
-again after every round, and the predictions are priced with their medians (:func:`rate_measurer`).
+The quick probe runs again after every round, and with ``--rates measured`` the local rates (and
+TorchRec's local step) are measured before the rounds and again after every round: the predictions are
+priced with the medians (:func:`flexshard.bench.plans.measured_view`, :func:`rate_measurer`).
 A step is timed on each rank between a barrier and the end of its optimizer update; the collectives and
 bytes of the timed steps are recorded (:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
 measured and returns the records (:mod:`flexshard.bench.results`).
@@ -36,7 +37,15 @@ from flexshard import logs
 from flexshard.bench import results
 from flexshard.bench.config import RATES_CHOICES, BenchConfig
 from flexshard.bench.data import BenchData, default_data, stats_data
-from flexshard.bench.plans import TORCHREC, make_plans, plan_view, probed_view, repriced, view_figures
+from flexshard.bench.plans import (
+    TORCHREC,
+    make_plans,
+    measured_view,
+    plan_view,
+    probe_ranks,
+    repriced,
+    view_figures,
+)
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
 from flexshard.local_rates import measured_rates, median_rates
@@ -155,7 +164,9 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(cfg.threads)
     data = load_data(cfg, world)
-    machine = probed_view(cfg.groups, min(cfg.timeout_s, 120.0))  # what the predictions are priced on
+    probe_s = min(cfg.timeout_s, 120.0)
+    probes = [probe_ranks(cfg.groups, probe_s)]  # what the predictions are priced on (again each round)
+    machine = measured_view(probes)
     planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
     # TorchRec's local work is its own, not the runtime's; measured again after every round (collective)
@@ -173,9 +184,15 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as tmp:
         systems, failed = _build(cfg, data, plans, Path(tmp))
     batches = [data.make_batch(s, rank) for s in range(cfg.warmup + cfg.timed_steps)]
-    again = (lambda: taken.append(measure())) if cfg.rates == "measured" else None
+
+    def again() -> None:  # collective, after every round
+        probes.append(probe_ranks(cfg.groups, probe_s))
+        if cfg.rates == "measured":
+            taken.append(measure())
+
     measured = _run_blocks(cfg, systems, batches, rank == 0, again)
     rates, torchrec_local = medians(taken)
+    machine = measured_view(probes)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, measured)
     if rank != 0:
@@ -189,6 +206,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
         if "skipped" not in r:
             r["plan_view"] = view_figures(planned_for)
             r["local_rates"] = priced  # what the prediction priced local work with
+            r["probes"] = len(probes)  # the quick probes whose medians the prediction is priced on
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
                 r["torchrec_local_ms_each"] = [t[1] * 1e3 for t in taken if t[1] is not None]

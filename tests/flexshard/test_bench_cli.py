@@ -82,6 +82,7 @@ def test_one_record_per_strategy_with_the_keys(first):
         assert r["predicted_step_ms"] > 0
         # priced with local rates measured on the 4 ranks before the rounds (--rates measured)
         assert r["local_rates"]["source"].startswith("measured on the job's 4 ranks at the run's sizes")
+        assert r["probes"] == 2  # the quick probe before the one round and again after it
         assert (r.get("torchrec_local_ms", 0) > 0) == (r["strategy"] == "torchrec_row_wise"), r["strategy"]
 
 
@@ -120,6 +121,7 @@ def test_rounds_alternate_the_strategies(second):
     for i, r in enumerate(_ran(second)):
         # A B C D, then B C D A: each round starts one strategy later
         assert r["ran_in_blocks"] == [i, n + (i - 1) % n], r["strategy"]
+        assert r["probes"] == 3  # before the rounds and after each of the two
 
 
 def test_table_shows_every_strategy(second):

@@ -28,6 +28,7 @@ from topology.probe import (
     RankInfo,
     fit_latency_bandwidth,
     measured_graph,
+    median_measurements,
     merge_hosts,
     probe_host,
     probe_report,
@@ -98,6 +99,29 @@ def test_fit_flat_or_single_size_falls_back_to_throughput():
     assert single.bandwidth_GBps == pytest.approx(1.0) and single.latency_s == 0.0
     with pytest.raises(ProbeError, match="no samples"):
         fit_latency_bandwidth([], [])
+
+
+def test_median_of_probes_is_the_per_size_median_fitted_again():
+    hosts, groups = ["h"] * 4, [[0, 1], [2, 3]]
+    probes = [_measurements(hosts, groups, {"intra": bw, "inter": bw / 2}) for bw in (4.0, 1.0, 2.0)]
+    probes[1] = dataclasses.replace(
+        probes[1], collectives={"all_to_all/world": _fit(9.0, 900.0)}, seconds=2.5
+    )
+    got = median_measurements(probes)
+    # every size's median is the 2 GB/s probe's time (bandwidths 4, 1, 2: times t/4, t, t/2)
+    assert got.pairs[(0, 1)].bandwidth_GBps == pytest.approx(2.0, rel=1e-9)
+    assert got.pairs[(0, 2)].bandwidth_GBps == pytest.approx(1.0, rel=1e-9)
+    assert got.pairs[(0, 1)].latency_us == pytest.approx(3.0, rel=1e-6)
+    # the collective: two probes at 20 us, 5 GB/s and an outlier at 900 us: the median ignores it
+    world = got.collectives["all_to_all/world"]
+    assert world.latency_us == pytest.approx(20.0, rel=1e-6) and world.bandwidth_GBps == pytest.approx(5.0)
+    assert got.seconds == pytest.approx(4.5) and got.groups == probes[0].groups
+    assert median_measurements(probes[:1]) is probes[0]
+    with pytest.raises(ProbeError, match="no probes"):
+        median_measurements([])
+    other = dataclasses.replace(probes[2], collectives={"all_reduce/replicas": _fit(5.0, 20.0)})
+    with pytest.raises(ProbeError, match="different groups, pairs or collectives"):
+        median_measurements([probes[0], other])
 
 
 # --- groups and schedules ---------------------------------------------------------------------------

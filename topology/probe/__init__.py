@@ -20,7 +20,14 @@ runs. Rank / group arithmetic is :class:`core.ranks.RankLayout`; errors are :cla
 """
 
 from core.errors import ProbeError
-from topology.probe.measurements import Fit, Measurements, ProbeConfig, RankInfo, fit_latency_bandwidth
+from topology.probe.measurements import (
+    Fit,
+    Measurements,
+    ProbeConfig,
+    RankInfo,
+    fit_latency_bandwidth,
+    median_measurements,
+)
 from topology.probe.nics import NicRecord, discover_nics, nearest_nics
 from topology.probe.nominal_graph import host_graph, merge_hosts, real_nic_id
 from topology.probe.nvml import GpuRecord, HostProbe, NvLinkRecord, probe_host
@@ -48,6 +55,7 @@ __all__ = [
     "init_probe_group",
     "measure",
     "measured_graph",
+    "median_measurements",
     "merge_hosts",
     "nearest_nics",
     "normalize_bus_id",

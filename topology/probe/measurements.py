@@ -142,3 +142,41 @@ def fit_latency_bandwidth(sizes: Sequence[int], seconds: Sequence[float]) -> Fit
         sizes=tuple(int(x) for x in xs),
         median_s=tuple(float(y) for y in ys),
     )
+
+
+def median_measurements(taken: Sequence[Measurements]) -> Measurements:
+    """Several probes of the same ranks as one: each pair's and each collective's median time per message
+    size over the probes, fitted again (:func:`fit_latency_bandwidth`); ``seconds`` is the probes' total.
+    A single probe comes back unchanged. ProbeError unless every probe timed the same pairs and collectives
+    of the same groups."""
+    if not taken:
+        raise ProbeError("median_measurements: no probes; measure at least once")
+    first = taken[0]
+    for m in taken[1:]:
+        if (
+            m.groups != first.groups
+            or set(m.pairs) != set(first.pairs)
+            or set(m.collectives) != set(first.collectives)
+        ):
+            raise ProbeError(
+                "median_measurements: the probes timed different groups, pairs or collectives "
+                f"({sorted(first.collectives)} in the first, {sorted(m.collectives)} in another)"
+            )
+    if len(taken) == 1:
+        return first
+
+    def refit(fits: list[Fit]) -> Fit:
+        return fit_latency_bandwidth(
+            [s for f in fits for s in f.sizes], [t for f in fits for t in f.median_s]
+        )
+
+    return Measurements(
+        ranks=first.ranks,
+        groups=first.groups,
+        group_names=first.group_names,
+        pairs={k: refit([m.pairs[k] for m in taken]) for k in first.pairs},
+        collectives={k: refit([m.collectives[k] for m in taken]) for k in first.collectives},
+        bus_factor=dict(first.bus_factor),
+        config=first.config,
+        seconds=float(sum(m.seconds for m in taken)),
+    )
