@@ -50,7 +50,7 @@ from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
-from flexshard.runtime.local import end_rank, wait_for_ranks
+from flexshard.runtime.local import RENDEZVOUS_TRIES, end_rank, port_taken, wait_for_ranks
 from solvers.time_types import LocalRates
 
 log = logging.getLogger(__name__)
@@ -292,22 +292,30 @@ def _rank_main(rank: int, cfg: BenchConfig, port: int, outdir: str) -> None:
 def spawn_local(cfg: BenchConfig) -> list[dict[str, Any]]:
     """Run the benchmark on ``cfg.nproc`` spawned gloo ranks; rank 0's records. ``RuntimeError`` with the
     ranks' tracebacks when one fails or the run passes ``cfg.timeout_s``; :class:`Interrupted` on
-    Ctrl-C (the ranks are killed either way)."""
-    with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as outdir:
-        ctx = mp.start_processes(
-            _rank_main,
-            args=(cfg, free_port(), outdir),
-            nprocs=cfg.nproc,
-            join=False,
-            start_method="spawn",
-        )
-        try:
-            wait_for_ranks(ctx, cfg.timeout_s, outdir, "flexshard bench")
-        except KeyboardInterrupt:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            for p in ctx.processes:
-                p.join(timeout=5.0)
-            raise Interrupted from None
-        return torch.load(Path(outdir) / "records.pt", weights_only=False)
+    Ctrl-C (the ranks are killed either way). A run whose rendezvous port was taken before rank 0
+    listened (:func:`flexshard.runtime.local.port_taken`: nothing ran) starts again on another port, up
+    to ``RENDEZVOUS_TRIES`` times."""
+    for attempt in range(RENDEZVOUS_TRIES):
+        with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as outdir:
+            ctx = mp.start_processes(
+                _rank_main,
+                args=(cfg, free_port(), outdir),
+                nprocs=cfg.nproc,
+                join=False,
+                start_method="spawn",
+            )
+            try:
+                wait_for_ranks(ctx, cfg.timeout_s, outdir, "flexshard bench")
+            except KeyboardInterrupt:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.kill()
+                for p in ctx.processes:
+                    p.join(timeout=5.0)
+                raise Interrupted from None
+            except RuntimeError as err:
+                if attempt + 1 < RENDEZVOUS_TRIES and port_taken(str(err)):
+                    continue
+                raise
+            return torch.load(Path(outdir) / "records.pt", weights_only=False)
+    raise AssertionError("unreachable")

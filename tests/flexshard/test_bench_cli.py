@@ -13,6 +13,7 @@ from flexshard.bench import results
 from flexshard.bench.config import BenchConfig
 from flexshard.cli import main
 from flexshard.runtime.features import ERROR_WORDS
+from flexshard.runtime.local import RENDEZVOUS_TRIES
 from tests.flexshard.cli_helpers import fails
 
 KEYS = {
@@ -162,3 +163,25 @@ def test_argument_errors(capsys, monkeypatch, argv, expected):
         assert len(err) == 1, err
         line = err[0]
     assert line.startswith("flexshard bench: error: ") and expected in line, line
+
+
+TAKEN = "rank0.err:\n  dist.init_process_group(...)\nDistNetworkError: ... EADDRINUSE ..."
+OWN = "rank1.err:\nValueError: bad"  # the run's own failure
+
+
+@pytest.mark.parametrize(
+    ("failures", "tries"), [([TAKEN, OWN], 2), ([OWN], 1), ([TAKEN] * RENDEZVOUS_TRIES, RENDEZVOUS_TRIES)]
+)
+def test_only_a_taken_rendezvous_port_is_tried_again(monkeypatch, failures, tries):
+    """spawn_local's retry, on fake ranks (the detection itself runs on real ranks in
+    tests/runtime/test_local_ranks.py): a port taken before rank 0 listened starts the run again on a new
+    port, at most RENDEZVOUS_TRIES times; any other failure is raised at once."""
+    import flexshard.bench.worker as worker
+
+    ports: list[int] = []
+    left = list(failures)
+    monkeypatch.setattr(worker.mp, "start_processes", lambda fn, args, **kw: ports.append(args[1]))
+    monkeypatch.setattr(worker, "wait_for_ranks", lambda *a: (_ for _ in ()).throw(RuntimeError(left.pop(0))))
+    with pytest.raises(RuntimeError, match="ValueError: bad" if OWN in failures else "EADDRINUSE"):
+        worker.spawn_local(BenchConfig(nproc=2, groups=2))
+    assert len(ports) == len(set(ports)) == tries  # a new port each try
