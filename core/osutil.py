@@ -156,6 +156,9 @@ def replace_for_append(path: str | os.PathLike, keep: bool, what: str = "output"
         raise OutputError(f"{what}: {str(path)!r}: cannot write ({err.strerror or err})") from None
 
 
+RENDEZVOUS_TRIES = 3  # local jobs started again, each on a new port, when rank 0 cannot listen on its port
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a local rendezvous), chosen at random
     below the kernel's ephemeral range where there is room: a port the kernel handed out (``bind`` to

@@ -50,8 +50,9 @@ batches in rounds that each start one strategy later. "median step" is the media
 the slowest rank's step (the embedding forward, a sum loss, backward and the optimizer step; no dense
 model); "vs ablation" divides by the row-wise ablation's (FlexShard's runtime on the row-wise plan with
 per-rank dedup), "vs TorchRec" by TorchRec 1.8's row-wise `EmbeddingCollection` on the same batches.
-"modeled ms" is the time model on the probed machine: the collective latencies and bandwidth the quick
-probe measured on the run's ranks, and local rates measured on the same ranks at once, on a batch of the
+"modeled ms" is the time model on the probed machine: the collective latencies and bandwidth of the quick
+probe of the run's ranks, taken before the rounds and again after every round, each figure the median of
+these, and local rates measured on the same ranks at once, on a batch of the
 run's size, before the rounds and again after every round, the median of these (`bench --rates
 measured`: dedup, routing, gather, scatter-add, update, the loss and the buffer copies per lookup or
 value, each the median of 3 interleaved repeats; the host's per-step and per-collective work from the

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.errors import ConfigError, InputError, ProbeError
-from core.osutil import check_writable, free_port
+from core.osutil import RENDEZVOUS_TRIES, check_writable, free_port
 from core.ranks import RankLayout
 from flexshard import logs
 from flexshard.cli_common import Parser, first_line, positive_float, positive_int
@@ -250,16 +250,36 @@ def spawn_local(options: dict[str, Any], nproc: int, world_size: int | None = No
     """Run the probe in ``nproc`` local processes (ranks 0..nproc-1 of ``world_size``); rank 0's report.
 
     A rank's bad input or failed probe raises :class:`ProbeError` with its line (the lowest such rank's);
-    a bug in a rank raises ``RuntimeError`` carrying that rank's traceback.
+    a bug in a rank raises ``RuntimeError`` carrying that rank's traceback. When every rank is local and
+    rank 0 could not host the rendezvous store because its port was taken (another process bound it
+    after :func:`core.osutil.free_port` chose it), the probe starts again on another port, up to
+    ``RENDEZVOUS_TRIES`` times.
     """
-    import multiprocessing as mp
-
     world_size = world_size or nproc
     if world_size < nproc:
         raise ConfigError(f"--world-size {world_size}: smaller than --nproc {nproc}")
+    for attempt in range(RENDEZVOUS_TRIES):
+        try:
+            return _spawn_once(options, nproc, world_size, free_port())
+        except ProbeError as err:
+            if attempt + 1 < RENDEZVOUS_TRIES and world_size == nproc and store_port_taken(str(err)):
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+def store_port_taken(line: str) -> bool:
+    """Whether a probe's error line says that rank 0 could not host the rendezvous store on a port that
+    another process holds (nothing of the probe ran)."""
+    return line.startswith("rank 0: cannot host the rendezvous store") and "EADDRINUSE" in line
+
+
+def _spawn_once(options: dict[str, Any], nproc: int, world_size: int, port: int) -> str:
+    """:func:`spawn_local` on rendezvous port ``port``."""
+    import multiprocessing as mp
+
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = free_port()
     procs = [
         ctx.Process(target=_child, args=(r, world_size, port, nproc, options, results), daemon=True)
         for r in range(nproc)

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from core.osutil import free_port
+from core.osutil import RENDEZVOUS_TRIES, free_port
 from flexshard import logs
 from flexshard.bench import results
 from flexshard.bench.config import RATES_CHOICES, BenchConfig
@@ -50,7 +50,7 @@ from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
-from flexshard.runtime.local import RENDEZVOUS_TRIES, end_rank, port_taken, wait_for_ranks
+from flexshard.runtime.local import end_rank, port_taken, wait_for_ranks
 from solvers.time_types import LocalRates
 
 log = logging.getLogger(__name__)

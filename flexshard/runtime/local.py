@@ -22,10 +22,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from core.osutil import free_port
+from core.osutil import RENDEZVOUS_TRIES, free_port
 
 __all__ = ["end_rank", "free_port", "port_taken", "run_on_ranks", "wait_for_ranks"]
-RENDEZVOUS_TRIES = 3  # jobs started again, each on a new port, when rank 0 cannot listen on its port
 
 
 def end_rank() -> NoReturn:

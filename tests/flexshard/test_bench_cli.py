@@ -9,11 +9,11 @@ import json
 
 import pytest
 
+from core.osutil import RENDEZVOUS_TRIES
 from flexshard.bench import results
 from flexshard.bench.config import BenchConfig
 from flexshard.cli import main
 from flexshard.runtime.features import ERROR_WORDS
-from flexshard.runtime.local import RENDEZVOUS_TRIES
 from tests.flexshard.cli_helpers import fails
 
 KEYS = {

@@ -149,3 +149,30 @@ def test_partial_probe_output_is_rejected_naming_the_file(probed, tmp_path, caps
     lost.write_text(json.dumps(data))
     line = fails(capsys, "topology", "--topology", str(lost))
     assert "lost.json" in line and "bandwidth_GBps" in line
+
+
+@pytest.mark.slow
+def test_a_taken_rendezvous_port_is_tried_again(monkeypatch, tmp_path):
+    """Rank 0 cannot host the store on a port another process listens on: the probe starts again on a new
+    port and writes its topology (real ranks; the first try's line is the one store_port_taken reads)."""
+    import socket
+
+    from core.osutil import free_port
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:  # another job listening on it
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        handed: list[int] = []
+
+        def ports() -> int:
+            handed.append(taken if not handed else free_port())
+            return handed[-1]
+
+        monkeypatch.setattr(probe_cli, "free_port", ports)
+        path = tmp_path / "topo.json"
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["probe", "--nproc", "2", "--quick", "--timeout", "10", "--out", str(path)])
+    assert rc == 0 and len(handed) == 2 and handed[0] == taken
+    assert cluster_view(read_json(path)).num_ranks == 2
+    assert not probe_cli.store_port_taken("rank 1: cannot reach the rendezvous store at ... (EADDRINUSE)")
