@@ -1,5 +1,13 @@
 """The runtime's host work per step and per table per collective, measured on spawned gloo ranks (used by
-``experiments/calibrate_local.py --host``; its docstring says how)."""
+``experiments/calibrate_local.py --host``; its docstring says how).
+
+At each batch size asked (samples per rank) the ranks run the benchmark's row-wise, row_wise_group_dedup
+and FlexShard plans in alternation; the value work is priced with rates measured on the ranks at once at
+that batch (:func:`flexshard.local_rates.measured_rates`, as ``flexshard bench --rates measured`` prices
+it), so what is left of the step after the bare collectives and the value work is the host work the
+bench adds to its predictions. Batch 2 has next to no value work; larger batches add what a batch-2 fit
+misses on ranks that share cores (work between collectives long enough to be descheduled).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from solvers.time_types import LatencyTable, LocalRates  # noqa: E402
 
-BATCH = 2  # samples per rank: the values' work is negligible
+BATCHES = (2,)  # samples per rank (the default: the values' work is negligible)
 STRATEGIES = ("row_wise", "row_wise_group_dedup", "flexshard")
 
 
@@ -33,19 +41,43 @@ def _median_call_s(fn, calls: int = 50) -> float:
     return float(np.median(times))
 
 
-def _rank(rank: int, ranks: int, groups: int, steps: int, rates: LocalRates, out: str) -> None:
+def _rank(
+    rank: int, ranks: int, groups: int, steps: int, rates: LocalRates, batches: tuple, out: str
+) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank, world_size=ranks)
     torch.set_num_threads(1)
+    rows = []
+    for batch in batches:
+        rows += _batch_rows(rank, ranks, groups, steps, rates, batch, out)
+    x = torch.zeros(ranks)
+    a2a = _median_call_s(lambda: dist.all_to_all_single(torch.empty_like(x), x))
+    ar = _median_call_s(lambda: dist.all_reduce(x))
+    if rank == 0:
+        rows = [
+            (k, b, c, step, calls.count("all_to_all") * a2a + calls.count("all_reduce") * ar, m)
+            for k, b, c, step, calls, m in rows
+        ]
+        Path(out, "host.json").write_text(json.dumps({"rows": rows, "a2a": a2a, "ar": ar}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _batch_rows(
+    rank: int, ranks: int, groups: int, steps: int, base: LocalRates, batch: int, out: str
+) -> list:
+    """Rank 0: (strategy, batch, collectives, median step s of the slowest rank, the stages' kinds,
+    modeled value work s) per strategy at ``batch``; other ranks: []. Collective."""
     from flexshard.bench.data import default_data
     from flexshard.bench.plans import h100_view
     from flexshard.bench.systems import RuntimeSystem
+    from flexshard.local_rates import measured_rates
     from flexshard.plan_file import to_dict
     from solvers.planner import budget_bytes, make_plan
     from solvers.tier_program import OptimizerConfig
     from solvers.time_model import step_time
 
-    data = default_data(BATCH, 0, ranks)
+    data = default_data(batch, 0, ranks)
     w, view = data.workload, h100_view(ranks, groups)
     shared: list = [None]
     if rank == 0:
@@ -60,10 +92,14 @@ def _rank(rank: int, ranks: int, groups: int, steps: int, rates: LocalRates, out
     plans, docs = shared[0]
     systems = []
     for key in STRATEGIES:
-        path = Path(out) / f"plan_{key}_{rank}.json"
+        path = Path(out) / f"plan_{key}_{batch}_{rank}.json"
         path.write_text(json.dumps(docs[key]))
         systems.append(RuntimeSystem(key, str(path), data.tables, data.orders, 0, 0.01))
-    batches = [data.make_batch(s, rank) for s in range(3 + steps)]
+    batches = [data.make_batch(s, rank) for s in range(4 + steps)]
+    lookups = [
+        (v, dim, rows) for (v, _n), (_t, rows, dim) in zip(batches[-1].values(), data.tables, strict=True)
+    ]
+    rates = measured_rates(lookups, base)  # on a batch past the timed ones, every rank at once
     times: dict[str, list[float]] = {s.key: [] for s in systems}
     for s in systems:
         for b in batches[:3]:
@@ -74,37 +110,36 @@ def _rank(rank: int, ranks: int, groups: int, steps: int, rates: LocalRates, out
             t0 = time.perf_counter()
             s.step(batches[3 + r])
             times[s.key].append(time.perf_counter() - t0)
-    x = torch.zeros(ranks)
-    a2a = _median_call_s(lambda: dist.all_to_all_single(torch.empty_like(x), x))
-    ar = _median_call_s(lambda: dist.all_reduce(x))
     every: list = [None] * ranks
     dist.all_gather_object(every, times)
-    if rank == 0:
-        rows = []
-        for key in STRATEGIES:
-            step = float(np.median(np.max([e[key] for e in every], axis=0)))  # slowest rank per step
-            st = step_time(w, view, plans[key], LatencyTable(), rates)
-            kinds = [s.kind for s in st.stages]
-            bare = kinds.count("all_to_all") * a2a + kinds.count("all_reduce") * ar
-            rows.append((key, st.collectives, step, bare, st.total_s))
-        Path(out, "host.json").write_text(json.dumps({"rows": rows, "a2a": a2a, "ar": ar}))
-    dist.barrier()
-    dist.destroy_process_group()
+    if rank != 0:
+        return []
+    rows = []
+    for key in STRATEGIES:
+        step = float(np.median(np.max([e[key] for e in every], axis=0)))  # slowest rank per step
+        st = step_time(w, view, plans[key], LatencyTable(), rates)
+        rows.append((key, batch, st.collectives, step, [s.kind for s in st.stages], st.total_s))
+    return rows
 
 
 def measure_host(
-    rates: LocalRates, ranks: int = 4, groups: int = 2, steps: int = 20
+    rates: LocalRates, ranks: int = 4, groups: int = 2, steps: int = 20, batches: tuple = BATCHES
 ) -> tuple[LocalRates, list]:
-    """``rates`` with ``step_s`` and ``table_stage_s`` measured (module docstring), and the table of
-    (strategy, collectives, median step s, bare collectives s, modeled value work s)."""
+    """``rates`` with ``step_s`` and ``table_stage_s`` measured (module docstring) at every batch of
+    ``batches`` (samples per rank), and the table of (strategy, batch, collectives, median step s, bare
+    collectives s, modeled value work s)."""
     factor = max(1.0, ranks / (os.cpu_count() or 1))
     base = replace(rates, step_s=0.0, table_stage_s=0.0)
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(
-            _rank, args=(ranks, groups, steps, base.shared(factor), out), nprocs=ranks, start_method="spawn"
+            _rank,
+            args=(ranks, groups, steps, base.shared(factor), tuple(batches), out),
+            nprocs=ranks,
+            start_method="spawn",
         )
         got = json.loads(Path(out, "host.json").read_text())
-    return fit_host(rates, got["rows"], 3, factor), got["rows"]
+    rows = [tuple(r) for r in got["rows"]]
+    return fit_host(rates, [(k, c, s, b, m) for k, _batch, c, s, b, m in rows], 3, factor), rows
 
 
 def fit_host(rates: LocalRates, rows: list, tables: int, factor: float) -> LocalRates:
