@@ -123,23 +123,28 @@ def _batch_rows(
 
 
 def measure_host(
-    rates: LocalRates, ranks: int = 4, groups: int = 2, steps: int = 20, batches: tuple = BATCHES
+    rates: LocalRates, ranks: tuple = (4,), groups: int = 2, steps: int = 20, batches: tuple = BATCHES
 ) -> tuple[LocalRates, list]:
-    """``rates`` with ``step_s`` and ``table_stage_s`` measured (module docstring) at every batch of
-    ``batches`` (samples per rank), and the table of (strategy, batch, collectives, median step s, bare
-    collectives s, modeled value work s)."""
-    factor = max(1.0, ranks / (os.cpu_count() or 1))
+    """``rates`` with ``step_s`` and ``table_stage_s`` measured (module docstring) on each number of
+    ``ranks`` at every batch of ``batches`` (samples per rank), fitted over them all at each run's share
+    of the cores, and the table of (strategy, ranks, batch, collectives, median step s, bare collectives
+    s, modeled value work s)."""
     base = replace(rates, step_s=0.0, table_stage_s=0.0)
-    with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(
-            _rank,
-            args=(ranks, groups, steps, base.shared(factor), tuple(batches), out),
-            nprocs=ranks,
-            start_method="spawn",
-        )
-        got = json.loads(Path(out, "host.json").read_text())
-    rows = [tuple(r) for r in got["rows"]]
-    return fit_host(rates, [(k, c, s, b, m) for k, _batch, c, s, b, m in rows], 3, factor), rows
+    rows, shares = [], []
+    for n in ranks:
+        factor = max(1.0, n / (os.cpu_count() or 1))
+        with tempfile.TemporaryDirectory() as out:
+            mp.start_processes(
+                _rank,
+                args=(n, groups, steps, base.shared(factor), tuple(batches), out),
+                nprocs=n,
+                start_method="spawn",
+            )
+            got = json.loads(Path(out, "host.json").read_text())
+        for k, batch, c, step, bare, model in got["rows"]:
+            rows.append((k, n, batch, c, step, bare, model))
+            shares.append((k, c, step / factor, bare / factor, model / factor))  # per rank's share
+    return fit_host(rates, shares, 3, 1.0), rows
 
 
 def fit_host(rates: LocalRates, rows: list, tables: int, factor: float) -> LocalRates:

@@ -11,12 +11,13 @@ own :func:`~flexshard.runtime.transfer.exchange_columns_async` on one peer, 3 ta
 each value is copied once into the send buffer and once out of the receive buffer, units = 2 x values).
 
 ``host`` (``--host``): the runtime's own host work, measured on ``--ranks`` spawned gloo ranks in 2 groups
-(the benchmark's set-up) at ``--host-batches`` samples per rank (default 2, where values cost nothing):
-the median step of the benchmark's row-wise, row_wise_group_dedup and FlexShard plans (3 tables; 4, 6
-and 10 collectives), less each collective's bare latency measured on the same ranks (a tiny all-to-all
-or all-reduce, back to back) and the value work priced with rates measured on the ranks at that batch,
-fitted over every batch as ``step_s + table_stage_s x tables x collectives`` and divided by the ranks
-per core (the bench multiplies it back, :meth:`LocalRates.shared`).
+(the benchmark's set-up; one run per figure given) at ``--host-batches`` samples per rank (default 2,
+where values cost nothing): the median step of the benchmark's row-wise, row_wise_group_dedup and
+FlexShard plans (3 tables; 4, 6 and 10 collectives), less each collective's bare latency measured on
+the same ranks (a tiny all-to-all or all-reduce, back to back) and the value work priced with rates
+measured on the ranks at that batch, fitted over every run and batch as ``step_s + table_stage_s x
+tables x collectives`` at each run's share of the cores (divided by its ranks per core; the bench
+multiplies it back, :meth:`LocalRates.shared`).
 
 Sizes: batches of 64..1024 samples per rank at the default workload's ~158 ids per sample (item-side
 tables), dims 32, 64 and 128 (the default tables' widths), ids drawn Zipf-like (alpha 0.87) from a
@@ -150,7 +151,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="write the rates JSON here (LocalRates.load reads it)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--host", action="store_true", help="also measure the runtime's host work (spawns ranks)")
-    ap.add_argument("--ranks", type=int, default=4, help="ranks of the --host run, in 2 groups (default 4)")
+    ap.add_argument(
+        "--ranks", default="4", help="ranks of the --host runs, in 2 groups, comma-separated (default 4)"
+    )
     ap.add_argument(
         "--host-batches", default="2", help="samples per rank of the --host run, comma-separated (default 2)"
     )
@@ -160,11 +163,12 @@ def main() -> None:
         from calibrate_host import measure_host
 
         batches = tuple(int(b) for b in args.host_batches.split(","))
-        rates, rows = measure_host(rates, args.ranks, batches=batches)
-        print(f"host ({args.ranks} ranks): strategy, batch, collectives, step ms, bare ms, model ms")
-        for key, batch, collectives, step, bare, model in rows:
+        ranks = tuple(int(n) for n in args.ranks.split(","))
+        rates, rows = measure_host(rates, ranks, batches=batches)
+        print("host: strategy, ranks, batch, collectives, step ms, bare ms, model ms")
+        for key, n, batch, collectives, step, bare, model in rows:
             ms = f"{step * 1e3:8.2f} {bare * 1e3:8.2f} {model * 1e3:8.2f}"
-            print(f"  {key:<22} {batch:>5} {collectives:>3} {ms}")
+            print(f"  {key:<22} {n:>3} {batch:>5} {collectives:>3} {ms}")
     print(f"{'piece':<12} {'batch':>6} {'dim':>4} {'units':>10} {'ms':>9} {'ns/unit':>8}")
     for piece, batch, dim, units, seconds in points:
         per_unit_ns = seconds / units * 1e9
