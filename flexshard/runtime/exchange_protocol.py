@@ -57,7 +57,14 @@ from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
 from flexshard.runtime.lookups import TableLookup
-from flexshard.runtime.relay import RelayRows, distinct_rows_at, scatter_index
+from flexshard.runtime.relay import (
+    RelayRows,
+    RelaySums,
+    distinct_rows_at,
+    exchange_sums,
+    rail_sums,
+    scatter_index,
+)
 from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import (
     add_blocks,
@@ -296,7 +303,7 @@ class ExchangeProtocol:
         for t in range(n_t):
             if not self.one_dim_fp32:
                 for tier, slots in zip(ROW_TIERS, (*asked.slots[t], asked.owner_slots[t]), strict=True):
-                    cols.append(self._gather(t, tier, slots))
+                    cols.append(rows_at(self.shards[(t, tier)].weights, slots))
             send_counts.append(
                 np.stack(
                     [asked.recv_counts[:, t, WARM], asked.recv_counts[:, t, FLAT], asked.owner_counts[:, t]],
@@ -322,12 +329,7 @@ class ExchangeProtocol:
                     for k in (WARM, FLAT):
                         copy_blocks(lk.rows, routed.index[t][k], views[3 * t + k])
                 rows = buffer.view(-1, int(self.dims[0])) if n_t else buffer.view(0, 0)
-                at = (
-                    distinct_rows_at(rc, np.arange(n_t) * 3 + 2, self.device)
-                    if self.group_fetch.any()
-                    else None
-                )
-                return RelayRows(rows, at)
+                return RelayRows(rows, distinct_rows_at(rc, np.arange(n_t) * 3 + 2, self.device))
 
             return Pending([gathered], relayed)
         widths = np.repeat(self.dims, len(ROW_KINDS))
@@ -343,16 +345,11 @@ class ExchangeProtocol:
                     out.append(got[3 * t + 2])  # empty: a flat table has no distinct rows
                     continue
                 for k in (WARM, FLAT):
-                    if routed.index[t][k].numel():
-                        lk.rows.index_copy_(0, routed.index[t][k], got[3 * t + k])
+                    copy_blocks(lk.rows, routed.index[t][k], [got[3 * t + k]])
                 out.append(got[3 * t + 2])  # every distinct row in order (its own sent to itself)
             return out
 
         return Pending([pending], finish)
-
-    def _gather(self, t: int, tier: Tier, slots: torch.Tensor) -> torch.Tensor:
-        """Rows ``slots`` of this rank's shard of table t in ``tier``."""
-        return rows_at(self.shards[(t, tier)].weights, slots)
 
     def scatter(self, routed: Routed, asked: Asked, distinct: list[torch.Tensor]) -> Pending[None]:
         """``scatter``: the rail peer gives every id of its group its row (group all-to-all); on wait the
@@ -388,15 +385,7 @@ class ExchangeProtocol:
             return Pending([gathered], lambda: place(gathered.wait()))
         cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
         pending = exchange_vectors("scatter", cols, sc, rc, self.dims, self.wire_dtype, self.pg.intra)
-
-        def finish() -> None:
-            for t, got in enumerate(pending.wait()):
-                if (t, GIDS) in routed.in_order:
-                    routed.lookups[t].rows.copy_(got)
-                else:
-                    routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
-
-        return Pending([pending], finish)
+        return Pending([pending], lambda: place([[got] for got in pending.wait()]))
 
     # --- backward --------------------------------------------------------------------------------------
 
@@ -426,13 +415,18 @@ class ExchangeProtocol:
             widths = np.repeat(self.dims, len(ROW_KINDS))
             pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
 
-        def finish() -> list[torch.Tensor]:
+        def finish() -> list[torch.Tensor] | RelaySums:
             got = pending.wait()
             out = []
             for t in range(n_t):
                 for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):  # one add (a row's adds in order)
                     if asked.slots[t][k].numel():
                         self.shards[(t, tier)].add_gradient(asked.slots[t][k], _joined(got[3 * t + k]))
+            if self.one_dim_fp32 and asked.joined_inverse is not None:  # summed in rail_grads' send order
+                ids, rows = asked.recv_counts[:, :, GIDS].sum(axis=0), [got[3 * t + 2] for t in range(n_t)]
+                fetch, dim = asked.fetch_counts[self.rail], int(self.dims[0])
+                return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.device)
+            for t in range(n_t):
                 total = torch.zeros(int(asked.num_distinct[t]), int(self.dims[t]), device=self.device)
                 if asked.inverse[t].numel():
                     add_blocks(total, asked.inverse[t], got[3 * t + 2])
@@ -441,18 +435,24 @@ class ExchangeProtocol:
 
         return Pending([pending], finish)
 
-    def rail_grads(self, asked: Asked, sums: list[torch.Tensor]) -> Pending[None]:
+    def rail_grads(self, asked: Asked, sums: list[torch.Tensor] | RelaySums) -> Pending[None]:
         """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to
         itself, a local copy); on wait every owner has added its gradients, its own group's first, then
         the other groups' in rail order (each row's gradient summed in the same order whichever rank owns
         it). On an fp16 wire, whose gradients are scaled by the sender's largest, the own rows' sums are
         added apart, scaled by their own largest, as sent to no one."""
-        n_t = len(sums)
         sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
         cols, slots, own = sums, asked.owner_slots, asked.own
+        me_at = int(np.flatnonzero(self.rail == self.me)[0])
+        if isinstance(sums, RelaySums):  # the joined sums are the send buffer
+
+            def add(t: int, lo: int, hi: int, rows: torch.Tensor) -> None:
+                self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], rows)
+
+            return exchange_sums("rail_grads", sums, rc, me_at, add, self.pg.replica)
+        n_t = len(sums)
         if self.wire_dtype is WireDtype.FP32:  # received as per-peer views: each added as it lies
             gathered = exchange_gathered_async("rail_grads", sums, [None] * n_t, sc, rc, self.pg.replica)
-            me_at = int(np.flatnonzero(self.rail == self.me)[0])
             peers = [me_at, *(j for j in range(self.rail.size) if j != me_at)]  # its own group's first
 
             def place() -> None:

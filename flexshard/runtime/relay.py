@@ -1,8 +1,10 @@
 """The group fetch's relay where every table has one dim and the wire is float32: the rail peer's
 distinct rows stay in the receive buffer of ``rows`` (no per-table join), and ``scatter`` gathers every
 requester's rows of every table from it with one index, in wire order (requester, table), straight into
-the send buffer (:mod:`~flexshard.runtime.exchange_protocol`). The same rows in the same places as the
-per-table path, two copies of the distinct rows and one op per (requester, table) fewer.
+the send buffer (:mod:`~flexshard.runtime.exchange_protocol`). Backward, the rail peer sums its group's
+gradients straight into ``rail_grads``' send buffer (by owner, then table), sent as it is. The same rows
+and sums in the same places as the per-table path, bit for bit, with two copies of the distinct rows
+fewer each way and one op per (peer, table) fewer.
 
 Distinct rows are numbered as ``compute`` numbers them (:class:`~flexshard.runtime.group_dedup.Asked`'s
 ``joined_inverse``): table-major, each table's rows by owner (rank order), then slot.
@@ -14,6 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from flexshard.runtime.awaitable import Pending
+from flexshard.runtime.transfer import add_blocks, exchange_columns_async
 
 
 @dataclass
@@ -62,3 +67,61 @@ def scatter_index(
         return joined_inverse[:0]
     wire = parts[0] if len(parts) == 1 else torch.cat(parts)
     return row_of.index_select(0, wire)
+
+
+@dataclass
+class RelaySums:
+    """The rail peer's gradient sums per distinct row (float32[rows, dim]) laid out as ``rail_grads``
+    sends them: by owner (rail order), then table (``fetch[j, t]`` rows each)."""
+
+    joined: torch.Tensor
+    fetch: np.ndarray  # int64[rail peers, tables]
+
+
+def rail_sums(
+    fetch: np.ndarray,
+    joined_inverse: torch.Tensor,
+    ids: np.ndarray,
+    got: list,
+    dim: int,
+    device: torch.device,
+) -> RelaySums:
+    """The sums of the group's gradients per distinct row, added straight into ``rail_grads``' send
+    order: ``fetch[j, t]`` distinct rows of table t from rail owner j; ``joined_inverse`` as in
+    :func:`scatter_index`, ``ids[t]`` of them per table; ``got[t]``: table t's received gradients
+    (a tensor, or per-peer blocks in peer order). Each row's terms are added in peer order, as the
+    per-table sums add them."""
+    fetch = np.asarray(fetch, dtype=np.int64)
+    total = torch.zeros(int(fetch.sum()), dim, device=device)
+    if joined_inverse.numel():
+        index = distinct_rows_at(fetch, np.arange(fetch.shape[1]), device).index_select(0, joined_inverse)
+        off = 0
+        for t, n in enumerate(np.asarray(ids, dtype=np.int64).tolist()):
+            if n:
+                add_blocks(total, index[off : off + n], got[t])
+            off += n
+    return RelaySums(total, fetch)
+
+
+def exchange_sums(name: str, sums: RelaySums, recv: np.ndarray, own_at: int, add, group) -> Pending[None]:
+    """``rail_grads`` of :func:`rail_sums`: the joined sums are the send buffer (no copy); ``recv[j, t]``
+    rows of table t come from rail peer j. On wait, ``add(t, lo, hi, rows)`` is called for every block,
+    rows ``[lo, hi)`` of table t's served slots (by rail peer), its own group's block (``own_at``) first,
+    then the others in rail order."""
+    recv = np.asarray(recv, dtype=np.int64)
+    dim = np.array([int(sums.joined.shape[1])])
+    pending = exchange_columns_async(
+        name, [sums.joined], sums.fetch.sum(axis=1)[:, None], recv.sum(axis=1)[:, None], dim, group
+    )
+    peers, tables = recv.shape
+    order = [own_at, *(j for j in range(peers) if j != own_at)]
+
+    def place() -> None:
+        blocks = pending.wait()[0][0].split(recv.reshape(-1).tolist())
+        start = np.cumsum(recv, axis=0) - recv  # each peer's first row within its table
+        for t in range(tables):
+            for j in order:
+                if recv[j, t]:
+                    add(t, int(start[j, t]), int(start[j, t] + recv[j, t]), blocks[j * tables + t])
+
+    return Pending([pending], place)

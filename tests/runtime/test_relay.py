@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from flexshard.runtime.relay import distinct_rows_at, scatter_index
+from flexshard.runtime.relay import distinct_rows_at, rail_sums, scatter_index
 from flexshard.runtime.transfer import add_blocks, copy_blocks, joined_blocks
 
 
@@ -131,3 +131,37 @@ def test_the_one_dim_relay_equals_the_per_table_path_bit_for_bit():
             o_ids, o_weights, o_states = old_rows[key]
             assert np.array_equal(ids, o_ids) and torch.equal(weights, o_weights), (rank, key)
             assert all(torch.equal(v, o_states[n]) for n, v in states.items()), (rank, key)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rail_sums_are_the_per_table_sums_in_send_order(seed):
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rail, tables, peers = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    fetch = rng.integers(0, 4, size=(rail, tables))
+    distinct = fetch.sum(axis=0)  # per table
+    ids = np.where(distinct > 0, rng.integers(0, 7, tables), 0)
+    inverse = [
+        torch.as_tensor(rng.integers(0, max(int(d), 1), int(n))) for d, n in zip(distinct, ids, strict=True)
+    ]
+    first = np.concatenate([[0], np.cumsum(distinct)[:-1]])
+    joined = torch.cat(
+        [torch.zeros(0, dtype=torch.int64)] + [i + int(f) for i, f in zip(inverse, first, strict=True)]
+    )
+    got = []
+    for n in ids:  # per-peer blocks of each table's received gradients
+        cut = np.sort(rng.integers(0, int(n) + 1, peers - 1))
+        got.append(list(torch.randn(int(n), 3, generator=gen).split(np.diff([0, *cut, int(n)]).tolist())))
+    sums = rail_sums(fetch, joined, ids, got, 3, torch.device("cpu"))
+    per_table = [
+        torch.zeros(int(d), 3).index_add_(0, i, torch.cat(g))
+        for d, i, g in zip(distinct, inverse, got, strict=True)
+    ]
+    start = np.cumsum(fetch, axis=0) - fetch  # rail owner j's first row within table t
+    want = [
+        per_table[t][int(start[j, t]) : int(start[j, t] + fetch[j, t])]
+        for j in range(rail)
+        for t in range(tables)
+    ]
+    assert torch.equal(sums.joined, torch.cat([torch.zeros(0, 3), *want]))
+    assert np.array_equal(sums.fetch, fetch)
