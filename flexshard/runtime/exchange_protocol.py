@@ -36,8 +36,9 @@ backward
     own to itself, as in ``rows``; on an fp16 wire added apart, scaled by their own largest).
 
 The replica ``sync`` phase is :mod:`~flexshard.runtime.sync`. A stage on a process group of one rank is a
-local copy. Embeddings and gradients travel as the plan's wire dtype; on an fp16 wire each sender scales
-its gradients by its own power of two and sends the exponent with them
+local copy. With one dim for every table and an fp32 wire, the relay works in the stages' own
+buffers (:mod:`~flexshard.runtime.relay`). Embeddings and gradients travel as the plan's wire dtype;
+on an fp16 wire each sender scales its gradients by its own power of two and sends the exponent with them
 (:func:`~flexshard.runtime.transfer.exchange_vectors`). A block a rank keeps for itself is rounded like
 a sent one. Bytes: :mod:`~flexshard.runtime.exchange_bytes`.
 """

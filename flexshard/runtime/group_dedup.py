@@ -17,7 +17,9 @@ owners only, so sorted keys are sorted by (table, owner or rail peer, slot), the
   distinct row in order and reads none apart.
 
 A dedup is a mark over the key range where that range is at most :data:`DENSE_PER_KEY` times the
-keys (no sort), else ``torch.unique``: the same distinct keys and inverse either way.
+keys (no sort), else ``torch.unique``: the same distinct keys and inverse either way. On the mark, the
+rail peer's inverse and bucket sizes are the count of marks below each key and each bucket's edge (one
+cumulative sum, no list of the distinct keys), and the owner's own bucket joins its asked keys as marks.
 """
 
 from __future__ import annotations
