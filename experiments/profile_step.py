@@ -204,9 +204,10 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             loss = sum(0.5 * v.pow(2).sum() for v in embedded.values())
             t2 = time.perf_counter()
             loss.backward()
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), time.thread_time()
             s.model.step()
             t4 = time.perf_counter()
+            clock["opt_step (thread cpu)"] += time.thread_time() - c3
             times.append(t4 - t0)
             for k, v in (
                 ("forward", t1 - t0),

@@ -36,8 +36,9 @@ backward
     own to itself, as in ``rows``; on an fp16 wire added apart, scaled by their own largest).
 
 The replica ``sync`` phase is :mod:`~flexshard.runtime.sync`. A stage on a process group of one rank is a
-local copy. Embeddings and gradients travel as the plan's wire dtype; on an fp16 wire each sender scales
-its gradients by its own power of two and sends the exponent with them
+local copy. With one dim for every table and an fp32 wire, the relay works in the stages' own
+buffers (:mod:`~flexshard.runtime.relay`). Embeddings and gradients travel as the plan's wire dtype;
+on an fp16 wire each sender scales its gradients by its own power of two and sends the exponent with them
 (:func:`~flexshard.runtime.transfer.exchange_vectors`). A block a rank keeps for itself is rounded like
 a sent one. Bytes: :mod:`~flexshard.runtime.exchange_bytes`.
 """
@@ -57,8 +58,18 @@ from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
 from flexshard.runtime.lookups import TableLookup
+from flexshard.runtime.relay import (
+    RelayRows,
+    RelaySums,
+    distinct_rows_at,
+    exchange_sums,
+    rail_sums,
+    scatter_index,
+)
 from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import (
+    add_blocks,
+    copy_blocks,
     exchange_columns_async,
     exchange_gathered_async,
     exchange_vectors,
@@ -69,6 +80,7 @@ from flexshard.runtime.transfer import (
 
 KINDS = 4  # the id columns of a table: WARM, FLAT, GIDS, GSLOTS
 ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's distinct rows in GIDS)
+ROW_TIERS = (Tier.WARM, Tier.COLD, Tier.COLD)  # the shard each of ROW_KINDS' rows is read from
 
 
 @dataclass
@@ -147,6 +159,8 @@ class ExchangeProtocol:
         self._none = torch.zeros(0, dtype=torch.int64, device=device)
         self._meta_masks: dict[int, np.ndarray] = {}  # tables -> _meta_mask
         self._no_bins = torch.zeros(self.world, dtype=torch.int64, device=device)
+        # one dim and an fp32 wire: rows gathered into the send buffer, the relay from its receive buffer
+        self.one_dim_fp32 = wire_dtype is WireDtype.FP32 and np.unique(self.dims).size == 1
 
     # --- input_dist ----------------------------------------------------------------------------------
 
@@ -288,9 +302,9 @@ class ExchangeProtocol:
         n_t = len(routed.lookups)
         cols, send_counts, recv_counts = [], [], []
         for t in range(n_t):
-            for tier, slots in ((Tier.WARM, asked.slots[t][0]), (Tier.COLD, asked.slots[t][1])):
-                cols.append(self._gather(t, tier, slots))
-            cols.append(self._gather(t, Tier.COLD, asked.owner_slots[t]))
+            if not self.one_dim_fp32:
+                for tier, slots in zip(ROW_TIERS, (*asked.slots[t], asked.owner_slots[t]), strict=True):
+                    cols.append(rows_at(self.shards[(t, tier)].weights, slots))
             send_counts.append(
                 np.stack(
                     [asked.recv_counts[:, t, WARM], asked.recv_counts[:, t, FLAT], asked.owner_counts[:, t]],
@@ -301,6 +315,24 @@ class ExchangeProtocol:
                 np.stack([routed.counts[:, t, WARM], routed.counts[:, t, FLAT], asked.fetch_counts[:, t]], 1)
             )
         sc, rc = np.concatenate(send_counts, 1), np.concatenate(recv_counts, 1)
+        if self.one_dim_fp32:  # gathered straight into the send buffer; the distinct rows left in place
+            sources = [self.shards[(t, tier)].weights for t in range(n_t) for tier in ROW_TIERS]
+            indices = [ix for t in range(n_t) for ix in (*asked.slots[t], asked.owner_slots[t])]
+            gathered = exchange_gathered_async("rows", sources, indices, sc, rc, with_buffer=True)
+            self.bytes.forward(routed.counts, asked, traffic)
+
+            def relayed() -> RelayRows:
+                views, buffer = gathered.wait()
+                for t, lk in enumerate(routed.lookups):
+                    if (t, FLAT) in routed.in_order:  # every unique id, in order: the rows as received
+                        lk.rows = joined_blocks(views[3 * t + FLAT])
+                        continue
+                    for k in (WARM, FLAT):
+                        copy_blocks(lk.rows, routed.index[t][k], views[3 * t + k])
+                rows = buffer.view(-1, int(self.dims[0])) if n_t else buffer.view(0, 0)
+                return RelayRows(rows, distinct_rows_at(rc, np.arange(n_t) * 3 + 2, self.device))
+
+            return Pending([gathered], relayed)
         widths = np.repeat(self.dims, len(ROW_KINDS))
         pending = exchange_vectors("rows", cols, sc, rc, widths, self.wire_dtype)
         self.bytes.forward(routed.counts, asked, traffic)
@@ -314,16 +346,11 @@ class ExchangeProtocol:
                     out.append(got[3 * t + 2])  # empty: a flat table has no distinct rows
                     continue
                 for k in (WARM, FLAT):
-                    if routed.index[t][k].numel():
-                        lk.rows.index_copy_(0, routed.index[t][k], got[3 * t + k])
+                    copy_blocks(lk.rows, routed.index[t][k], [got[3 * t + k]])
                 out.append(got[3 * t + 2])  # every distinct row in order (its own sent to itself)
             return out
 
         return Pending([pending], finish)
-
-    def _gather(self, t: int, tier: Tier, slots: torch.Tensor) -> torch.Tensor:
-        """Rows ``slots`` of this rank's shard of table t in ``tier``."""
-        return rows_at(self.shards[(t, tier)].weights, slots)
 
     def scatter(self, routed: Routed, asked: Asked, distinct: list[torch.Tensor]) -> Pending[None]:
         """``scatter``: the rail peer gives every id of its group its row (group all-to-all); on wait the
@@ -331,34 +358,35 @@ class ExchangeProtocol:
         n_t = len(routed.lookups)
         sc = asked.recv_counts[self.intra][:, :, GIDS]
         rc = routed.counts[self.intra][:, :, GIDS]
+
+        def place(per_table: list[list[torch.Tensor]]) -> None:
+            for t, views in enumerate(per_table):
+                if (t, GIDS) in routed.in_order:  # every unique id, in peer order
+                    torch.cat(views, out=routed.lookups[t].rows)
+                else:
+                    copy_blocks(routed.lookups[t].rows, routed.index[t][GIDS], views)
+
+        if isinstance(distinct, RelayRows):  # one gather in wire order (peer, table) from ``rows``' buffer
+            index = scatter_index(
+                asked.joined_inverse, asked.recv_counts[:, :, GIDS], self.intra, distinct.row_of
+            )
+            send = distinct.buffer.index_select(0, index)
+            width = np.array([int(self.dims[0])])
+            pending = exchange_columns_async(
+                "scatter", [send], sc.sum(axis=1)[:, None], rc.sum(axis=1)[:, None], width, self.pg.intra
+            )
+
+            def place_joined() -> None:
+                blocks = pending.wait()[0][0].split(rc.reshape(-1).tolist())
+                place([list(blocks[t :: max(n_t, 1)]) for t in range(n_t)])
+
+            return Pending([pending], place_joined)
         if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
             gathered = exchange_gathered_async("scatter", distinct, asked.inverse, sc, rc, self.pg.intra)
-
-            def place() -> None:
-                for t, views in enumerate(gathered.wait()):
-                    rows = routed.lookups[t].rows
-                    if (t, GIDS) in routed.in_order:  # every unique id, in peer order
-                        torch.cat(views, out=rows)
-                        continue
-                    index, off = routed.index[t][GIDS], 0
-                    for got in views:
-                        n = got.shape[0]
-                        if n:
-                            rows.index_copy_(0, index[off : off + n], got)
-                        off += n
-
-            return Pending([gathered], place)
+            return Pending([gathered], lambda: place(gathered.wait()))
         cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
         pending = exchange_vectors("scatter", cols, sc, rc, self.dims, self.wire_dtype, self.pg.intra)
-
-        def finish() -> None:
-            for t, got in enumerate(pending.wait()):
-                if (t, GIDS) in routed.in_order:
-                    routed.lookups[t].rows.copy_(got)
-                else:
-                    routed.lookups[t].rows.index_copy_(0, routed.index[t][GIDS], got)
-
-        return Pending([pending], finish)
+        return Pending([pending], lambda: place([[got] for got in pending.wait()]))
 
     # --- backward --------------------------------------------------------------------------------------
 
@@ -372,8 +400,12 @@ class ExchangeProtocol:
         rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
         order = routed.in_order
         indices = [None if (t, k) in order else routed.index[t][k] for t in range(n_t) for k in ROW_KINDS]
-        if self.wire_dtype is WireDtype.FP32 and any(i is not None and i.numel() for i in indices):
-            # a column out of order: every column gathered straight into the send buffer (no column)
+        columns = int(np.count_nonzero(sc.any(axis=0) | rc.any(axis=0)))
+        if self.wire_dtype is WireDtype.FP32 and (
+            columns > 1 or any(i is not None and i.numel() for i in indices)
+        ):
+            # every column gathered straight into the send buffer and received as per-peer views (the
+            # all_to_all of one column in order takes no copy either way)
             sources = [unique_grads[t] for t in range(n_t) for _k in ROW_KINDS]
             pending = exchange_gathered_async("grads", sources, indices, sc, rc)
         else:
@@ -384,30 +416,55 @@ class ExchangeProtocol:
             widths = np.repeat(self.dims, len(ROW_KINDS))
             pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
 
-        def finish() -> list[torch.Tensor]:
+        def finish() -> list[torch.Tensor] | RelaySums:
             got = pending.wait()
             out = []
             for t in range(n_t):
                 for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):  # one add (a row's adds in order)
                     if asked.slots[t][k].numel():
                         self.shards[(t, tier)].add_gradient(asked.slots[t][k], _joined(got[3 * t + k]))
+            if self.one_dim_fp32 and asked.joined_inverse is not None:  # summed in rail_grads' send order
+                ids, rows = asked.recv_counts[:, :, GIDS].sum(axis=0), [got[3 * t + 2] for t in range(n_t)]
+                fetch, dim = asked.fetch_counts[self.rail], int(self.dims[0])
+                return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.device)
+            for t in range(n_t):
                 total = torch.zeros(int(asked.num_distinct[t]), int(self.dims[t]), device=self.device)
                 if asked.inverse[t].numel():
-                    total.index_add_(0, asked.inverse[t], _joined(got[3 * t + 2]))
+                    add_blocks(total, asked.inverse[t], got[3 * t + 2])
                 out.append(total)  # empty for a flat table
             return out
 
         return Pending([pending], finish)
 
-    def rail_grads(self, asked: Asked, sums: list[torch.Tensor]) -> Pending[None]:
+    def rail_grads(self, asked: Asked, sums: list[torch.Tensor] | RelaySums) -> Pending[None]:
         """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to
         itself, a local copy); on wait every owner has added its gradients, its own group's first, then
         the other groups' in rail order (each row's gradient summed in the same order whichever rank owns
         it). On an fp16 wire, whose gradients are scaled by the sender's largest, the own rows' sums are
         added apart, scaled by their own largest, as sent to no one."""
-        n_t = len(sums)
         sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
         cols, slots, own = sums, asked.owner_slots, asked.own
+        me_at = int(np.flatnonzero(self.rail == self.me)[0])
+        if isinstance(sums, RelaySums):  # the joined sums are the send buffer
+
+            def add(t: int, lo: int, hi: int, rows: torch.Tensor) -> None:
+                self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], rows)
+
+            return exchange_sums("rail_grads", sums, rc, me_at, add, self.pg.replica)
+        n_t = len(sums)
+        if self.wire_dtype is WireDtype.FP32:  # received as per-peer views: each added as it lies
+            gathered = exchange_gathered_async("rail_grads", sums, [None] * n_t, sc, rc, self.pg.replica)
+            peers = [me_at, *(j for j in range(self.rail.size) if j != me_at)]  # its own group's first
+
+            def place() -> None:
+                for t, views in enumerate(gathered.wait()):
+                    ends = np.cumsum(rc[:, t])
+                    for j in peers:
+                        if views[j].shape[0]:
+                            lo, hi = int(ends[j] - rc[j, t]), int(ends[j])
+                            self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], views[j])
+
+            return Pending([gathered], place)
         if self.wire_dtype is WireDtype.FP16:
             own = np.zeros_like(own)  # none received
             mine = self.rail == self.me

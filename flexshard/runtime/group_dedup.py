@@ -17,7 +17,9 @@ owners only, so sorted keys are sorted by (table, owner or rail peer, slot), the
   distinct row in order and reads none apart.
 
 A dedup is a mark over the key range where that range is at most :data:`DENSE_PER_KEY` times the
-keys (no sort), else ``torch.unique``: the same distinct keys and inverse either way.
+keys (no sort), else ``torch.unique``: the same distinct keys and inverse either way. On the mark, the
+rail peer's inverse and bucket sizes are the count of marks below each key and each bucket's edge (one
+cumulative sum, no list of the distinct keys), and the owner's own bucket joins its asked keys as marks.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ class Asked:
     fetch_counts: np.ndarray  # int64[world, tables]: distinct rows this rail peer gets from each owner
     local: np.ndarray  # int64[tables, 2]: [lo, hi) of the distinct rows this rail peer owns (by owner)
     own: np.ndarray  # int64[tables, 2]: [lo, hi) of this rank's own group's rows in ``owner_slots``
+    # every received group id's distinct number over all tables (table-major: ``inverse`` plus the
+    # table's first distinct row), the tables' ids joined in order; None without a group fetch
+    joined_inverse: torch.Tensor | None = None
 
     @property
     def num_distinct(self) -> np.ndarray:
@@ -141,22 +146,37 @@ class GroupDedup:
         # rail peer: the group's keys, distinct per (table, owner)
         n_ids = recv_counts[:, :, GIDS].sum(axis=0)
         keys = joined_blocks([received[t][GIDS] for t in range(n_t)])
-        distinct, inverse = distinct_keys(keys, self.key_range, return_inverse=True)
-        fetch = self._buckets(distinct)
-        fetch_counts = zeros.copy()
-        fetch_counts[self.rail] = fetch.T
-        first = np.concatenate([[0], np.cumsum(fetch.sum(axis=1))])  # each table's first distinct row
-        local = _bucket_span(fetch, self.j_me)
-        inverse = (inverse - self._per_key(first[:-1], n_ids)).split(n_ids.tolist())
         # owner: the other groups' slots per rail peer, and its own group's distinct rows (bucket j_me)
         asked_slots = recv_counts[:, :, GSLOTS].T  # [t, p]
         offset = self.base[:-1, None] + self.j_req[None, :] * self.span[:, None]
-        mine = torch.cat([distinct[int(a) : int(b)] for a, b in first[:-1, None] + local])
         asked_keys = joined_blocks([received[t][GSLOTS] for t in range(n_t)]) + self._per_key(
             offset, asked_slots
         )
-        keys = torch.cat([asked_keys, mine])
-        served, _none = distinct_keys(keys, self.key_range)
+        own_keys = self.edges.reshape(n_t, -1)[:, self.j_me]  # bucket (t, j_me): [own_keys, + span)
+        if self.key_range > DENSE_PER_KEY * keys.numel():  # sparse: by sorts
+            distinct, inverse = distinct_keys(keys, self.key_range, return_inverse=True)
+            fetch = self._buckets(distinct)
+            first = np.concatenate([[0], np.cumsum(fetch.sum(axis=1))])  # each table's first distinct row
+            local = _bucket_span(fetch, self.j_me)
+            mine = torch.cat([distinct[int(a) : int(b)] for a, b in first[:-1, None] + local])
+            served, _none = distinct_keys(torch.cat([asked_keys, mine]), self.key_range)
+        else:  # a mark over the key range: a key's place is the marks before it (no sort, no search)
+            mark = torch.zeros(self.key_range, dtype=torch.bool, device=self.device)
+            mark.index_fill_(0, keys, True)
+            before = torch.zeros(self.key_range + 1, dtype=torch.int64, device=self.device)
+            torch.cumsum(mark, 0, out=before[1:])
+            inverse = before.index_select(0, keys)
+            fetch = np.diff(before.index_select(0, self._edges).cpu().numpy()).reshape(n_t, -1)
+            first = np.concatenate([[0], np.cumsum(fetch.sum(axis=1))])
+            local = _bucket_span(fetch, self.j_me)
+            served_mark = torch.zeros_like(mark).index_fill_(0, asked_keys, True)
+            for lo, span in zip(own_keys.tolist(), self.span.tolist(), strict=True):
+                served_mark[lo : lo + span] |= mark[lo : lo + span]
+            served = torch.nonzero(served_mark).flatten()
+        fetch_counts = zeros.copy()
+        fetch_counts[self.rail] = fetch.T
+        joined_inverse = inverse
+        inverse = [x - int(f) if f else x for x, f in zip(inverse.split(n_ids.tolist()), first, strict=False)]
         served_counts = self._buckets(served)
         owner_slots = served - self._per_key(self.edges, served_counts)  # a key less its bucket's first
         owner_counts = zeros.copy()
@@ -166,10 +186,11 @@ class GroupDedup:
             slots,
             list(owner_slots.split(served_counts.sum(axis=1).tolist())),
             owner_counts,
-            list(inverse),
+            inverse,
             fetch_counts,
             local,
             _bucket_span(served_counts, self.j_me),
+            joined_inverse,
         )
 
 

@@ -189,16 +189,19 @@ def exchange_gathered_async(
     counts: np.ndarray,
     recv_counts: np.ndarray,
     group=None,
+    with_buffer: bool = False,
 ) -> Pending[list[list[torch.Tensor]]]:
     """:func:`exchange_columns_async` of float32 rows (an fp32 wire) whose column ``c`` is
     ``sources[c].index_select(0, indices[c])`` (``sources[c]`` itself where ``indices[c]`` is None),
     gathered straight into the send buffer (no column, no concatenation), returned as per-peer views of
     the receive buffer (no concatenation either): per column a list over peers of
     ``[recv_counts[p, c], dim_c]`` rows. The same rows in the same order as
-    :func:`exchange_columns_async` of the gathered columns; two copies of every row fewer."""
+    :func:`exchange_columns_async` of the gathered columns; two copies of every row fewer.
+    ``with_buffer``: waits to ``(views, buffer)``, the flat float32 receive buffer the views lie in
+    (blocks in (peer, column) order)."""
     peers, n_c = counts.shape
     if not n_c:
-        return ready([])
+        return ready(([], torch.zeros(0)) if with_buffer else [])
     dims = np.array([int(s.shape[1]) for s in sources], dtype=np.int64)
     send_sizes = counts * dims[None, :]  # elements per (peer, column)
     recv_sizes = recv_counts * dims[None, :]
@@ -225,7 +228,8 @@ def exchange_gathered_async(
 
     def finish() -> list[list[torch.Tensor]]:
         got = recv.split(recv_sizes.reshape(-1).tolist())
-        return [[got[p * n_c + c].view(-1, int(dims[c])) for p in range(peers)] for c in range(n_c)]
+        views = [[got[p * n_c + c].view(-1, int(dims[c])) for p in range(peers)] for c in range(n_c)]
+        return (views, recv) if with_buffer else views
 
     return Pending(works, finish)
 
@@ -239,3 +243,27 @@ def joined_blocks(views: list[torch.Tensor]) -> torch.Tensor:
 def rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x.index_select(0, index)``; an empty view of ``x`` (no op) for an empty ``index``."""
     return x.index_select(0, index) if index.numel() else x[:0]
+
+
+def copy_blocks(rows: torch.Tensor, index: torch.Tensor, views: list[torch.Tensor]) -> None:
+    """``rows.index_copy_(0, index, torch.cat(views))`` without joining: one copy per peer's block."""
+    off = 0
+    for got in views:
+        n = int(got.shape[0])
+        if n:
+            rows.index_copy_(0, index[off : off + n], got)
+        off += n
+
+
+def add_blocks(total: torch.Tensor, index: torch.Tensor, got: torch.Tensor | list[torch.Tensor]) -> None:
+    """``total.index_add_(0, index, joined_blocks(got))`` without joining: one add per peer's block, in peer
+    order (each row's terms added in the same order, so the same float sums bit for bit)."""
+    if isinstance(got, torch.Tensor):
+        total.index_add_(0, index, got)
+        return
+    off = 0
+    for block in got:
+        n = int(block.shape[0])
+        if n:
+            total.index_add_(0, index[off : off + n], block)
+        off += n

@@ -1,0 +1,167 @@
+"""The one-dim fp32 relay's index arithmetic (:mod:`flexshard.runtime.relay`) and the per-block copies
+and adds of :mod:`flexshard.runtime.transfer`, against direct references on random small cases (one
+process, no collective)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flexshard.runtime.relay import distinct_rows_at, rail_sums, scatter_index
+from flexshard.runtime.transfer import add_blocks, copy_blocks, joined_blocks
+
+
+def _buffer(
+    counts: np.ndarray, dim: int, gen: torch.Generator
+) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+    """A receive buffer of ``counts[p, c]`` rows per (peer, column) block and its blocks [c][p]."""
+    buffer = torch.randn(int(counts.sum()), dim, generator=gen)
+    blocks = buffer.split(counts.reshape(-1).tolist())
+    peers, cols = counts.shape
+    return buffer, [[blocks[p * cols + c] for p in range(peers)] for c in range(cols)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_distinct_rows_at_finds_every_distinct_row_in_the_buffer(seed):
+    rng = np.random.default_rng(seed)
+    peers, tables = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    counts = rng.integers(0, 4, size=(peers, 3 * tables))
+    counts[rng.random(counts.shape) < 0.3] = 0  # empty blocks
+    buffer, blocks = _buffer(counts, 3, torch.Generator().manual_seed(seed))
+    column = np.arange(tables) * 3 + 2
+    at = distinct_rows_at(counts, column, torch.device("cpu"))
+    want = torch.cat([torch.zeros(0, 3)] + [torch.cat(blocks[c]) for c in column])  # table-major, by peer
+    assert at.dtype == torch.int64 and torch.equal(buffer.index_select(0, at), want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_scatter_index_is_each_peers_rows_of_every_table_in_wire_order(seed):
+    rng = np.random.default_rng(seed)
+    world, tables = int(rng.integers(2, 6)), int(rng.integers(1, 4))
+    to = np.sort(rng.choice(world, int(rng.integers(1, world + 1)), replace=False))
+    ids = np.zeros((world, tables), np.int64)
+    ids[to] = rng.integers(0, 5, size=(to.size, tables))
+    distinct = int(rng.integers(1, 9))
+    # per table, its ids in peer order (each an index into the joined distinct rows)
+    per_table = [
+        [torch.as_tensor(rng.integers(0, distinct, int(ids[p, t]))) for p in range(world)]
+        for t in range(tables)
+    ]
+    joined = torch.cat([torch.zeros(0, dtype=torch.int64)] + [torch.cat(per_table[t]) for t in range(tables)])
+    row_of = torch.as_tensor(rng.permutation(distinct + 3)[:distinct])
+    got = scatter_index(joined, ids, to, row_of)
+    want = [row_of[per_table[t][p]] for p in to for t in range(tables)]
+    assert torch.equal(got, torch.cat([torch.zeros(0, dtype=torch.int64), *want]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_copies_and_adds_equal_the_joined_ones_bit_for_bit(seed):
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(0, 5, size=4)
+    views = list(torch.randn(int(sizes.sum()), 5, generator=gen).split(sizes.tolist()))
+    n = int(sizes.sum())
+    rows = torch.randn(n + 2, 5, generator=gen)
+    index = torch.as_tensor(rng.permutation(n + 2)[:n])
+    want = rows.clone().index_copy_(0, index, joined_blocks(views))
+    copy_blocks(rows, index, views)
+    assert torch.equal(rows, want)
+    repeated = torch.as_tensor(rng.integers(0, 3, n))  # rows summed from several blocks
+    total = torch.zeros(3, 5)
+    want = torch.zeros(3, 5).index_add_(0, repeated, joined_blocks(views))
+    add_blocks(total, repeated, views)
+    assert torch.equal(total, want)
+    one = torch.zeros(3, 5)
+    add_blocks(one, repeated, joined_blocks(views))
+    assert torch.equal(one, want)
+
+
+def _both_paths(rank: int, world: int) -> dict:
+    """The bench's default tables (one dim) on ``row_wise_group_dedup``'s plan (every table group
+    fetched), trained 3 steps with the one-dim fp32 relay and with the per-table path."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from flexshard.bench.config import BenchConfig
+    from flexshard.bench.plans import h100_view, make_plans
+    from flexshard.bench.worker import load_data
+    from flexshard.plan_file import read_plan
+    from flexshard.runtime import ShardedSequenceEmbedding
+
+    cfg = BenchConfig(nproc=world, groups=2, batch=8, plan_for="h100", torchrec=False)
+    data = load_data(cfg, world)
+    view = h100_view(world, 2)
+    plan = make_plans(data, view, view, cfg.budget, False, "step", None)["row_wise_group_dedup"]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "plan.json")
+        path.write_text(json.dumps(plan.document))
+        for one_dim in (True, False):
+            model = ShardedSequenceEmbedding(
+                read_plan(str(path)), data.tables, data.orders, init=cfg.seed, optimizer="adagrad", lr=cfg.lr
+            )
+            assert model.protocol.one_dim_fp32  # one dim, fp32: the relay path unless switched off
+            model.protocol.one_dim_fp32 = one_dim
+            outputs, traffic = [], []
+            for step in range(3):
+                got = model(data.make_batch(step, rank))
+                outputs.append({k: v.detach().clone() for k, v in got.items()})
+                sum(0.5 * v.pow(2).sum() for v in got.values()).backward()
+                model.step()
+                traffic.append(model.traffic.bytes.copy())
+            out[one_dim] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch))
+    return out
+
+
+@pytest.mark.slow
+def test_the_one_dim_relay_equals_the_per_table_path_bit_for_bit():
+    from runtime_workers import run_function
+
+    for rank, res in enumerate(run_function(_both_paths, 4, timeout_s=300.0)):
+        (new_out, new_traffic, new_rows, fetched), (old_out, old_traffic, old_rows, _) = res[True], res[False]
+        assert fetched, rank
+        for a, b in zip(new_out, old_out, strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), rank
+        for a, b in zip(new_traffic, old_traffic, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert new_rows.keys() == old_rows.keys()
+        for key, (ids, weights, states) in new_rows.items():
+            o_ids, o_weights, o_states = old_rows[key]
+            assert np.array_equal(ids, o_ids) and torch.equal(weights, o_weights), (rank, key)
+            assert all(torch.equal(v, o_states[n]) for n, v in states.items()), (rank, key)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rail_sums_are_the_per_table_sums_in_send_order(seed):
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rail, tables, peers = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 4))
+    fetch = rng.integers(0, 4, size=(rail, tables))
+    distinct = fetch.sum(axis=0)  # per table
+    ids = np.where(distinct > 0, rng.integers(0, 7, tables), 0)
+    inverse = [
+        torch.as_tensor(rng.integers(0, max(int(d), 1), int(n))) for d, n in zip(distinct, ids, strict=True)
+    ]
+    first = np.concatenate([[0], np.cumsum(distinct)[:-1]])
+    joined = torch.cat(
+        [torch.zeros(0, dtype=torch.int64)] + [i + int(f) for i, f in zip(inverse, first, strict=True)]
+    )
+    got = []
+    for n in ids:  # per-peer blocks of each table's received gradients
+        cut = np.sort(rng.integers(0, int(n) + 1, peers - 1))
+        got.append(list(torch.randn(int(n), 3, generator=gen).split(np.diff([0, *cut, int(n)]).tolist())))
+    sums = rail_sums(fetch, joined, ids, got, 3, torch.device("cpu"))
+    per_table = [
+        torch.zeros(int(d), 3).index_add_(0, i, torch.cat(g))
+        for d, i, g in zip(distinct, inverse, got, strict=True)
+    ]
+    start = np.cumsum(fetch, axis=0) - fetch  # rail owner j's first row within table t
+    want = [
+        per_table[t][int(start[j, t]) : int(start[j, t] + fetch[j, t])]
+        for j in range(rail)
+        for t in range(tables)
+    ]
+    assert torch.equal(sums.joined, torch.cat([torch.zeros(0, 3), *want]))
+    assert np.array_equal(sums.fetch, fetch)
