@@ -36,7 +36,7 @@ from solvers.cost_model import (
     warm_sync_bytes,
 )
 from solvers.schedule import StepShape, shape_schedule
-from solvers.time_types import LatencyTable, LocalRates, shape_latency_s
+from solvers.time_types import BufferCopies, LatencyTable, LocalRates, shape_latency_s
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Workload
 from solvers.volumes import view_mass
 from topology.views import ClusterView
@@ -163,6 +163,7 @@ def table_coefficients(
     meta = ROUTING_BYTES_PER_REPLICATED_ROW if routing_metadata else 0
     groups_of_equal_size = view.num_groups > 1 and view.uniform_group_size is not None
     out = []
+    copies = BufferCopies.of([t.dim for t in workload.tables], wire_dtype)
     for t in workload.tables:
         vec = t.wire_bytes(wire_dtype)
         mass = view_mass(workload, view, t)
@@ -201,8 +202,10 @@ def table_coefficients(
             else:  # a warm tier on one group is never used; priced as served rows, touched ones updated
                 time_s[1] += served * volume + update * touched / g
             time_s[2] += served * volume + update * touched / n
-            pack = rates.pack_s_per_value * t.dim * 2  # one value in and out of the buffers, both ways
-            time_s[1:] += pack * 2 * volume  # its own lookups' and the lookups it serves (even shares)
+            pack = rates.pack_s_per_value * t.dim  # one value copied into or out of a buffer
+            time_s[1:] += (
+                pack * (copies.requested + copies.served) * volume
+            )  # its lookups and those it serves
         memory = np.stack(
             [rows * (t.row_bytes + meta), rows * (t.row_bytes / g + meta), rows * t.row_bytes / n]
         )
@@ -217,7 +220,8 @@ def table_coefficients(
                 relay = relay_dedup + t.dim * move
                 cold_group = cold_group + served * np.diff(mass.group) / g + update * touched / n
                 cold_group = cold_group + relay * volume
-                cold_group = cold_group + pack * (2 * volume + np.diff(mass.group) / g)  # + the relay's
+                # its own lookups, and the relay's rows (as many as its group's lookups at its position)
+                cold_group = cold_group + pack * (copies.requested + copies.group) * volume
                 # the rail peer copies the distinct rows it fetches (its group's keys need no routing);
                 # lookups owned in other groups are deduplicated at their owners and routed twice, but on
                 # 2 groups with dedup not (time_model.local_work: an all-cold table dedups into rail order;
@@ -225,7 +229,8 @@ def table_coefficients(
                 other = (1.0 - g / n) * volume
                 twice = 0.0 if dedup and view.num_groups == 2 else rates.route_s_per_lookup * other
                 cold_group = cold_group + twice
-                cold_group = cold_group + rates.dedup_s_per_lookup * other + pack * np.diff(mass.group) / g
+                served_and_fetched = 2 * copies.group * np.diff(mass.group) / g
+                cold_group = cold_group + rates.dedup_s_per_lookup * other + pack * served_and_fetched
                 # the input distribution's part (time_model.local_work's "input"): the relay's dedup and
                 # the second routing
                 cold_group_input = cold_group_input + relay_dedup * volume + twice

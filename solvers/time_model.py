@@ -22,10 +22,12 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   the order both columns are sent in); every replicated row synced (touched ones with the sparse sync) is
   packed, unpacked and updated on every replica (a single rank updates the rows its batch touched); each
   collective costs ``collective_call_s`` on the host (where ranks share cores, the host terms fitted on shared
-  cores hold their wait for descheduled ranks; docs/cost_model.md section 10.2.1b). Around the exchange: every
-  vector element a rank sends or receives in an all-to-all (its warm and cold lookups' rows and gradients, the
-  rows it serves and their gradients, a rail peer's relayed rows) is copied into a send buffer or out of a
-  receive buffer (``pack_s_per_value``, twice per exchanged lookup: forward and backward); every looked-up
+  cores hold their wait for descheduled ranks; docs/cost_model.md section 10.2.1b). Around the exchange:
+  vector elements a rank sends or receives in an all-to-all are copied into a send buffer or out of a receive
+  buffer (``pack_s_per_value``, per :class:`~solvers.time_types.BufferCopies`: twice per value it requested,
+  forward and backward; where every table has one dim and the wire is float32, once per value it serves
+  warm or flat and never for a group fetch's owner and relay, whose rows are gathered straight into the
+  send buffer and whose sums stay where they arrive; else twice each); every looked-up
   output element carries the loss and its gradient (``output_s_per_value``); the runtime's host work (Python,
   small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per collective.
   A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
@@ -43,7 +45,7 @@ import numpy as np
 from core.vocabulary import Component, FetchMode, SyncMode
 from solvers.cost_model import evaluate
 from solvers.schedule import Phase, step_schedule
-from solvers.time_types import LatencyTable, LocalRates, StageTime, StepTime, stage_latency_s
+from solvers.time_types import BufferCopies, LatencyTable, LocalRates, StageTime, StepTime, stage_latency_s
 from solvers.types import Plan, Workload
 from solvers.volumes import dealt_volumes, tier_volumes, view_mass
 from topology.views import ClusterView
@@ -65,6 +67,7 @@ def local_work(
     gsize = view.group_size_of_rank().astype(np.float64)
     big_g = view.num_groups
     move = rates.gather_s_per_value + rates.scatter_add_s_per_value
+    copies = BufferCopies.of([t.dim for t in workload.tables], plan.wire)
     for t, tp in zip(workload.tables, plan.tables, strict=True):
         mass = view_mass(workload, view, t)
         vol = dealt_volumes(mass, t, tp, view, plan.dedup) if dealt else tier_volumes(mass, tp, plan.dedup)
@@ -73,9 +76,10 @@ def local_work(
         cold_share = _share(vol.cold_by_rank, tp.cold_share)
         served = warm_share * vol.warm_volume * gsize if n > 1 else np.zeros(n)
         relay, fetched, routed_twice, asked_in = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+        served_group = np.zeros(n)
         if n > 1 and tp.fetch is FetchMode.GROUP and tp.cold_rows > 0:
             group_share = _share(vol.cold_group_by_rank, tp.cold_share)
-            served = served + group_share * (vol.cold_group_volume or 0.0) * big_g
+            served_group = group_share * (vol.cold_group_volume or 0.0) * big_g
             position_share = np.bincount(position, weights=cold_share)[position]
             relay = position_share * vol.cold_volume * gsize
             # the group fetch's own work: the rail peer copies the distinct rows it fetches (in, and their
@@ -90,6 +94,7 @@ def local_work(
             asked_in = cold_share * vol.cold_volume * (n - gsize)
         elif n > 1:
             served = served + cold_share * vol.cold_volume * n
+        group_work = served_group + relay + fetched
         sparse = SyncMode(plan.sync) is SyncMode.SPARSE
         hot_rows = (vol.hot_touched if sparse else tp.hot_rows) if n > 1 else 0.0
         warm_rows = (vol.warm_touched if sparse else tp.warm_rows) * tp.warm_share if big_g > 1 else 0.0
@@ -97,8 +102,9 @@ def local_work(
         dedup = rates.dedup_s_per_lookup * (lookups + relay) if plan.dedup else np.zeros(n)
         out["dedup"] += dedup + rates.dedup_s_per_lookup * asked_in
         out["route"] += rates.route_s_per_lookup * (lookups + routed_twice)
-        out["gather"] += rates.gather_s_per_value * t.dim * (lookups + served + relay + synced)
-        out["scatter_add"] += rates.scatter_add_s_per_value * t.dim * (lookups + served + relay + synced)
+        moved = lookups + served + served_group + relay + synced
+        out["gather"] += rates.gather_s_per_value * t.dim * moved
+        out["scatter_add"] += rates.scatter_add_s_per_value * t.dim * moved
         # an owner updates each row it holds once per step, however many ranks or groups asked for it: its
         # cold rows touched anywhere (warm rows on one group: touched in it; replicas: the synced rows)
         owned = _share(vol.cold_touched_by_rank, tp.cold_share) * vol.cold_touched if n > 1 else 0.0
@@ -107,7 +113,8 @@ def local_work(
         own = 0.0 if n > 1 else (mass.unique if plan.dedup else mass.lookups)[-1]  # one rank updates its rows
         out["update"] += rates.update_s_per_value * t.dim * (owned + synced + own)
         requested = vol.warm_volume + vol.cold_volume if n > 1 else 0.0  # its own rows and gradients
-        out["pack"] += rates.pack_s_per_value * t.dim * 2 * (requested + served + relay + fetched)
+        copied = copies.requested * requested + copies.served * served + copies.group * group_work
+        out["pack"] += rates.pack_s_per_value * t.dim * copied
         out["output"] += rates.output_s_per_value * t.dim * lookups
         synced_s += (move + rates.update_s_per_value) * t.dim * synced
         input_s += dedup + rates.route_s_per_lookup * (lookups + routed_twice)

@@ -241,6 +241,30 @@ GPU_ROOFLINE_RATES = LocalRates(
 
 
 @dataclass(frozen=True)
+class BufferCopies:
+    """Copies of each vector value into a send buffer or out of a receive buffer per step, as the runtime
+    makes them (:mod:`flexshard.runtime.transfer`, :mod:`flexshard.runtime.relay`): per value a rank
+    ``requested`` (its row placed, its gradient packed), per value ``served`` from a warm or flat cold
+    shard (its row packed, its gradient joined), and per value of a group fetch's ``group`` work (the
+    owner's rows served once per group, the rail peer's fetched rows and its relayed rows and sums)."""
+
+    requested: float
+    served: float
+    group: float
+
+    @staticmethod
+    def of(dims: Any, wire: Any) -> BufferCopies:
+        """The copies of a step whose tables have ``dims`` and whose vectors travel as ``wire``: where every
+        table has one dim and the wire is float32, rows are gathered straight into send buffers and the
+        relay's rows and sums stay in the buffers they arrive in (:mod:`flexshard.runtime.relay`); else
+        every value is copied in and out both ways."""
+        one_dim = len({int(d) for d in dims}) == 1
+        if one_dim and str(getattr(wire, "value", wire)) == "fp32":
+            return BufferCopies(requested=2.0, served=1.0, group=0.0)
+        return BufferCopies(requested=2.0, served=2.0, group=2.0)
+
+
+@dataclass(frozen=True)
 class StageTime:
     """One collective of the step: its latency in seconds."""
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError, TopologyError
-from core.vocabulary import FetchMode, SyncMode
+from core.vocabulary import FetchMode, SyncMode, WireDtype
 from solvers.cost_model import table_plan
 from solvers.time_model import step_time
 from solvers.time_types import LatencyTable, LocalRates
@@ -182,16 +182,22 @@ def test_work_around_the_exchange_by_hand():
     rates = LocalRates(0, 0, 0, 0, 0, 0, pack_s_per_value=1.0, output_s_per_value=10.0)
     rates = replace(rates, table_stage_s=100.0, step_s=1000.0)
     st = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, rates, dealt=False)
-    # all cold, no dedup: 3 lookups requested and 3 served (share 1/4 of 3 from 4 ranks), 2 values each,
-    # into and out of the buffers both ways: 2 x 2 x (3 + 3); the loss over 3 x 2 output values; one
-    # table in 4 collectives (meta, ids, rows, grads)
-    assert st.local_by_piece["pack"] == pytest.approx(24.0, rel=REL)
+    # all cold, no dedup: 3 lookups requested and 3 served (share 1/4 of 3 from 4 ranks), 2 values each;
+    # one table, float32 wire: a requested value is copied twice (placed, its gradient packed), a served
+    # one once (gathered straight into the send buffer; its gradient joined): 2 x (2 x 3 + 3); the loss
+    # over 3 x 2 output values; one table in 4 collectives (meta, ids, rows, grads)
+    assert st.local_by_piece["pack"] == pytest.approx(18.0, rel=REL)
     assert st.local_by_piece["output"] == pytest.approx(60.0, rel=REL)
     assert st.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 4, rel=REL)
-    assert st.local_s == pytest.approx(1484.0, rel=REL)
+    assert st.local_s == pytest.approx(1478.0, rel=REL)
+    # on a bf16 wire every value goes into and out of the buffers both ways: 2 x 2 x (3 + 3)
+    bf16 = replace(_plan(0), wire=WireDtype.BF16)
+    assert step_time(WORKLOAD, VIEW, bf16, TABLE_S, rates, dealt=False).local_by_piece[
+        "pack"
+    ] == pytest.approx(24.0, rel=REL)
     # one hot row: its lookups (3 x 0.4) are neither requested nor served; 8 collectives
     hot = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, rates, dealt=False)
-    assert hot.local_by_piece["pack"] == pytest.approx(2 * 2 * (1.8 + 1.8), rel=REL)
+    assert hot.local_by_piece["pack"] == pytest.approx(2 * (2 * 1.8 + 1.8), rel=REL)
     assert hot.local_by_piece["output"] == pytest.approx(60.0, rel=REL)
     assert hot.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 8, rel=REL)
 
@@ -251,11 +257,16 @@ def test_group_fetch_work_by_hand():
     deduped = Plan("hand", plan.tables, dedup=True, sync=SyncMode.SPARSE)
     once = step_time(WORKLOAD, VIEW, deduped, TABLE_S, rates, dealt=False)
     assert VIEW.num_groups == 2 and once.local_by_piece["route"] == pytest.approx(2.0 * 3, rel=REL)
-    # distinct rows per group (6 lookups); served once per group, 1/4 x 2 groups; fetched by the rail
-    # peer, half of them; values in and out both ways: 2 x 2 x (requested + served + relay + fetched)
+    # one table, float32 wire: the owner's rows go straight into the send buffer and the relay's rows and
+    # sums stay where they arrive; only the requested values are copied, twice: 2 x 2 x 3
+    assert st.local_by_piece["pack"] == pytest.approx(12.0, rel=REL)
+    # on a bf16 wire: distinct rows per group (6 lookups); served once per group, 1/4 x 2 groups; fetched
+    # by the rail peer, half of them; values in and out both ways: 2 x 2 x (requested + served + relay +
+    # fetched)
     group_rows = sum(1 - (1 - p) ** 6 for p in (0.4, 0.3, 0.2, 0.1))
     pack = 2 * 2 * (3 + group_rows / 2 + 3 + group_rows / 2)
-    assert st.local_by_piece["pack"] == pytest.approx(pack, rel=REL)
+    bf16 = step_time(WORKLOAD, VIEW, replace(plan, wire=WireDtype.BF16), TABLE_S, rates, dealt=False)
+    assert bf16.local_by_piece["pack"] == pytest.approx(pack, rel=REL)
 
 
 def test_dedup_prices_every_lookup_and_one_rank_has_no_collectives():
@@ -312,3 +323,14 @@ def test_a_plan_priced_pipelined_is_never_above_a_baseline_pipelined():
         except PlannerError:  # infeasible under the budget
             continue
         assert on.step.total_s <= step_time(w, view, base.plan, overlap=True).total_s * (1 + 1e-9), name
+
+
+def test_buffer_copies_follow_the_runtimes_paths():
+    from solvers.time_types import BufferCopies
+
+    # one dim on a float32 wire: rows gathered straight into send buffers (flexshard.runtime.relay)
+    assert BufferCopies.of([64, 64, 64], WireDtype.FP32) == BufferCopies(2.0, 1.0, 0.0)
+    assert BufferCopies.of([64], "fp32") == BufferCopies(2.0, 1.0, 0.0)
+    # two dims, or a 16-bit wire: every value into and out of the buffers both ways
+    assert BufferCopies.of([32, 64], WireDtype.FP32) == BufferCopies(2.0, 2.0, 2.0)
+    assert BufferCopies.of([64, 64], WireDtype.FP16) == BufferCopies(2.0, 2.0, 2.0)
