@@ -207,8 +207,11 @@ class LocalRates:
 # development machine while nothing else ran (x86_64 Linux, 2 cores, torch 2.13.0+cpu, one thread): CPU
 # figures, for the gloo runs on this machine, fitted in relative error (an absolute fit let the 40-80 MB
 # sizes, past the caches, set gather at 2.2 ns per value where the bench's sizes take 0.2-0.4). The host
-# terms are the least steady (step_s 0 to 1.0 ms over the 5 runs, table_stage_s 0.21-0.28 ms). A GPU
-# cluster's rates come from running the script there and LocalRates.load.
+# terms are the least steady; they were fitted again at 11:35 UTC the same day (calibrate_local.py --host
+# --ranks 4,8 --host-batches 2,64, the median of 3 runs: step_s 1.21-1.77 ms, table_stage_s 0.30-0.36 ms),
+# because the batch-2, 4-rank fit (step_s 0.68, table_stage_s 0.23 ms) left 3-5 ms a step at 4 ranks and
+# about 8 ms at 8 ranks out of batch 64 (docs/cost_model.md section 10.2.1b). A GPU cluster's rates come
+# from running the script there and LocalRates.load.
 DEFAULT_RATES = LocalRates(
     dedup_s_per_lookup=8.848e-09,
     route_s_per_lookup=5.308e-08,
@@ -219,8 +222,8 @@ DEFAULT_RATES = LocalRates(
     source="experiments/calibrate_local.py --host (median of 5), 2026-11-26, x86_64 CPU, torch 2.13.0+cpu",
     pack_s_per_value=2.225e-10,
     output_s_per_value=4.015e-10,
-    table_stage_s=2.266e-04,
-    step_s=6.836e-04,
+    table_stage_s=3.252e-04,
+    step_s=1.324e-03,
 )
 
 HBM_BPS = 3.35e12  # H100 SXM HBM3, bytes/s
