@@ -21,6 +21,8 @@ collective is spent on the scale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -247,12 +249,7 @@ def rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def copy_blocks(rows: torch.Tensor, index: torch.Tensor, views: list[torch.Tensor]) -> None:
     """``rows.index_copy_(0, index, torch.cat(views))`` without joining: one copy per peer's block."""
-    off = 0
-    for got in views:
-        n = int(got.shape[0])
-        if n:
-            rows.index_copy_(0, index[off : off + n], got)
-        off += n
+    _per_block(rows.index_copy_, index, views)
 
 
 def add_blocks(total: torch.Tensor, index: torch.Tensor, got: torch.Tensor | list[torch.Tensor]) -> None:
@@ -261,9 +258,14 @@ def add_blocks(total: torch.Tensor, index: torch.Tensor, got: torch.Tensor | lis
     if isinstance(got, torch.Tensor):
         total.index_add_(0, index, got)
         return
+    _per_block(total.index_add_, index, got)
+
+
+def _per_block(op: Callable[..., object], index: torch.Tensor, blocks: list[torch.Tensor]) -> None:
+    """``op(0, index[rows of block], block)`` for each non-empty block, ``index`` read in block order."""
     off = 0
-    for block in got:
+    for block in blocks:
         n = int(block.shape[0])
         if n:
-            total.index_add_(0, index[off : off + n], block)
+            op(0, index[off : off + n], block)
         off += n
