@@ -63,6 +63,7 @@ from flexshard.runtime.relay import (
     RelaySums,
     distinct_rows_at,
     exchange_sums,
+    own_group_first,
     rail_sums,
     scatter_index,
 )
@@ -454,7 +455,7 @@ class ExchangeProtocol:
         n_t = len(sums)
         if self.wire_dtype is WireDtype.FP32:  # received as per-peer views: each added as it lies
             gathered = exchange_gathered_async("rail_grads", sums, [None] * n_t, sc, rc, self.pg.replica)
-            peers = [me_at, *(j for j in range(self.rail.size) if j != me_at)]  # its own group's first
+            peers = own_group_first(self.rail.size, me_at)
 
             def place() -> None:
                 for t, views in enumerate(gathered.wait()):

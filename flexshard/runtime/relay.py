@@ -12,7 +12,9 @@ Distinct rows are numbered as ``compute`` numbers them (:class:`~flexshard.runti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -103,7 +105,20 @@ def rail_sums(
     return RelaySums(total, fetch)
 
 
-def exchange_sums(name: str, sums: RelaySums, recv: np.ndarray, own_at: int, add, group) -> Pending[None]:
+def own_group_first(peers: int, own_at: int) -> list[int]:
+    """Rail peers in the order owners add their gradient blocks: its own group's (``own_at``) first, then
+    the others in rail order (each row's gradient summed in the same order whichever rank owns it)."""
+    return [own_at, *(j for j in range(peers) if j != own_at)]
+
+
+def exchange_sums(
+    name: str,
+    sums: RelaySums,
+    recv: np.ndarray,
+    own_at: int,
+    add: Callable[[int, int, int, torch.Tensor], None],
+    group: Any,
+) -> Pending[None]:
     """``rail_grads`` of :func:`rail_sums`: the joined sums are the send buffer (no copy); ``recv[j, t]``
     rows of table t come from rail peer j. On wait, ``add(t, lo, hi, rows)`` is called for every block,
     rows ``[lo, hi)`` of table t's served slots (by rail peer), its own group's block (``own_at``) first,
@@ -114,7 +129,7 @@ def exchange_sums(name: str, sums: RelaySums, recv: np.ndarray, own_at: int, add
         name, [sums.joined], sums.fetch.sum(axis=1)[:, None], recv.sum(axis=1)[:, None], dim, group
     )
     peers, tables = recv.shape
-    order = [own_at, *(j for j in range(peers) if j != own_at)]
+    order = own_group_first(peers, own_at)
 
     def place() -> None:
         blocks = pending.wait()[0][0].split(recv.reshape(-1).tolist())
