@@ -57,25 +57,15 @@ class Asked:
         return self.fetch_counts.sum(axis=0)
 
 
-def distinct_keys(
-    keys: torch.Tensor, key_range: int, return_inverse: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``torch.unique(keys, sorted=True, return_inverse=return_inverse)`` of int64 ``keys`` in
-    ``[0, key_range)`` (inverse None unless asked): by a mark over the range where it is at most
-    :data:`DENSE_PER_KEY` times the keys, else by ``torch.unique``. The same tensors either way."""
-    dev = keys.device
+def distinct_keys(keys: torch.Tensor, key_range: int) -> torch.Tensor:
+    """``torch.unique(keys, sorted=True)`` of int64 ``keys`` in ``[0, key_range)``: by a mark over the
+    range where it is at most :data:`DENSE_PER_KEY` times the keys, else by ``torch.unique``. The same
+    tensor either way."""
     if key_range > DENSE_PER_KEY * keys.numel():
-        if return_inverse:
-            return torch.unique(keys, sorted=True, return_inverse=True)
-        return torch.unique(keys, sorted=True), None
-    mark = torch.zeros(key_range, dtype=torch.bool, device=dev)
+        return torch.unique(keys, sorted=True)
+    mark = torch.zeros(key_range, dtype=torch.bool, device=keys.device)
     mark.index_fill_(0, keys, True)
-    distinct = torch.nonzero(mark).flatten()
-    if not return_inverse:
-        return distinct, None
-    place = torch.empty(key_range, dtype=torch.int64, device=dev)
-    place.index_copy_(0, distinct, torch.arange(distinct.numel(), device=dev))
-    return distinct, place.index_select(0, keys)
+    return torch.nonzero(mark).flatten()
 
 
 class GroupDedup:
@@ -154,12 +144,12 @@ class GroupDedup:
         )
         own_keys = self.edges.reshape(n_t, -1)[:, self.j_me]  # bucket (t, j_me): [own_keys, + span)
         if self.key_range > DENSE_PER_KEY * keys.numel():  # sparse: by sorts
-            distinct, inverse = distinct_keys(keys, self.key_range, return_inverse=True)
+            distinct, inverse = torch.unique(keys, sorted=True, return_inverse=True)
             fetch = self._buckets(distinct)
             first = np.concatenate([[0], np.cumsum(fetch.sum(axis=1))])  # each table's first distinct row
             local = _bucket_span(fetch, self.j_me)
             mine = torch.cat([distinct[int(a) : int(b)] for a, b in first[:-1, None] + local])
-            served, _none = distinct_keys(torch.cat([asked_keys, mine]), self.key_range)
+            served = distinct_keys(torch.cat([asked_keys, mine]), self.key_range)
         else:  # a mark over the key range: a key's place is the marks before it (no sort, no search)
             mark = torch.zeros(self.key_range, dtype=torch.bool, device=self.device)
             mark.index_fill_(0, keys, True)
