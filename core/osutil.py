@@ -24,9 +24,9 @@ import socket
 import stat
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from core.errors import OutputError
 
@@ -157,6 +157,21 @@ def replace_for_append(path: str | os.PathLike, keep: bool, what: str = "output"
 
 
 RENDEZVOUS_TRIES = 3  # local jobs started again, each on a new port, when rank 0 cannot listen on its port
+T = TypeVar("T")
+
+
+def on_a_free_port(run: Callable[[int], T], port_was_taken: Callable[[Exception], bool]) -> T:
+    """``run(port)`` on a :func:`free_port`, started again on a new one (up to ``RENDEZVOUS_TRIES``
+    times in all) while it fails with an error that ``port_was_taken`` says came from the rendezvous
+    finding its port taken before it listened (nothing of the job ran); any other error is raised."""
+    for attempt in range(RENDEZVOUS_TRIES):
+        try:
+            return run(free_port())
+        except Exception as err:
+            if attempt + 1 < RENDEZVOUS_TRIES and port_was_taken(err):
+                continue
+            raise
+    raise AssertionError("unreachable")
 
 
 def free_port() -> int:

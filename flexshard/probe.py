@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.errors import ConfigError, InputError, ProbeError
-from core.osutil import RENDEZVOUS_TRIES, check_writable, free_port
+from core.osutil import check_writable, on_a_free_port
 from core.ranks import RankLayout
 from flexshard import logs
 from flexshard.cli_common import Parser, first_line, positive_float, positive_int
@@ -258,14 +258,10 @@ def spawn_local(options: dict[str, Any], nproc: int, world_size: int | None = No
     world_size = world_size or nproc
     if world_size < nproc:
         raise ConfigError(f"--world-size {world_size}: smaller than --nproc {nproc}")
-    for attempt in range(RENDEZVOUS_TRIES):
-        try:
-            return _spawn_once(options, nproc, world_size, free_port())
-        except ProbeError as err:
-            if attempt + 1 < RENDEZVOUS_TRIES and world_size == nproc and store_port_taken(str(err)):
-                continue
-            raise
-    raise AssertionError("unreachable")
+    return on_a_free_port(
+        lambda port: _spawn_once(options, nproc, world_size, port),
+        lambda err: isinstance(err, ProbeError) and world_size == nproc and store_port_taken(str(err)),
+    )
 
 
 def store_port_taken(line: str) -> bool:

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from core.osutil import RENDEZVOUS_TRIES, free_port
+from core.osutil import on_a_free_port
 from flexshard import logs
 from flexshard.bench import results
 from flexshard.bench.config import RATES_CHOICES, BenchConfig
@@ -294,15 +294,12 @@ def spawn_local(cfg: BenchConfig) -> list[dict[str, Any]]:
     ranks' tracebacks when one fails or the run passes ``cfg.timeout_s``; :class:`Interrupted` on
     Ctrl-C (the ranks are killed either way). A run whose rendezvous port was taken before rank 0
     listened (:func:`flexshard.runtime.local.port_taken`: nothing ran) starts again on another port, up
-    to ``RENDEZVOUS_TRIES`` times."""
-    for attempt in range(RENDEZVOUS_TRIES):
+    to ``RENDEZVOUS_TRIES`` times (:func:`core.osutil.on_a_free_port`)."""
+
+    def once(port: int) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as outdir:
             ctx = mp.start_processes(
-                _rank_main,
-                args=(cfg, free_port(), outdir),
-                nprocs=cfg.nproc,
-                join=False,
-                start_method="spawn",
+                _rank_main, args=(cfg, port, outdir), nprocs=cfg.nproc, join=False, start_method="spawn"
             )
             try:
                 wait_for_ranks(ctx, cfg.timeout_s, outdir, "flexshard bench")
@@ -313,9 +310,6 @@ def spawn_local(cfg: BenchConfig) -> list[dict[str, Any]]:
                 for p in ctx.processes:
                     p.join(timeout=5.0)
                 raise Interrupted from None
-            except RuntimeError as err:
-                if attempt + 1 < RENDEZVOUS_TRIES and port_taken(str(err)):
-                    continue
-                raise
             return torch.load(Path(outdir) / "records.pt", weights_only=False)
-    raise AssertionError("unreachable")
+
+    return on_a_free_port(once, lambda err: isinstance(err, RuntimeError) and port_taken(str(err)))

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from core.osutil import RENDEZVOUS_TRIES, free_port
+from core.osutil import free_port, on_a_free_port
 
 __all__ = ["end_rank", "free_port", "port_taken", "run_on_ranks", "wait_for_ranks"]
 
@@ -77,20 +77,17 @@ def run_on_ranks(
     rendezvous port was taken before rank 0 listened (:func:`port_taken`) is started again on another
     port, up to ``RENDEZVOUS_TRIES`` times."""
     label = label or getattr(fn, "__name__", "ranks")
-    for attempt in range(RENDEZVOUS_TRIES):
+
+    def once(port: int) -> list[Any]:
         with tempfile.TemporaryDirectory(prefix="flexshard-ranks-") as outdir:
-            spawn_args = (world, free_port(), backend, outdir, fn, args)
+            spawn_args = (world, port, backend, outdir, fn, args)
             ctx = mp.start_processes(
                 _rank_main, args=spawn_args, nprocs=world, join=False, start_method="spawn"
             )
-            try:
-                wait_for_ranks(ctx, timeout_s, outdir, label)
-            except RuntimeError as err:
-                if attempt + 1 < RENDEZVOUS_TRIES and port_taken(str(err)):
-                    continue  # nothing of fn ran: another job took the port before rank 0 listened
-                raise
+            wait_for_ranks(ctx, timeout_s, outdir, label)
             return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
-    raise AssertionError("unreachable")
+
+    return on_a_free_port(once, lambda err: isinstance(err, RuntimeError) and port_taken(str(err)))
 
 
 def port_taken(errors: str) -> bool:

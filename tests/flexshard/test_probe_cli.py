@@ -157,6 +157,7 @@ def test_a_taken_rendezvous_port_is_tried_again(monkeypatch, tmp_path):
     port and writes its topology (real ranks; the first try's line is the one store_port_taken reads)."""
     import socket
 
+    from core import osutil
     from core.osutil import free_port
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:  # another job listening on it
@@ -169,7 +170,7 @@ def test_a_taken_rendezvous_port_is_tried_again(monkeypatch, tmp_path):
             handed.append(taken if not handed else free_port())
             return handed[-1]
 
-        monkeypatch.setattr(probe_cli, "free_port", ports)
+        monkeypatch.setattr(osutil, "free_port", ports)  # what on_a_free_port calls
         path = tmp_path / "topo.json"
         with contextlib.redirect_stdout(io.StringIO()):
             rc = main(["probe", "--nproc", "2", "--quick", "--timeout", "10", "--out", str(path)])

@@ -58,7 +58,7 @@ def test_a_hanging_rank_is_killed_at_the_deadline():
 def test_a_job_whose_port_another_process_holds_starts_again_on_another(monkeypatch, tmp_path):
     import socket
 
-    import flexshard.runtime.local as local
+    from core import osutil
     from core.osutil import free_port
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:  # another job listening on it
@@ -71,7 +71,7 @@ def test_a_job_whose_port_another_process_holds_starts_again_on_another(monkeypa
             handed.append(taken if not handed else free_port())
             return handed[-1]
 
-        monkeypatch.setattr(local, "free_port", ports)
+        monkeypatch.setattr(osutil, "free_port", ports)  # what on_a_free_port calls
         assert run_on_ranks(_sum_of_ranks, 2, 1, str(tmp_path)) == [(0, 3), (1, 3)]
     assert len(handed) == 2 and handed[0] == taken  # the first try failed to listen, the second ran
 
