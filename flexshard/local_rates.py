@@ -123,15 +123,23 @@ def pack(columns: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def time_pieces(
-    ids: torch.Tensor, dim: int, num_rows: int, min_s: float = MIN_S, seed: int = 0
+    ids: torch.Tensor,
+    dim: int,
+    num_rows: int,
+    min_s: float = MIN_S,
+    seed: int = 0,
+    weight: torch.Tensor | None = None,
 ) -> list[RatePoint]:
     """Every piece (:data:`PIECES`) timed on the lookups ``ids`` (int64, < ``num_rows``) of a table of
-    ``num_rows`` rows of ``dim`` float32 values, on the ids' device."""
+    ``num_rows`` rows of ``dim`` float32 values, on the ids' device. ``weight``: the table's rows to
+    time on (``num_rows`` x ``dim`` float32 on the ids' device; the update piece changes them), else
+    random ones made here."""
     device = ids.device
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     n = int(ids.numel())
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    weight = torch.randn(num_rows, dim, generator=gen).to(device)
+    if weight is None:
+        weight = torch.randn(num_rows, dim, generator=gen).to(device)
     grads = torch.randn(n, dim, generator=gen).to(device)
     uniq = torch.unique(ids)
     hot = uniq[torch.randperm(uniq.numel(), generator=gen)[:HOT_IDS].to(device)].sort().values

@@ -68,9 +68,12 @@ def _lengths(spec: TableSpec, batch: int, rng: np.random.Generator) -> np.ndarra
     return (np.floor(m) + (rng.random(batch) < m - np.floor(m))).astype(np.int64)
 
 
-def default_data(batch: int, seed: int, ranks: int) -> BenchData:
+def default_data(
+    batch: int, seed: int, ranks: int, tables: tuple[tuple[str, int, int], ...] = DEFAULT_TABLES
+) -> BenchData:
     """The default tables at ``batch`` samples per rank; orders counted on ``ranks`` ranks' profiling
-    batches."""
+    batches. ``tables``: ``(name, rows, dim)`` per table, drawn as the default ones are (e.g. the
+    default ones with more rows, for a GPU whose L2 cache holds the default ones)."""
     lengths = np.arange(LEN_MIN, LEN_MAX + 1)
     probs = np.full(lengths.size, 1.0 / lengths.size)
     mean = float(lengths.mean())
@@ -87,11 +90,10 @@ def default_data(batch: int, seed: int, ranks: int) -> BenchData:
             length_probs=probs,
             head_rows=head_rows_for(rows, lookups),
         )
-        for name, rows, dim in DEFAULT_TABLES
+        for name, rows, dim in tables
     )
     perms = [
-        np.random.default_rng((seed, 1_000 + t)).permutation(rows)
-        for t, (_n, rows, _d) in enumerate(DEFAULT_TABLES)
+        np.random.default_rng((seed, 1_000 + t)).permutation(rows) for t, (_n, rows, _d) in enumerate(tables)
     ]
     data = BenchData(Workload("bench-default", specs, batch_size_per_gpu=batch), {}, perms, seed)
     data.orders = counted_orders(data, ranks)
