@@ -127,6 +127,16 @@ class TrainConfig:
             choices=PIPELINE_MODES,
         ),
     )
+    deterministic: bool = field(
+        default=False,
+        metadata=_flag(
+            "torch's deterministic algorithms (torch.use_deterministic_algorithms; on CUDA also "
+            "CUBLAS_WORKSPACE_CONFIG=:4096:8): on a GPU, two runs then give the same losses and rows bit "
+            "for bit (CUDA's atomic adds otherwise sum a row's gradients in any order); slower where an "
+            "op's deterministic form is",
+            action="store_true",
+        ),
+    )
     override_plan: bool = field(
         default=False,
         metadata=_flag(

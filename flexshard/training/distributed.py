@@ -76,6 +76,17 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+CUBLAS_WORKSPACE = ":4096:8"  # CUBLAS_WORKSPACE_CONFIG that makes cuBLAS deterministic (CUDA 10.2+)
+
+
+def use_deterministic_algorithms() -> None:
+    """``train --deterministic``: torch's deterministic algorithms from here on, and on CUDA the cuBLAS
+    workspace setting they need (read when this process first uses cuBLAS: call it before any matrix
+    product on the GPU; a value already set is kept)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+
+
 def allreduce_dense_grads(model: torch.nn.Module, world: int) -> None:
     """Sum the dense parameters' gradients over the ranks (one flat all-reduce; missing ones are zero)."""
     params = list(model.parameters())

@@ -47,7 +47,7 @@ from flexshard.runtime.agreement import agreed_message
 from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
 from flexshard.training.data import data_options, make_source, table_shape
-from flexshard.training.distributed import Phase, allreduce_dense_grads, device
+from flexshard.training.distributed import Phase, allreduce_dense_grads, device, use_deterministic_algorithms
 from flexshard.training.limits import check_step_memory
 from flexshard.training.pipeline import InputPipeline
 from flexshard.training.planning import batch_size, check_plan, check_vocabulary, model_dim, plan_on_the_fly
@@ -158,6 +158,8 @@ class TrainingRun:
         if problem:
             raise agreed(CheckpointError(problem))
 
+        if config.deterministic:
+            use_deterministic_algorithms()
         torch.manual_seed(config.seed)
         self.dense = SequenceRecModel(config.dim, config.max_len, config.objective).to(dev)
         for p in self.dense.parameters():  # same initial weights everywhere (already equal by seed)

@@ -7,6 +7,7 @@ torchrun would); see ``train_workers.py``."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -312,6 +313,25 @@ def test_single_process_without_launcher_quiet_still_summarises(monkeypatch, cap
     assert lines[2:] == _summary_of(_records(metrics), world=1, batch=16)
     assert lines[-2].startswith("intra_group  ") and lines[-1].startswith("inter_group  ")
     assert not torch.distributed.is_initialized()
+
+
+def test_deterministic_turns_on_torchs_deterministic_algorithms_and_trains_the_same(monkeypatch, tmp_path):
+    """--deterministic: torch's deterministic algorithms are on for the run (every op of the step has a
+    deterministic form: none raises), the cuBLAS workspace variable is set, and on the CPU, which is
+    deterministic anyway, the losses are those of the run without it, bit for bit."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "CUBLAS_WORKSPACE_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    plain, strict = tmp_path / "plain.jsonl", tmp_path / "strict.jsonl"
+    assert main(["--steps", "3", "--quiet", "--metrics-out", str(plain), *SMALL]) == 0
+    assert not torch.are_deterministic_algorithms_enabled()
+    try:
+        assert main(["--steps", "3", "--quiet", "--deterministic", "--metrics-out", str(strict), *SMALL]) == 0
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    losses = [[r["loss"] for r in _records(p) if r.get("kind") == "step"] for p in (plain, strict)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
 
 
 def test_train_log_level(monkeypatch, capsys):
