@@ -71,6 +71,7 @@ from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import (
     add_blocks,
     copy_blocks,
+    count_per_peer,
     exchange_columns_async,
     exchange_gathered_async,
     exchange_vectors,
@@ -211,13 +212,13 @@ class ExchangeProtocol:
                     index[t].append(torch.arange(dest.numel(), device=self.device))
                     in_order.add((t, FLAT))  # the only column taking every unique id
                     send[t].append(values)
-                    bins.append(torch.bincount(dest, minlength=self.world))
+                    bins.append(count_per_peer(dest, self.world))
                     continue
                 order = torch.argsort(dest, stable=True)
                 index[t].append(order if sel is None else sel.index_select(0, order))
                 # GIDS's key is already one per selected lookup (others: one per unique id)
                 send[t].append(values.index_select(0, order if values is key else index[t][-1]))
-                bins.append(torch.bincount(dest, minlength=self.world))
+                bins.append(count_per_peer(dest, self.world))
         n_t = len(lookups)
         counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
         return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), in_order)
@@ -227,7 +228,7 @@ class ExchangeProtocol:
         (:attr:`owner_key` of the owner, slot): GIDS is every lookup in order, GSLOTS the lookups owned
         in other groups in order (a stable sort by owner of these alone where not ``gslots_sorted``)."""
         n = lk.owner.numel()
-        per_owner = torch.bincount(lk.owner, minlength=self.world)
+        per_owner = count_per_peer(lk.owner, self.world)
         index.append(torch.arange(n, device=self.device))
         send.append(self.dedup.key(t, lk.owner, lk.slot))
         per_owner_rail = per_owner.index_select(0, self._rail_owners)

@@ -49,34 +49,46 @@ def check_features(
     if names != set(table_names):
         missing = [n for n in table_names if n not in names]
         return fault(InputFault.TABLES, table_names.index(missing[0]) if missing else -1)
+    typed: Features = []  # tables whose types and sizes passed, in order, before their values are read
+    lows: list[torch.Tensor] = []
+    first_fault: tuple[InputFault, int] | None = None  # a type or size fault, after the tables in typed
     for t, name in enumerate(table_names):
         try:
             values, lengths = features[name]
             values, lengths = torch.as_tensor(values), torch.as_tensor(lengths)
         except (TypeError, ValueError):
-            return fault(InputFault.TYPE, t)
+            first_fault = (InputFault.TYPE, t)
+            break
         if (
             values.dim() != 1
             or lengths.dim() != 1
             or values.dtype.is_floating_point
             or lengths.dtype.is_floating_point
         ):
-            return fault(InputFault.TYPE, t)
+            first_fault = (InputFault.TYPE, t)
+            break
         values = values.to(device=device, dtype=torch.int64)
         lengths = lengths.to(device=device, dtype=torch.int64)
         if lengths.numel() == 0:
-            return fault(InputFault.EMPTY, t)
-        # one host read per table: shortest length, length sum, smallest and largest id
-        lows = [lengths.min(), lengths.sum()] + (list(torch.aminmax(values)) if values.numel() else [])
-        shortest, total, *ends = torch.stack(lows).tolist()
+            first_fault = (InputFault.EMPTY, t)
+            break
+        ends = list(torch.aminmax(values)) if values.numel() else [values.new_zeros(())] * 2
+        lows.append(torch.stack([lengths.min(), lengths.sum(), *ends]))
+        typed.append((values, lengths))
+    # one host read for every table: shortest length, length sum, smallest and largest id
+    for t, ((values, lengths), (shortest, total, low, high)) in enumerate(
+        zip(typed, torch.stack(lows).tolist() if lows else [], strict=True)
+    ):
         if shortest < 0:
             return fault(InputFault.NEGATIVE_LENGTH, t, shortest)
         if total != values.numel():
             return fault(InputFault.LENGTH_SUM, t, total, values.numel())
-        if ends and (ends[0] < 0 or ends[1] >= num_rows[t]):
+        if values.numel() and (low < 0 or high >= num_rows[t]):
             bad = (values < 0) | (values >= num_rows[t])
             return fault(InputFault.RANGE, t, int(values[bad][0]))
         parsed.append((values, lengths))
+    if first_fault is not None:
+        return fault(*first_fault)
     return parsed, err
 
 

@@ -44,9 +44,8 @@ def distinct_rows_at(
     first = np.concatenate([[0], np.cumsum(per_block)[:-1]])  # each block's first distinct number
     delta = start[:, distinct_column].T.reshape(-1) - first  # a block's buffer row less its number
     total = int(per_block.sum())
-    shift = torch.repeat_interleave(
-        torch.as_tensor(delta, device=device), torch.as_tensor(per_block, device=device), output_size=total
-    )
+    delta_t, per_block_t = torch.as_tensor(np.stack([delta, per_block]), device=device)  # one host copy
+    shift = torch.repeat_interleave(delta_t, per_block_t, output_size=total)
     return shift + torch.arange(total, device=device)
 
 

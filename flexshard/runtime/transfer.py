@@ -36,6 +36,14 @@ TORCH_WIRE_DTYPES = {
 }
 
 
+def count_per_peer(dest: torch.Tensor, peers: int) -> torch.Tensor:
+    """int64[peers]: how many entries of ``dest`` (int64, each in ``[0, peers)``) name each peer; what
+    ``torch.bincount(dest, minlength=peers)`` gives, without its read of the largest value back to the
+    host (on CUDA a synchronisation per call)."""
+    counts = torch.zeros(peers, dtype=torch.int64, device=dest.device)
+    return counts.index_add_(0, dest, torch.ones_like(dest))
+
+
 def exchange_columns_async(
     name: str,
     columns: list[torch.Tensor],
