@@ -37,7 +37,8 @@ backward
 
 The replica ``sync`` phase is :mod:`~flexshard.runtime.sync`. A stage on a process group of one rank is a
 local copy. With one dim for every table and an fp32 wire, the relay works in the stages' own
-buffers (:mod:`~flexshard.runtime.relay`). Embeddings and gradients travel as the plan's wire dtype;
+buffers (:mod:`~flexshard.runtime.relay`); received rows and gradients are put in place by
+:mod:`~flexshard.runtime.placing`. Embeddings and gradients travel as the plan's wire dtype;
 on an fp16 wire each sender scales its gradients by its own power of two and sends the exponent with them
 (:func:`~flexshard.runtime.transfer.exchange_vectors`). A block a rank keeps for itself is rounded like
 a sent one. Bytes: :mod:`~flexshard.runtime.exchange_bytes`.
@@ -58,6 +59,15 @@ from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
 from flexshard.runtime.lookups import TableLookup
+from flexshard.runtime.placing import (
+    add_owned_gradients,
+    add_rail_views,
+    add_received_sums,
+    keep_own_sums,
+    place_rows,
+    place_scattered,
+    rail_peer_sums,
+)
 from flexshard.runtime.relay import (
     RelayRows,
     RelaySums,
@@ -69,14 +79,10 @@ from flexshard.runtime.relay import (
 )
 from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import (
-    add_blocks,
-    copy_blocks,
     count_per_peer,
     exchange_columns_async,
     exchange_gathered_async,
     exchange_vectors,
-    joined_blocks,
-    round_like_wire,
     rows_at,
 )
 
@@ -325,12 +331,7 @@ class ExchangeProtocol:
 
             def relayed() -> RelayRows:
                 views, buffer = gathered.wait()
-                for t, lk in enumerate(routed.lookups):
-                    if (t, FLAT) in routed.in_order:  # every unique id, in order: the rows as received
-                        lk.rows = joined_blocks(views[3 * t + FLAT])
-                        continue
-                    for k in (WARM, FLAT):
-                        copy_blocks(lk.rows, routed.index[t][k], views[3 * t + k])
+                place_rows(routed.lookups, routed.index, routed.in_order, views)
                 rows = buffer.view(-1, int(self.dims[0])) if n_t else buffer.view(0, 0)
                 return RelayRows(rows, distinct_rows_at(rc, np.arange(n_t) * 3 + 2, self.device))
 
@@ -341,16 +342,9 @@ class ExchangeProtocol:
 
         def finish() -> list[torch.Tensor]:
             got = pending.wait()
-            out = []
-            for t, lk in enumerate(routed.lookups):
-                if (t, FLAT) in routed.in_order:  # every unique id, in order: the rows as received
-                    lk.rows = got[3 * t + FLAT]
-                    out.append(got[3 * t + 2])  # empty: a flat table has no distinct rows
-                    continue
-                for k in (WARM, FLAT):
-                    copy_blocks(lk.rows, routed.index[t][k], [got[3 * t + k]])
-                out.append(got[3 * t + 2])  # every distinct row in order (its own sent to itself)
-            return out
+            place_rows(routed.lookups, routed.index, routed.in_order, got)
+            # per table every distinct row in order (its own sent to itself; empty for a flat table)
+            return [got[3 * t + 2] for t in range(n_t)]
 
         return Pending([pending], finish)
 
@@ -362,11 +356,7 @@ class ExchangeProtocol:
         rc = routed.counts[self.intra][:, :, GIDS]
 
         def place(per_table: list[list[torch.Tensor]]) -> None:
-            for t, views in enumerate(per_table):
-                if (t, GIDS) in routed.in_order:  # every unique id, in peer order
-                    torch.cat(views, out=routed.lookups[t].rows)
-                else:
-                    copy_blocks(routed.lookups[t].rows, routed.index[t][GIDS], views)
+            place_scattered(routed.lookups, routed.index, routed.in_order, per_table)
 
         if isinstance(distinct, RelayRows):  # one gather in wire order (peer, table) from ``rows``' buffer
             index = scatter_index(
@@ -420,21 +410,12 @@ class ExchangeProtocol:
 
         def finish() -> list[torch.Tensor] | RelaySums:
             got = pending.wait()
-            out = []
-            for t in range(n_t):
-                for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):  # one add (a row's adds in order)
-                    if asked.slots[t][k].numel():
-                        self.shards[(t, tier)].add_gradient(asked.slots[t][k], _joined(got[3 * t + k]))
+            add_owned_gradients(self.shards, asked, got)
             if self.one_dim_fp32 and asked.joined_inverse is not None:  # summed in rail_grads' send order
                 ids, rows = asked.recv_counts[:, :, GIDS].sum(axis=0), [got[3 * t + 2] for t in range(n_t)]
                 fetch, dim = asked.fetch_counts[self.rail], int(self.dims[0])
                 return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.device)
-            for t in range(n_t):
-                total = torch.zeros(int(asked.num_distinct[t]), int(self.dims[t]), device=self.device)
-                if asked.inverse[t].numel():
-                    add_blocks(total, asked.inverse[t], got[3 * t + 2])
-                out.append(total)  # empty for a flat table
-            return out
+            return rail_peer_sums(asked, got, self.dims, self.device)
 
         return Pending([pending], finish)
 
@@ -457,43 +438,14 @@ class ExchangeProtocol:
         if self.wire_dtype is WireDtype.FP32:  # received as per-peer views: each added as it lies
             gathered = exchange_gathered_async("rail_grads", sums, [None] * n_t, sc, rc, self.pg.replica)
             peers = own_group_first(self.rail.size, me_at)
-
-            def place() -> None:
-                for t, views in enumerate(gathered.wait()):
-                    ends = np.cumsum(rc[:, t])
-                    for j in peers:
-                        if views[j].shape[0]:
-                            lo, hi = int(ends[j] - rc[j, t]), int(ends[j])
-                            self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], views[j])
-
-            return Pending([gathered], place)
+            return Pending([gathered], lambda: add_rail_views(self.shards, slots, rc, peers, gathered.wait()))
         if self.wire_dtype is WireDtype.FP16:
             own = np.zeros_like(own)  # none received
             mine = self.rail == self.me
             sc, rc = np.where(mine[:, None], 0, sc), np.where(mine[:, None], 0, rc)
-            cols, slots = [], []
-            for t in range(n_t):
-                (lo, hi), (a, b) = asked.local[t], asked.own[t]
-                if hi > lo:
-                    kept = round_like_wire(sums[t][lo:hi], self.wire_dtype, scaled=True)
-                    self.shards[(t, Tier.COLD)].add_gradient(asked.owner_slots[t][a:b], kept)
-                cols.append(torch.cat([sums[t][:lo], sums[t][hi:]]))
-                slots.append(torch.cat([asked.owner_slots[t][:a], asked.owner_slots[t][b:]]))
+            cols, slots = keep_own_sums(self.shards, asked, sums, self.wire_dtype)
         pending = exchange_vectors(
             "rail_grads", cols, sc, rc, self.dims, self.wire_dtype, self.pg.replica, scaled=True
         )
 
-        def finish() -> None:
-            for t, got in enumerate(pending.wait()):
-                (a, b), n = own[t], int(got.shape[0])
-                for lo, hi in ((a, b), (0, a), (b, n)):  # its own group's first: a row's sum in rail order
-                    if hi > lo:
-                        self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], got[lo:hi])
-
-        return Pending([pending], finish)
-
-
-def _joined(got: torch.Tensor | list[torch.Tensor]) -> torch.Tensor:
-    """A received column as one tensor: itself, or its per-peer views in peer order (no copy when at
-    most one is not empty)."""
-    return got if isinstance(got, torch.Tensor) else joined_blocks(got)
+        return Pending([pending], lambda: add_received_sums(self.shards, own, slots, pending.wait()))
