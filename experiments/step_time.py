@@ -8,7 +8,8 @@ median step, collectives per step and the time model's prediction on the probed 
 (modeled): FlexShard, row-wise with dedup and TorchRec's default (row-wise without dedup) on the
 embedded default at 64 GPUs (8 H100 nodes) and 512 GPUs (64 nodes), the step split into collective
 latency, bandwidth and local work, unpipelined and pipelined, against the FlexShard paper's headline of
-about 6x lower communication latency than TorchRec's default. Writes docs/results/step_time.md. Run:
+about 6x lower communication latency than TorchRec's default. Writes docs/results/step_time.md (and, with
+part 1, step_time.json: its bench records, with each plan's tiers and cold shares and each rank's step). Run:
     .venv/bin/python experiments/step_time.py [--quick] [--no-measure]
 """
 
@@ -201,8 +202,9 @@ def main() -> None:
     rounds = args.rounds or (2 if args.quick else 3)
     start = time.time()
     parts = ["## 2. The model at scale (embedded default, NCCL presets)\n", modeled()]
+    rows: list[dict] = []
     if not args.no_measure:
-        table, _rows = measured(batches, steps, rounds)
+        table, rows = measured(batches, steps, rounds)
         parts = ["## 1. Measured against modeled (gloo over loopback)\n", table, "", *parts]
     text = "\n".join(parts)
     print(text)
@@ -214,6 +216,8 @@ def main() -> None:
         cmd = study.command(__file__, *flags)
         head = f"# Step time\n\n{study.generated(cmd, time.time() - start)}\n\n{METHOD}\n\n"
         study.write_markdown(study.RESULTS / "step_time.md", head + text)
+        if rows:  # every bench record of part 1 (plans' tiers and cold shares, each rank's step), to diagnose
+            study.write_markdown(study.RESULTS / "step_time.json", json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ def records(
     out = []
     for key, got0 in gathered[0]["systems"].items():
         per_rank = [g["systems"][key] for g in gathered]
-        steps = np.max(np.array([p["times"] for p in per_rank]), axis=0) * 1e3  # slowest rank per step, ms
+        by_rank = np.array([p["times"] for p in per_rank]) * 1e3  # [rank, step] ms
+        steps = np.max(by_rank, axis=0)  # the slowest rank's, per step
         n = steps.size
         sent = _busiest([p["sent"] for p in per_rank])
         sp = plans[key]
@@ -57,6 +58,8 @@ def records(
             "modeled_inter_group_bytes": sp.modeled_inter_bytes,
             "modeled_intra_group_bytes": sp.modeled_intra_bytes,
             "plan": sp.summary,
+            "plan_tables": plan_tables(sp),
+            "step_ms_median_by_rank": [float(x) for x in np.median(by_rank, axis=1)],
             "plan_for": cfg.plan_for,
             "ran_in_blocks": list(got0["blocks"]),
         }
@@ -68,6 +71,17 @@ def records(
     for key, why in notes.items():
         out.append({"strategy": key, "label": LABELS[key], "skipped": why})
     return out
+
+
+PLAN_TABLE_KEYS = ("name", "hot_rows", "warm_rows", "cold_rows", "fetch", "cold_share")
+
+
+def plan_tables(sp: StrategyPlan) -> list[dict[str, Any]]:
+    """Per table of a strategy's plan file: its tiers, cold fetch and each rank's share of its cold rows
+    (what the prediction prices the slowest rank by); empty for a strategy without a plan file."""
+    if sp.document is None:
+        return []
+    return [{k: t[k] for k in PLAN_TABLE_KEYS if k in t} for t in sp.document["tables"]]
 
 
 def to_json(recs: list[dict[str, Any]]) -> str:

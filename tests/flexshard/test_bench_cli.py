@@ -84,6 +84,18 @@ def test_one_record_per_strategy_with_the_keys(first):
         # priced with local rates measured on the 4 ranks before the rounds (--rates measured)
         assert r["local_rates"]["source"].startswith("measured on the job's 4 ranks at the run's sizes")
         assert r["probes"] == 2  # the quick probe before the one round and again after it
+        # each rank's median step, the slowest of which the step is (a rank's median is at most the
+        # median over steps of the slowest rank's)
+        assert len(r["step_ms_median_by_rank"]) == 4
+        assert 0 < max(r["step_ms_median_by_rank"]) <= r["step_ms_median"] * (1 + 1e-9)
+        if r["strategy"] == "torchrec_row_wise":
+            assert r["plan_tables"] == []
+        else:  # the plan's tiers per table, as the summary line counts them
+            assert [t["name"] for t in r["plan_tables"]] == ["item", "creator", "category"]
+            cold = sum(t["cold_rows"] for t in r["plan_tables"])
+            assert f"cold {cold:,} rows" in r["plan"]
+            for t in r["plan_tables"]:
+                assert len(t["cold_share"]) == 4 and abs(sum(t["cold_share"]) - 1) < 1e-9
         assert (r.get("torchrec_local_ms", 0) > 0) == (r["strategy"] == "torchrec_row_wise"), r["strategy"]
 
 
