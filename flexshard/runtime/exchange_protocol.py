@@ -64,6 +64,7 @@ from flexshard.runtime.placing import (
     add_rail_views,
     add_received_sums,
     keep_own_sums,
+    own_group_first,
     place_rows,
     place_scattered,
     rail_peer_sums,
@@ -73,7 +74,6 @@ from flexshard.runtime.relay import (
     RelaySums,
     distinct_rows_at,
     exchange_sums,
-    own_group_first,
     rail_sums,
     scatter_index,
 )
@@ -427,17 +427,15 @@ class ExchangeProtocol:
         added apart, scaled by their own largest, as sent to no one."""
         sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
         cols, slots, own = sums, asked.owner_slots, asked.own
-        me_at = int(np.flatnonzero(self.rail == self.me)[0])
-        if isinstance(sums, RelaySums):  # the joined sums are the send buffer
-
-            def add(t: int, lo: int, hi: int, rows: torch.Tensor) -> None:
-                self.shards[(t, Tier.COLD)].add_gradient(slots[t][lo:hi], rows)
-
-            return exchange_sums("rail_grads", sums, rc, me_at, add, self.pg.replica)
-        n_t = len(sums)
-        if self.wire_dtype is WireDtype.FP32:  # received as per-peer views: each added as it lies
-            gathered = exchange_gathered_async("rail_grads", sums, [None] * n_t, sc, rc, self.pg.replica)
-            peers = own_group_first(self.rail.size, me_at)
+        peers = own_group_first(self.rail.size, int(np.flatnonzero(self.rail == self.me)[0]))
+        gathered = None  # fp32: received as per-peer views, each added as it lies
+        if isinstance(sums, RelaySums):  # the relay's joined sums are the send buffer
+            gathered = exchange_sums("rail_grads", sums, rc, self.pg.replica)
+        elif self.wire_dtype is WireDtype.FP32:
+            gathered = exchange_gathered_async(
+                "rail_grads", sums, [None] * len(sums), sc, rc, self.pg.replica
+            )
+        if gathered is not None:
             return Pending([gathered], lambda: add_rail_views(self.shards, slots, rc, peers, gathered.wait()))
         if self.wire_dtype is WireDtype.FP16:
             own = np.zeros_like(own)  # none received

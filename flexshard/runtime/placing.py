@@ -84,6 +84,12 @@ def rail_peer_sums(
     return out
 
 
+def own_group_first(peers: int, own_at: int) -> list[int]:
+    """Rail peers in the order owners add their gradient blocks: its own group's (``own_at``) first, then
+    the others in rail order (each row's gradient summed in the same order whichever rank owns it)."""
+    return [own_at, *(j for j in range(peers) if j != own_at)]
+
+
 def add_rail_views(
     shards: Shards,
     slots: list[torch.Tensor],

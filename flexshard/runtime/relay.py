@@ -12,7 +12,6 @@ Distinct rows are numbered as ``compute`` numbers them (:class:`~flexshard.runti
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,38 +103,22 @@ def rail_sums(
     return RelaySums(total, fetch)
 
 
-def own_group_first(peers: int, own_at: int) -> list[int]:
-    """Rail peers in the order owners add their gradient blocks: its own group's (``own_at``) first, then
-    the others in rail order (each row's gradient summed in the same order whichever rank owns it)."""
-    return [own_at, *(j for j in range(peers) if j != own_at)]
-
-
 def exchange_sums(
-    name: str,
-    sums: RelaySums,
-    recv: np.ndarray,
-    own_at: int,
-    add: Callable[[int, int, int, torch.Tensor], None],
-    group: Any,
-) -> Pending[None]:
+    name: str, sums: RelaySums, recv: np.ndarray, group: Any
+) -> Pending[list[list[torch.Tensor]]]:
     """``rail_grads`` of :func:`rail_sums`: the joined sums are the send buffer (no copy); ``recv[j, t]``
-    rows of table t come from rail peer j. On wait, ``add(t, lo, hi, rows)`` is called for every block,
-    rows ``[lo, hi)`` of table t's served slots (by rail peer), its own group's block (``own_at``) first,
-    then the others in rail order."""
+    rows of table t come from rail peer j. Waits to the received sums as views of the receive buffer,
+    per table a list over rail peers (what :func:`~flexshard.runtime.transfer.exchange_gathered_async`
+    gives)."""
     recv = np.asarray(recv, dtype=np.int64)
     dim = np.array([int(sums.joined.shape[1])])
     pending = exchange_columns_async(
         name, [sums.joined], sums.fetch.sum(axis=1)[:, None], recv.sum(axis=1)[:, None], dim, group
     )
     peers, tables = recv.shape
-    order = own_group_first(peers, own_at)
 
-    def place() -> None:
-        blocks = pending.wait()[0][0].split(recv.reshape(-1).tolist())
-        start = np.cumsum(recv, axis=0) - recv  # each peer's first row within its table
-        for t in range(tables):
-            for j in order:
-                if recv[j, t]:
-                    add(t, int(start[j, t]), int(start[j, t] + recv[j, t]), blocks[j * tables + t])
+    def views() -> list[list[torch.Tensor]]:
+        blocks = pending.wait()[0][0].split(recv.reshape(-1).tolist())  # (peer, table) order
+        return [[blocks[j * tables + t] for j in range(peers)] for t in range(tables)]
 
-    return Pending([pending], place)
+    return Pending([pending], views)
