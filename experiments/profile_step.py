@@ -3,9 +3,12 @@ profiles rank 0's timed steps with ``torch.profiler`` (self CPU time per op, gro
 the time model), beside the time model's pieces for the same plan. Each exchange-protocol phase (and
 the local dedup and routing, ``lookups``) is clocked in thread CPU and, with ``--counts``, its torch ops
 and their self time are listed per phase; ``--clock-only`` leaves the profiler out (undistorted clocks).
+``--ops`` (no profiler either) clocks every aten op of rank 0's steps in thread CPU (a dispatch mode; the
+autograd backward's ops included) and prints a table of ms per step by op, one column per strategy,
+largest difference first: which ops one strategy spends more on than another.
 
     nice .venv/bin/python experiments/profile_step.py [--nproc 4] [--groups 2] [--batch 128] [--steps 10]
-        [--only flexshard,row_wise] [--counts | --clock-only]
+        [--only flexshard,row_wise] [--counts | --clock-only | --ops]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.osutil import free_port  # noqa: E402
@@ -55,6 +59,47 @@ def _piece(name: str) -> str:
     return "other ops and Python (host)"
 
 
+_PHASE = ["model"]  # the exchange-protocol phase running now (innermost last; ``_time_protocol`` sets it)
+
+
+class _OpClock(TorchDispatchMode):
+    """Thread CPU seconds and calls per aten op (overload packet name) while active; ``by_phase``: the
+    same keyed ``phase:op``."""
+
+    def __init__(self, by_phase: bool = False) -> None:
+        super().__init__()
+        self.by_phase = by_phase
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.thread_time()
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if self.by_phase:
+            name = f"{_PHASE[-1]}:{name}"
+        self.cpu[name] += time.thread_time() - t0
+        self.calls[name] += 1
+        return out
+
+
+def _ops_table(by_key: dict[str, _OpClock], steps: int, top: int = 25) -> str:
+    """ms of thread CPU per step by op, a column per strategy, the largest spread first."""
+    keys = list(by_key)
+    names = {n for c in by_key.values() for n in c.cpu}
+    per = {n: [by_key[k].cpu.get(n, 0.0) * 1e3 / steps for k in keys] for n in names}
+    order = sorted(names, key=lambda n: -(max(per[n]) - min(per[n])))[:top]
+    width = max(12, *(len(k) for k in keys))
+    head = f"{'op':<34}" + "".join(f"{k:>{width}}" for k in keys)
+    rows = [head, "-" * len(head)]
+    for n in order:
+        calls = "/".join(f"{by_key[k].calls.get(n, 0) // steps}" for k in keys)
+        rows.append(f"{n:<34}" + "".join(f"{v:>{width}.2f}" for v in per[n]) + f"   calls {calls}")
+    totals = [sum(c.cpu.values()) * 1e3 / steps for c in by_key.values()]
+    rows.append(f"{'all ops':<34}" + "".join(f"{v:>{width}.2f}" for v in totals))
+    return "\n".join(rows)
+
+
 def _time_protocol(clock: dict) -> None:
     """Clock every exchange-protocol phase's local work (the call, and the wait of its stage with the
     finish after it) under ``proto.<phase>``, in CPU seconds of the calling thread (``time.thread_time``:
@@ -66,16 +111,24 @@ def _time_protocol(clock: dict) -> None:
     def timed(name, fn):
         def call(*a, **k):
             t0 = time.thread_time()
-            with torch.autograd.profiler.record_function(f"proto.{name}"):
-                out = fn(*a, **k)
+            _PHASE.append(name)
+            try:
+                with torch.autograd.profiler.record_function(f"proto.{name}"):
+                    out = fn(*a, **k)
+            finally:
+                _PHASE.pop()
             clock[f"proto.{name}"] += time.thread_time() - t0
             if isinstance(out, awaitable.Pending):
                 whole = out.wait  # the inner stages' finish runs in the works' wait: it is the phase's work
 
                 def wait_in_phase():
                     t1 = time.thread_time()  # a blocked wait takes no CPU of this thread
-                    with torch.autograd.profiler.record_function(f"proto.{name}"):
-                        value = whole()
+                    _PHASE.append(name)
+                    try:
+                        with torch.autograd.profiler.record_function(f"proto.{name}"):
+                            value = whole()
+                    finally:
+                        _PHASE.pop()
                     clock[f"proto.{name}"] += time.thread_time() - t1
                     return value
 
@@ -122,6 +175,11 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.nproc))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.nproc)
     torch.set_num_threads(1)
+    if os.environ.get("PREFAULT"):
+        sys.path.insert(0, os.path.dirname(__file__))
+        from _prefault_tmp import prefault
+
+        prefault(float(os.environ["PREFAULT"]))
     from flexshard.bench.config import BenchConfig
     from flexshard.bench.plans import make_plans, plan_view, probed_view
     from flexshard.bench.worker import _build, load_data, machine_rates
@@ -173,18 +231,20 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     plans = make_plans(data, planned_for, machine, cfg.budget, False, cfg.objective, machine_rates(cfg, data))
     with tempfile.TemporaryDirectory() as tmp:
         systems, _ = _build(cfg, data, plans, Path(tmp))
-    batches = [data.make_batch(s, rank) for s in range(3 + args.steps)]
+    batches = [data.make_batch(s, rank) for s in range(args.warmup + args.steps)]
     lines = []
+    op_clocks: dict[str, _OpClock] = {}
+    phase_clocks: dict[str, _OpClock] = {}
     for s in systems:
         if args.only and s.key not in args.only.split(","):
             continue
-        for b in batches[:3]:
+        for b in batches[: args.warmup]:
             dist.barrier()
             s.step(b)
         times = []
         prof = (
             torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-            if rank == 0 and not args.clock_only
+            if rank == 0 and not (args.clock_only or args.ops)
             else None
         )
         if args.cprofile and rank == 0:
@@ -196,8 +256,13 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             prof.__enter__()
         clock.clear()
         cpu0, proc0 = time.thread_time(), time.process_time()
-        for b in batches[3:]:
+        ops = _OpClock() if args.ops and rank == 0 else None
+        phased = _OpClock(by_phase=True) if args.ops and rank == 0 else None
+        for b in batches[args.warmup :]:
             dist.barrier()
+            if ops is not None:
+                ops.__enter__()
+                phased.__enter__()
             t0 = time.perf_counter()
             embedded = s.model(b)
             t1 = time.perf_counter()
@@ -208,6 +273,9 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             s.model.step()
             t4 = time.perf_counter()
             clock["opt_step (thread cpu)"] += time.thread_time() - c3
+            if ops is not None:
+                phased.__exit__(None, None, None)
+                ops.__exit__(None, None, None)
             times.append(t4 - t0)
             for k, v in (
                 ("forward", t1 - t0),
@@ -226,7 +294,9 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             text = io.StringIO()
             pstats.Stats(python_prof, stream=text).sort_stats("tottime").print_stats(30)
             lines.append(f"== {s.key}: Python self time over {args.steps} steps\n{text.getvalue()}")
-        if args.clock_only and rank == 0:
+        if ops is not None:
+            op_clocks[s.key], phase_clocks[s.key] = ops, phased
+        if (args.clock_only or args.ops) and rank == 0:
             lines.append(
                 f"== {s.key} (no profiler): step median {sorted(times)[len(times) // 2] * 1e3:.1f} ms; "
                 "phases ms/step: " + ", ".join(f"{k} {v * 1e3 / args.steps:.2f}" for k, v in clock.items())
@@ -261,6 +331,11 @@ def _rank(rank: int, args, port: int, out: str) -> None:
                     for e in top
                 )
             )
+    if op_clocks:
+        lines.append(f"== thread CPU by op, rank 0, ms per step over {args.steps} steps")
+        lines.append(_ops_table(op_clocks, args.steps))
+        lines.append("== the same by exchange phase (model: outside the protocol's phases)")
+        lines.append(_ops_table(phase_clocks, args.steps, top=40))
     if rank == 0:
         for key, sp in plans.items():
             if sp.document:
@@ -287,6 +362,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per strategy first")
     ap.add_argument("--objective", default="step", help="step (bench's default) or bytes")
     ap.add_argument("--plan-for", default="h100", help="probed or h100 (what the plans are made for)")
     ap.add_argument("--cprofile", action="store_true", help="profile rank 0's Python instead (self time)")
@@ -294,6 +370,7 @@ def main() -> None:
     ap.add_argument(
         "--clock-only", action="store_true", help="no torch profiler: the phases' thread CPU undistorted"
     )
+    ap.add_argument("--ops", action="store_true", help="thread CPU by aten op, a column per strategy")
     ap.add_argument("--only", default="", help="comma-separated strategy keys to profile (default: all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:

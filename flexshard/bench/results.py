@@ -112,7 +112,9 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
     lines = [
         f"bench: {cfg.nproc} ranks in {cfg.groups} group{'s' if cfg.groups > 1 else ''} of {cfg.group_size} "
         f"({backend}, "
-        f"{cfg.threads} torch thread(s) per rank, {os.cpu_count()} cores)",
+        f"{cfg.threads} torch thread(s) per rank, {os.cpu_count()} cores"
+        + (", freed host memory kept" if ran and ran[0].get("host_memory_kept") else "")
+        + ")",
         f"workload {cfg.workload}, batch {cfg.batch} per rank; {cfg.rounds} round(s) of {cfg.steps} "
         f"timed steps per strategy after {cfg.warmup} warm-up steps,",
         f"strategies alternating in each round; plans made for {plan_for}{_figures(ran)}",

@@ -50,6 +50,7 @@ from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
+from flexshard.runtime.host_memory import keep_freed_memory
 from flexshard.runtime.local import end_rank, port_taken, wait_for_ranks
 from solvers.time_types import LocalRates
 
@@ -163,6 +164,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     """Run the benchmark on this rank of the initialised process group; rank 0 returns the records."""
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(cfg.threads)
+    kept = dist.get_backend() == "gloo" and keep_freed_memory()  # CPU steps: host memory reused
     data = load_data(cfg, world)
     probe_s = min(cfg.timeout_s, 120.0)
     probes = [probe_ranks(cfg.groups, probe_s)]  # what the predictions are priced on (again each round)
@@ -207,6 +209,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             r["plan_view"] = view_figures(planned_for)
             r["local_rates"] = priced  # what the prediction priced local work with
             r["probes"] = len(probes)  # the quick probes whose medians the prediction is priced on
+            r["host_memory_kept"] = kept  # runtime.host_memory: freed host memory reused, not returned
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
                 r["torchrec_local_ms_each"] = [t[1] * 1e3 for t in taken if t[1] is not None]

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from core.osutil import free_port, on_a_free_port
+from flexshard.runtime.host_memory import keep_freed_memory
 
 __all__ = ["end_rank", "free_port", "port_taken", "run_on_ranks", "wait_for_ranks"]
 
@@ -55,6 +56,8 @@ def _rank_main(
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         torch.set_num_threads(1)
+        if backend == "gloo":
+            keep_freed_memory()
         torch.save(fn(rank, world, *args), Path(outdir) / f"rank{rank}.pt")
         end_rank()
     except BaseException:

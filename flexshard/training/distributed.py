@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from core.errors import CollectiveError, ConfigError, agreed
 from core.ranks import BACKEND_ENV, launcher_gpu, pick_backend
+from flexshard.runtime.host_memory import keep_freed_memory
 
 DEFAULT_TIMEOUT_S = 600.0  # how long a collective waits for a peer (train --timeout)
 _PEER_FAILURES = ("timed out", "timeout", "connection closed", "connection reset", "broken pipe")
@@ -46,6 +47,8 @@ def init_distributed(timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[bool, torch.
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         created = True
+    if device().type == "cpu":  # the step's tensors live in host memory: keep it between steps
+        keep_freed_memory()
     return created, device()
 
 
