@@ -330,10 +330,12 @@ class ExchangeProtocol:
             self.bytes.forward(routed.counts, asked, traffic)
 
             def relayed() -> RelayRows:
-                views, buffer = gathered.wait()
+                views, buffer, first = gathered.wait()
                 place_rows(routed.lookups, routed.index, routed.in_order, views)
-                rows = buffer.view(-1, int(self.dims[0])) if n_t else buffer.view(0, 0)
-                return RelayRows(rows, distinct_rows_at(rc, np.arange(n_t) * 3 + 2, self.device))
+                dim = int(self.dims[0]) if n_t else 1
+                rows = buffer.view(-1, dim) if n_t else buffer.view(0, 0)
+                at = distinct_rows_at(rc, np.arange(n_t) * 3 + 2, self.device, first // dim)
+                return RelayRows(rows, at)
 
             return Pending([gathered], relayed)
         widths = np.repeat(self.dims, len(ROW_KINDS))
@@ -362,17 +364,20 @@ class ExchangeProtocol:
             index = scatter_index(
                 asked.joined_inverse, asked.recv_counts[:, :, GIDS], self.intra, distinct.row_of
             )
-            send = distinct.buffer.index_select(0, index)
-            width = np.array([int(self.dims[0])])
-            pending = exchange_columns_async(
-                "scatter", [send], sc.sum(axis=1)[:, None], rc.sum(axis=1)[:, None], width, self.pg.intra
+            gathered = exchange_gathered_async(
+                "scatter",
+                [distinct.buffer],
+                [index],
+                sc.sum(axis=1)[:, None],
+                rc.sum(axis=1)[:, None],
+                self.pg.intra,
             )
 
             def place_joined() -> None:
-                blocks = pending.wait()[0][0].split(rc.reshape(-1).tolist())
-                place([list(blocks[t :: max(n_t, 1)]) for t in range(n_t)])
+                per_peer = [v.split(n.tolist()) for v, n in zip(gathered.wait()[0], rc, strict=True)]
+                place([[blocks[t] for blocks in per_peer] for t in range(n_t)])
 
-            return Pending([pending], place_joined)
+            return Pending([gathered], place_joined)
         if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
             gathered = exchange_gathered_async("scatter", distinct, asked.inverse, sc, rc, self.pg.intra)
             return Pending([gathered], lambda: place(gathered.wait()))

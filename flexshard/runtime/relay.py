@@ -32,13 +32,19 @@ class RelayRows:
 
 
 def distinct_rows_at(
-    recv_counts: np.ndarray, distinct_column: np.ndarray, device: torch.device
+    recv_counts: np.ndarray,
+    distinct_column: np.ndarray,
+    device: torch.device,
+    first_row: np.ndarray | None = None,
 ) -> torch.Tensor:
-    """int64[sum of the distinct columns' rows]: the row in a receive buffer of rows (one dim; blocks
-    in (peer, column) order, ``recv_counts[p, c]`` rows each) of every row of the columns
-    ``distinct_column`` (one per table), numbered table-major, then by peer, then in order."""
+    """int64[sum of the distinct columns' rows]: the row in a receive buffer of rows (one dim;
+    ``recv_counts[p, c]`` rows in block ``(p, c)``, which starts at row ``first_row[p, c]``: by default
+    the blocks lie in (peer, column) order) of every row of the columns ``distinct_column`` (one per
+    table), numbered table-major, then by peer, then in order."""
     counts = np.asarray(recv_counts, dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(counts.reshape(-1))[:-1]]).reshape(counts.shape)
+    if first_row is None:
+        first_row = np.concatenate([[0], np.cumsum(counts.reshape(-1))[:-1]]).reshape(counts.shape)
+    start = np.asarray(first_row, dtype=np.int64)
     per_block = counts[:, distinct_column].T.reshape(-1)  # [table, peer], table-major
     first = np.concatenate([[0], np.cumsum(per_block)[:-1]])  # each block's first distinct number
     delta = start[:, distinct_column].T.reshape(-1) - first  # a block's buffer row less its number

@@ -207,41 +207,77 @@ def exchange_gathered_async(
     the receive buffer (no concatenation either): per column a list over peers of
     ``[recv_counts[p, c], dim_c]`` rows. The same rows in the same order as
     :func:`exchange_columns_async` of the gathered columns; two copies of every row fewer.
-    ``with_buffer``: waits to ``(views, buffer)``, the flat float32 receive buffer the views lie in
-    (blocks in (peer, column) order)."""
+
+    The block a rank sends itself never enters the collective: it is gathered once (a view of the
+    source, not a copy, for a column without an index: read it, do not write it) and given back as
+    its own view. ``with_buffer``: waits to ``(views, buffer, first)``, the flat float32 buffer every
+    view lies in (the peers' blocks in (peer, column) order as received, then this rank's own, gathered
+    there) and ``first[p, c]``, the element of the buffer where block ``(p, c)`` starts."""
     peers, n_c = counts.shape
     if not n_c:
-        return ready(([], torch.zeros(0)) if with_buffer else [])
+        return ready(([], torch.zeros(0), np.zeros((peers, 0), np.int64)) if with_buffer else [])
+    me = _group_rank(group, peers)
     dims = np.array([int(s.shape[1]) for s in sources], dtype=np.int64)
-    send_sizes = counts * dims[None, :]  # elements per (peer, column)
-    recv_sizes = recv_counts * dims[None, :]
-    send = torch.empty(int(send_sizes.sum()), dtype=torch.float32, device=sources[0].device)
+    wire_send = counts * dims[None, :]  # elements per (peer, column) through the collective
+    wire_recv = recv_counts * dims[None, :]
+    own_size = int(wire_recv[me].sum())
+    wire_send[me], wire_recv[me] = 0, 0
+    device = sources[0].device
+    send = torch.empty(int(wire_send.sum()), dtype=torch.float32, device=device)
+    received = int(wire_recv.sum())
+    buffer = torch.empty(received + (own_size if with_buffer else 0), dtype=torch.float32, device=device)
     start = np.zeros((peers, n_c), dtype=np.int64)  # each column's first row for each peer
     start[1:] = np.cumsum(counts, axis=0)[:-1]
-    off = 0
+    own: list[torch.Tensor] = [s[:0] for s in sources]
+    first = np.zeros((peers, n_c), dtype=np.int64)
+    first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_recv.reshape(-1))[:-1]])
+    off, own_off = 0, received
     for p in range(peers):
         for c in range(n_c):
-            n = int(counts[p, c])
-            if n:
-                lo, out = int(start[p, c]), send[off : off + n * int(dims[c])].view(n, -1)
-                if indices[c] is None:
-                    out.copy_(sources[c][lo : lo + n])
-                else:
-                    torch.index_select(sources[c], 0, indices[c][lo : lo + n], out=out)
-            off += n * int(dims[c])
-    per_peer_recv = recv_sizes.sum(axis=1).tolist()
-    if peers == 1:
-        recv, works = send, []
-    else:
-        recv = send.new_empty(int(sum(per_peer_recv)))
-        works = [all_to_all(name, recv, send, per_peer_recv, send_sizes.sum(axis=1).tolist(), group)]
+            n, lo = int(counts[p, c]), int(start[p, c])
+            if not n:
+                continue
+            rows = slice(lo, lo + n)
+            if p == me and not with_buffer:
+                own[c] = (
+                    sources[c][rows] if indices[c] is None else sources[c].index_select(0, indices[c][rows])
+                )
+                continue
+            at = own_off if p == me else off
+            out = (buffer if p == me else send)[at : at + n * int(dims[c])].view(n, -1)
+            if indices[c] is None:
+                out.copy_(sources[c][rows])
+            else:
+                torch.index_select(sources[c], 0, indices[c][rows], out=out)
+            if p == me:
+                own[c], first[p, c] = out, at
+                own_off += n * int(dims[c])
+            else:
+                off += n * int(dims[c])
+    works = []
+    if peers > 1:
+        per_peer_recv = wire_recv.sum(axis=1).tolist()
+        recv = buffer[:received]
+        works = [all_to_all(name, recv, send, per_peer_recv, wire_send.sum(axis=1).tolist(), group)]
 
     def finish() -> list[list[torch.Tensor]]:
-        got = recv.split(recv_sizes.reshape(-1).tolist())
-        views = [[got[p * n_c + c].view(-1, int(dims[c])) for p in range(peers)] for c in range(n_c)]
-        return (views, recv) if with_buffer else views
+        got = buffer[:received].split(wire_recv.reshape(-1).tolist())
+        views = [
+            [own[c] if p == me else got[p * n_c + c].view(-1, int(dims[c])) for p in range(peers)]
+            for c in range(n_c)
+        ]
+        return (views, buffer, first) if with_buffer else views
 
     return Pending(works, finish)
+
+
+def _group_rank(group, peers: int) -> int:
+    """This rank's place among the ``peers`` ranks of ``group`` (None: the default group)."""
+    if peers == 1:
+        return 0
+    import torch.distributed as dist
+
+    return int(dist.get_rank(group) if group is not None else dist.get_rank())
 
 
 def joined_blocks(views: list[torch.Tensor]) -> torch.Tensor:

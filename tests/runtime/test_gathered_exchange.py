@@ -36,16 +36,22 @@ def _exchange_both(rank: int, world: int) -> list:
             sources[0], indices[0] = columns[0], None
         want = exchange_columns_async("", columns, sent, received, np.array(DIMS)).wait()[0]
         got = exchange_gathered_async("", sources, indices, sent, received).wait()
-        out.append((want, got, received))
+        buffered = exchange_gathered_async("", sources, indices, sent, received, with_buffer=True).wait()
+        out.append((want, got, received, buffered))
     return out
 
 
 def _check(results: list) -> None:
-    for want, got, received in results:
+    for want, got, received, (views_b, buffer, first) in results:
         assert len(got) == len(DIMS)
         for c, (w, views) in enumerate(zip(want, got, strict=True)):
             assert [v.shape for v in views] == [(int(n), DIMS[c]) for n in received[:, c]]
             assert torch.equal(torch.cat(views), w), c
+            assert torch.equal(torch.cat(views_b[c]), w), c
+            for p, v in enumerate(views_b[c]):
+                lo = int(first[p, c])
+                assert torch.equal(buffer[lo : lo + v.numel()].view(-1, DIMS[c]), v), (p, c)
+        assert buffer.numel() == sum(int(n) * d for n, d in zip(received.sum(axis=0), DIMS, strict=True))
 
 
 def test_one_rank_is_a_local_copy():
