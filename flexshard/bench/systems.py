@@ -186,17 +186,31 @@ class TorchRecRowWise:
         return out
 
 
+def one_shard(
+    tables: list[tuple[str, int, int]], batch: Batch, world: int
+) -> tuple[list[tuple[str, int, int]], Batch]:
+    """Each table cut to one rank's row-wise share, ``ceil(rows / world)`` rows, and ``batch``'s ids folded
+    into it (``id mod rows``; lengths unchanged): the same lookups over a shard's memory."""
+    rows = {name: -(-n // world) for name, n, _dim in tables}
+    cut = [(name, rows[name], dim) for name, _n, dim in tables]
+    return cut, {name: (values % rows[name], lengths) for name, (values, lengths) in batch.items()}
+
+
 def torchrec_local_timer(tables: list[tuple[str, int, int]], lr: float, batch: Batch) -> Any:
     """A function of ``min_s`` giving the seconds of TorchRec's row-wise step on ``batch`` with every table
     on this rank alone (a one-rank group: its lookups, fused update, input and output handling, and
     collectives that are local copies): TorchRec's local work, timed on every rank at once
-    (:func:`flexshard.local_rates.mean_s`); the median over ranks. Building it and every call are
-    collectives: every rank calls them."""
+    (:func:`flexshard.local_rates.mean_s`); the median over ranks. Each table is a rank's row-wise shard
+    of it (``ceil(rows / world)`` rows, the batch's ids folded into them), so the rows a rank's lookups
+    and updates touch take the memory they take in the sharded step (the whole table on every rank
+    would not stay in the caches it stays in). Building it and every call are collectives: every rank
+    calls them."""
     from flexshard.local_rates import mean_s
 
+    shard_tables, shard_batch = one_shard(tables, batch, dist.get_world_size())
     own, _groups = dist.new_subgroups(group_size=1)
-    system = TorchRecRowWise(tables, lr, 1, group=own)
-    kjt = system.prepare(batch)
+    system = TorchRecRowWise(shard_tables, lr, 1, group=own)
+    kjt = system.prepare(shard_batch)
 
     def timed(min_s: float) -> float:
         dist.barrier()

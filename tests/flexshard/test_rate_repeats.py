@@ -80,3 +80,18 @@ def test_predictions_are_priced_again_with_the_rates_measured_in_the_rounds():
     assert parts["total"] == pytest.approx(parts["latency"] + parts["bandwidth"] + parts["local"], rel=1e-12)
     assert parts["local"] == pytest.approx(4.0)
     assert got["none"].predicted_ms == 1.0  # no plan to price: kept
+
+
+def test_torchrecs_local_step_is_timed_on_one_ranks_shard_of_each_table():
+    from flexshard.bench.systems import one_shard
+
+    tables = [("a", 10, 4), ("b", 7, 8)]
+    batch = {
+        "a": (torch.tensor([0, 3, 9, 5]), torch.tensor([1, 3])),
+        "b": (torch.tensor([6, 1, 4]), torch.tensor([2, 0, 1])),
+    }
+    cut, folded = one_shard(tables, batch, 4)
+    assert cut == [("a", 3, 4), ("b", 2, 8)]  # ceil(10 / 4), ceil(7 / 4)
+    assert folded["a"][0].tolist() == [0, 0, 0, 2] and folded["a"][1].tolist() == [1, 3]
+    assert folded["b"][0].tolist() == [0, 1, 0] and folded["b"][1].tolist() == [2, 0, 1]
+    assert one_shard(tables, batch, 1)[0] == tables
