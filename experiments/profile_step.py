@@ -336,6 +336,14 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         lines.append(_ops_table(op_clocks, args.steps))
         lines.append("== the same by exchange phase (model: outside the protocol's phases)")
         lines.append(_ops_table(phase_clocks, args.steps, top=40))
+        lines.append("== aten ops per step by phase (calls, views included)")
+        for key, c in phase_clocks.items():
+            by: dict[str, int] = defaultdict(int)
+            for name, n in c.calls.items():
+                by[name.split(":")[0]] += n
+            total = sum(by.values()) / args.steps
+            parts = ", ".join(f"{k} {v / args.steps:g}" for k, v in sorted(by.items()))
+            lines.append(f"  {key}: {total:g} ({parts})")
     if rank == 0:
         for key, sp in plans.items():
             if sp.document:
