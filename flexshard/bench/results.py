@@ -37,6 +37,7 @@ def records(
     for key, got0 in gathered[0]["systems"].items():
         per_rank = [g["systems"][key] for g in gathered]
         by_rank = np.array([p["times"] for p in per_rank]) * 1e3  # [rank, step] ms
+        cpu_by_rank = np.median(np.array([p["cpu"] for p in per_rank]) * 1e3, axis=1)  # [rank] ms
         steps = np.max(by_rank, axis=0)  # the slowest rank's, per step
         n = steps.size
         sent = _busiest([p["sent"] for p in per_rank])
@@ -60,6 +61,9 @@ def records(
             "plan": sp.summary,
             "plan_tables": plan_tables(sp),
             "step_ms_median_by_rank": [float(x) for x in np.median(by_rank, axis=1)],
+            # a rank's process CPU per step (user and system, every thread), median over its steps
+            "cpu_ms_per_step": float(np.median(cpu_by_rank)),
+            "cpu_ms_per_step_by_rank": [float(x) for x in cpu_by_rank],
             "plan_for": cfg.plan_for,
             "ran_in_blocks": list(got0["blocks"]),
         }
@@ -124,6 +128,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
         "strategy",
         "step ms mean",
         "median",
+        "CPU ms/rank",
         "collectives/step",
         "intra MB",
         "inter MB",
@@ -137,6 +142,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
                 r["label"],
                 f"{r['step_ms_mean']:.1f}",
                 f"{r['step_ms_median']:.1f}",
+                f"{r['cpu_ms_per_step']:.1f}" if "cpu_ms_per_step" in r else "",
                 f"{r['collectives_per_step']:g} ({_kinds(r['collectives_by_kind'])})",
                 _mb(r["intra_group_bytes"]),
                 _mb(r["inter_group_bytes"]),
@@ -146,7 +152,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for j, row in enumerate(rows):
         cells = [
-            c.ljust(w) if i in (0, 3) else c.rjust(w)
+            c.ljust(w) if i in (0, 4) else c.rjust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
@@ -154,6 +160,11 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
             lines.append("  ".join("-" * w for w in widths))
     lines.append("")
     lines.append("step: slowest rank per step; a2a all-to-all, ar all-reduce")
+    lines.append(
+        "CPU ms/rank: a rank's process CPU per step (user and system, gloo's threads included), the median "
+        "over its steps, then over the ranks; with more ranks than cores the step is about the ranks' CPU "
+        "over the cores"
+    )
     lines.append("bytes: the busiest rank's mean per step, sent, counted on the collectives (MB = 1e6 B)")
     for r in ran:
         lines.append(f"- {r['label']}: {r['plan']}")

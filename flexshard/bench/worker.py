@@ -223,7 +223,7 @@ def _run_blocks(
     ``between``: called after every round (a collective; e.g. measuring the rates again)."""
     inputs = {s.key: [s.prepare(b) for b in batches] for s in systems}
     out: dict[str, Any] = {
-        s.key: {"times": [], "sent": [], "own": [], "counts": {}, "per_step": [], "blocks": []}
+        s.key: {"times": [], "cpu": [], "sent": [], "own": [], "counts": {}, "per_step": [], "blocks": []}
         for s in systems
     }
     order: list[str] = []
@@ -248,12 +248,14 @@ def _run_blocks(
                     batch = inputs[s.key][cfg.warmup + r * cfg.steps + k]
                     dist.barrier()
                     with recording(cfg.group_size) as rec:
-                        t0 = time.perf_counter()
+                        t0, cpu0 = time.perf_counter(), time.process_time()
                         s.step(batch)
                         if on_gpu:  # the step's kernels, not only their launch
                             torch.cuda.synchronize()
                         dt = time.perf_counter() - t0
+                        cpu = time.process_time() - cpu0  # every thread of this rank: gloo's too
                     got["times"].append(dt)
+                    got["cpu"].append(cpu)
                     got["sent"].append(rec.bytes_sent.copy())
                     got["per_step"].append(rec.collectives)
                     for kind, n in rec.counts.items():

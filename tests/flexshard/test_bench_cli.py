@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 
+import numpy as np
 import pytest
 
 from core.osutil import RENDEZVOUS_TRIES
@@ -88,6 +90,13 @@ def test_one_record_per_strategy_with_the_keys(first):
         # median over steps of the slowest rank's)
         assert len(r["step_ms_median_by_rank"]) == 4
         assert 0 < max(r["step_ms_median_by_rank"]) <= r["step_ms_median"] * (1 + 1e-9)
+        # each rank's process CPU per step: some, and no more than its threads could take in the slowest
+        # rank's step on every core of the machine
+        assert len(r["cpu_ms_per_step_by_rank"]) == 4
+        assert min(r["cpu_ms_per_step_by_rank"]) > 0
+        assert r["cpu_ms_per_step"] == float(np.median(r["cpu_ms_per_step_by_rank"]))
+        cores = os.cpu_count() or 1
+        assert max(r["cpu_ms_per_step_by_rank"]) <= max(r["step_ms_median_by_rank"]) * 4 * cores
         if r["strategy"] == "torchrec_row_wise":
             assert r["plan_tables"] == []
         else:  # the plan's tiers per table, as the summary line counts them
