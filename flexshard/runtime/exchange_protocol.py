@@ -74,6 +74,7 @@ from flexshard.runtime.relay import (
     RelaySums,
     distinct_rows_at,
     exchange_sums,
+    gather_own_rows,
     rail_sums,
     scatter_index,
 )
@@ -360,30 +361,57 @@ class ExchangeProtocol:
         def place(per_table: list[list[torch.Tensor]]) -> None:
             place_scattered(routed.lookups, routed.index, routed.in_order, per_table)
 
-        if isinstance(distinct, RelayRows):  # one gather in wire order (peer, table) from ``rows``' buffer
-            index = scatter_index(
-                asked.joined_inverse, asked.recv_counts[:, :, GIDS], self.intra, distinct.row_of
-            )
-            gathered = exchange_gathered_async(
-                "scatter",
-                [distinct.buffer],
-                [index],
-                sc.sum(axis=1)[:, None],
-                rc.sum(axis=1)[:, None],
-                self.pg.intra,
-            )
-
-            def place_joined() -> None:
-                per_peer = [v.split(n.tolist()) for v, n in zip(gathered.wait()[0], rc, strict=True)]
-                place([[blocks[t] for blocks in per_peer] for t in range(n_t)])
-
-            return Pending([gathered], place_joined)
+        if isinstance(distinct, RelayRows):
+            return self._scatter_relayed(routed, asked, distinct, sc, rc, place)
         if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
             gathered = exchange_gathered_async("scatter", distinct, asked.inverse, sc, rc, self.pg.intra)
             return Pending([gathered], lambda: place(gathered.wait()))
         cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
         pending = exchange_vectors("scatter", cols, sc, rc, self.dims, self.wire_dtype, self.pg.intra)
         return Pending([pending], lambda: place([[got] for got in pending.wait()]))
+
+    def _scatter_relayed(
+        self, routed: Routed, asked: Asked, distinct: RelayRows, sc: np.ndarray, rc: np.ndarray, place
+    ) -> Pending[None]:
+        """``scatter`` from ``rows``' buffer: one gather in wire order (peer, table). Where every table's
+        group-fetch column is its unique ids in order, this rank's own rows are gathered straight into
+        its lookups (:func:`~flexshard.runtime.relay.gather_own_rows`) and each peer's block is copied
+        to its place, so the own rows are copied once, not three times (into the send buffer, out of it,
+        into the lookups)."""
+        n_t = len(routed.lookups)
+        index = scatter_index(
+            asked.joined_inverse, asked.recv_counts[:, :, GIDS], self.intra, distinct.row_of
+        )
+        me = int(np.flatnonzero(self.intra == self.me)[0])
+        direct = all((t, GIDS) in routed.in_order for t in range(n_t) if rc[:, t].any())
+        first = np.concatenate([np.zeros((1, n_t), np.int64), np.cumsum(rc, axis=0)[:-1]])  # [peer, t]
+        wire_sc, wire_rc = sc, rc
+        if direct and sc[me].any():
+            rows = [lk.rows for lk in routed.lookups]
+            index = gather_own_rows(distinct.buffer, index, sc, me, rows, first[me])
+            wire_sc, wire_rc = sc.copy(), rc.copy()
+            wire_sc[me], wire_rc[me] = 0, 0
+        gathered = exchange_gathered_async(
+            "scatter",
+            [distinct.buffer],
+            [index],
+            wire_sc.sum(axis=1)[:, None],
+            wire_rc.sum(axis=1)[:, None],
+            self.pg.intra,
+        )
+
+        def place_joined() -> None:
+            per_peer = [v.split(n.tolist()) for v, n in zip(gathered.wait()[0], wire_rc, strict=True)]
+            if not direct:
+                place([[blocks[t] for blocks in per_peer] for t in range(n_t)])
+                return
+            for p, blocks in enumerate(per_peer):
+                for t, block in enumerate(blocks):
+                    if p != me and block.shape[0]:
+                        lo = int(first[p, t])
+                        routed.lookups[t].rows[lo : lo + block.shape[0]].copy_(block)
+
+        return Pending([gathered], place_joined)
 
     # --- backward --------------------------------------------------------------------------------------
 

@@ -75,6 +75,29 @@ def scatter_index(
     return row_of.index_select(0, wire)
 
 
+def gather_own_rows(
+    buffer: torch.Tensor,
+    index: torch.Tensor,
+    sent: np.ndarray,
+    me: int,
+    rows: list[torch.Tensor],
+    first: np.ndarray,
+) -> torch.Tensor:
+    """The rows ``scatter`` would send this rank itself, gathered straight into its lookups: ``index``
+    (:func:`scatter_index`, wire order (peer, table), ``sent[p, t]`` rows each) read from ``buffer``,
+    table ``t``'s own block into ``rows[t]`` from row ``first[t]`` on. Returns ``index`` without the
+    own block (what the collective still sends)."""
+    sent = np.asarray(sent, dtype=np.int64)
+    lo = int(sent[:me].sum())
+    off = lo
+    for t, n in enumerate(sent[me].tolist()):
+        if n:
+            at = int(first[t])
+            torch.index_select(buffer, 0, index[off : off + n], out=rows[t][at : at + n])
+        off += n
+    return torch.cat([index[:lo], index[off:]])
+
+
 @dataclass
 class RelaySums:
     """The rail peer's gradient sums per distinct row (float32[rows, dim]) laid out as ``rail_grads``

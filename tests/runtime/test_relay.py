@@ -165,3 +165,25 @@ def test_rail_sums_are_the_per_table_sums_in_send_order(seed):
     ]
     assert torch.equal(sums.joined, torch.cat([torch.zeros(0, 3), *want]))
     assert np.array_equal(sums.fetch, fetch)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gather_own_rows_writes_this_ranks_block_and_leaves_the_rest_to_send(seed):
+    from flexshard.runtime.relay import gather_own_rows
+
+    rng = np.random.default_rng(seed)
+    peers, tables = int(rng.integers(2, 5)), int(rng.integers(1, 4))
+    me = int(rng.integers(0, peers))
+    sent = rng.integers(0, 4, size=(peers, tables))
+    buffer = torch.randn(9, 3, generator=torch.Generator().manual_seed(seed))
+    index = torch.as_tensor(rng.integers(0, 9, int(sent.sum())))
+    first = rng.integers(0, 3, size=tables)  # the own block's first row in each table's rows
+    rows = [torch.full((int(first[t] + sent[me, t]) + 2, 3), -1.0) for t in range(tables)]
+    rest = gather_own_rows(buffer, index, sent, me, rows, first)
+    blocks = index.split(sent.reshape(-1).tolist())  # wire order (peer, table)
+    for t in range(tables):
+        lo, n = int(first[t]), int(sent[me, t])
+        assert torch.equal(rows[t][lo : lo + n], buffer[blocks[me * tables + t]])
+        assert (rows[t][:lo] == -1).all() and (rows[t][lo + n :] == -1).all()  # nothing else written
+    others = [blocks[p * tables + t] for p in range(peers) if p != me for t in range(tables)]
+    assert torch.equal(rest, torch.cat([index[:0], *others]))
