@@ -84,11 +84,13 @@ class _OpClock(TorchDispatchMode):
 
 
 def _ops_table(by_key: dict[str, _OpClock], steps: int, top: int = 25) -> str:
-    """ms of thread CPU per step by op, a column per strategy, the largest spread first."""
+    """ms of thread CPU per step by op, a column per strategy, the largest spread first (one strategy:
+    the largest first)."""
     keys = list(by_key)
     names = {n for c in by_key.values() for n in c.cpu}
     per = {n: [by_key[k].cpu.get(n, 0.0) * 1e3 / steps for k in keys] for n in names}
-    order = sorted(names, key=lambda n: -(max(per[n]) - min(per[n])))[:top]
+    spread = len(keys) > 1  # the largest difference first; one strategy: the largest first
+    order = sorted(names, key=lambda n: -(max(per[n]) - min(per[n])) if spread else -per[n][0])[:top]
     width = max(12, *(len(k) for k in keys))
     head = f"{'op':<34}" + "".join(f"{k:>{width}}" for k in keys)
     rows = [head, "-" * len(head)]
