@@ -86,6 +86,7 @@ from core.osutil import free_port
 from flexshard.bench.data import orders_by_count
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import TorchRecRowWise
+from flexshard.runtime.host_memory import keep_freed_memory
 from flexshard.runtime.local import wait_for_ranks
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -372,6 +373,7 @@ def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str,
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.world
         )
         torch.set_num_threads(cfg.threads)
+        keep_freed_memory()  # as the bench's ranks do (docs/cost_model.md 10.2.1c)
         dists = [TableDistribution(cfg, i, rows) for i, (_n, rows, _d) in enumerate(cfg.tables)]
         batches = [make_batch(cfg, dists, s, rank) for s in range(cfg.warmup + cfg.steps)]
         orders = dict(np.load(orders_path))

@@ -177,11 +177,9 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(args.nproc))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.nproc)
     torch.set_num_threads(1)
-    if os.environ.get("PREFAULT"):
-        sys.path.insert(0, os.path.dirname(__file__))
-        from _prefault_tmp import prefault
+    from flexshard.runtime.host_memory import keep_freed_memory
 
-        prefault(float(os.environ["PREFAULT"]))
+    keep_freed_memory()  # as the bench's ranks do
     from flexshard.bench.config import BenchConfig
     from flexshard.bench.plans import make_plans, plan_view, probed_view
     from flexshard.bench.worker import _build, load_data, machine_rates

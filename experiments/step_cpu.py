@@ -34,6 +34,9 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.nproc)
     torch.set_num_threads(1)
+    from flexshard.runtime.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # as the bench's ranks do
     from flexshard.bench.config import BenchConfig
     from flexshard.bench.plans import h100_view, make_plans, probed_view
     from flexshard.bench.worker import _build, load_data
