@@ -65,6 +65,7 @@ from flexshard.runtime.placing import (
     add_received_sums,
     keep_own_sums,
     own_group_first,
+    place_around_own,
     place_rows,
     place_scattered,
     rail_peer_sums,
@@ -402,14 +403,10 @@ class ExchangeProtocol:
 
         def place_joined() -> None:
             per_peer = [v.split(n.tolist()) for v, n in zip(gathered.wait()[0], wire_rc, strict=True)]
-            if not direct:
+            if direct:
+                place_around_own(routed.lookups, per_peer, first, me)
+            else:
                 place([[blocks[t] for blocks in per_peer] for t in range(n_t)])
-                return
-            for p, blocks in enumerate(per_peer):
-                for t, block in enumerate(blocks):
-                    if p != me and block.shape[0]:
-                        lo = int(first[p, t])
-                        routed.lookups[t].rows[lo : lo + block.shape[0]].copy_(block)
 
         return Pending([gathered], place_joined)
 

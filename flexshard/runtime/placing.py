@@ -61,6 +61,19 @@ def place_scattered(
             copy_blocks(lookups[t].rows, index[t][GIDS], views)
 
 
+def place_around_own(
+    lookups: list[TableLookup], per_peer: list[list[torch.Tensor]], first: np.ndarray, me: int
+) -> None:
+    """``scatter``'s rows where this rank's own are already in its lookups (its group-fetch columns
+    every unique id in order): each other peer's block of table ``t`` (``per_peer[p][t]``) copied to
+    its place, from row ``first[p, t]`` on."""
+    for p, blocks in enumerate(per_peer):
+        for t, block in enumerate(blocks):
+            if p != me and block.shape[0]:
+                lo = int(first[p, t])
+                lookups[t].rows[lo : lo + block.shape[0]].copy_(block)
+
+
 def add_owned_gradients(shards: Shards, asked: Asked, got: list[Column]) -> None:
     """``grads``' warm and flat gradients added into the owner's shards, one add per column (a row's
     terms added in peer order)."""

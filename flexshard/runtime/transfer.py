@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from core.vocabulary import WireDtype
 from flexshard.runtime.awaitable import Pending, all_to_all, ready
@@ -275,8 +276,6 @@ def _group_rank(group, peers: int) -> int:
     """This rank's place among the ``peers`` ranks of ``group`` (None: the default group)."""
     if peers == 1:
         return 0
-    import torch.distributed as dist
-
     return int(dist.get_rank(group) if group is not None else dist.get_rank())
 
 
