@@ -91,7 +91,7 @@ def _ops_table(by_key: dict[str, _OpClock], steps: int, top: int = 25) -> str:
     per = {n: [by_key[k].cpu.get(n, 0.0) * 1e3 / steps for k in keys] for n in names}
     spread = len(keys) > 1  # the largest difference first; one strategy: the largest first
     order = sorted(names, key=lambda n: -(max(per[n]) - min(per[n])) if spread else -per[n][0])[:top]
-    width = max(12, *(len(k) for k in keys))
+    width = max(12, *(len(k) + 2 for k in keys))  # a space between columns whatever their names
     head = f"{'op':<34}" + "".join(f"{k:>{width}}" for k in keys)
     rows = [head, "-" * len(head)]
     for n in order:
