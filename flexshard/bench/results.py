@@ -34,6 +34,10 @@ def records(
 ) -> list[dict[str, Any]]:
     """One record per strategy that ran (run order), then one per strategy skipped (``skipped``: why)."""
     out = []
+    slowest = {  # per strategy, the slowest rank's step (ms), in run order: round after round
+        key: np.max(np.array([g["systems"][key]["times"] for g in gathered]), axis=0) * 1e3
+        for key in gathered[0]["systems"]
+    }
     for key, got0 in gathered[0]["systems"].items():
         per_rank = [g["systems"][key] for g in gathered]
         by_rank = np.array([p["times"] for p in per_rank]) * 1e3  # [rank, step] ms
@@ -67,6 +71,10 @@ def records(
             "plan_for": cfg.plan_for,
             "ran_in_blocks": list(got0["blocks"]),
         }
+        base = slowest.get(ABLATION)
+        if base is not None and base.size == n and n % cfg.rounds == 0:
+            record["vs_ablation"] = float(np.median(steps) / np.median(slowest[ABLATION]))
+            record["vs_ablation_by_round"] = round_ratios(steps, base, cfg.rounds)
         if got0["own"] is not None:
             own = _busiest([p["own"] for p in per_rank])
             record["runtime_inter_group_bytes"] = float(own[INTER])
@@ -75,6 +83,17 @@ def records(
     for key, why in notes.items():
         out.append({"strategy": key, "label": LABELS[key], "skipped": why})
     return out
+
+
+ABLATION = "row_wise"  # what "vs ablation" divides by: FlexShard's runtime on the row-wise plan
+
+
+def round_ratios(steps: np.ndarray, base: np.ndarray, rounds: int) -> list[float]:
+    """Per round, the median of ``steps`` over the median of ``base`` in the same round (both ms per
+    timed step in run order, ``rounds`` equal blocks): the strategies alternate within a round, so a
+    round's ratio compares steps run side by side, and their spread says how far a ratio can be read."""
+    mine, theirs = np.split(np.asarray(steps), rounds), np.split(np.asarray(base), rounds)
+    return [float(np.median(a) / np.median(b)) for a, b in zip(mine, theirs, strict=True)]
 
 
 PLAN_TABLE_KEYS = ("name", "hot_rows", "warm_rows", "cold_rows", "fetch", "cold_share")
@@ -90,6 +109,15 @@ def plan_tables(sp: StrategyPlan) -> list[dict[str, Any]]:
 
 def to_json(recs: list[dict[str, Any]]) -> str:
     return json.dumps(recs, indent=1)
+
+
+def _vs_ablation(r: dict[str, Any]) -> str:
+    """``1.12 (1.08-1.17)``: the ratio of medians, and its range over the rounds ("" without one)."""
+    if "vs_ablation" not in r:
+        return ""
+    by_round = r["vs_ablation_by_round"]
+    spread = f" ({min(by_round):.2f}-{max(by_round):.2f})" if len(by_round) > 1 else ""
+    return f"{r['vs_ablation']:.2f}{spread}"
 
 
 def _mb(x: float) -> str:
@@ -128,6 +156,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
         "strategy",
         "step ms mean",
         "median",
+        "vs ablation (rounds)",
         "CPU ms/rank",
         "collectives/step",
         "intra MB",
@@ -142,6 +171,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
                 r["label"],
                 f"{r['step_ms_mean']:.1f}",
                 f"{r['step_ms_median']:.1f}",
+                _vs_ablation(r),
                 f"{r['cpu_ms_per_step']:.1f}" if "cpu_ms_per_step" in r else "",
                 f"{r['collectives_per_step']:g} ({_kinds(r['collectives_by_kind'])})",
                 _mb(r["intra_group_bytes"]),
@@ -152,7 +182,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for j, row in enumerate(rows):
         cells = [
-            c.ljust(w) if i in (0, 4) else c.rjust(w)
+            c.ljust(w) if i in (0, 5) else c.rjust(w)
             for i, (c, w) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(cells).rstrip())
@@ -160,6 +190,10 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
             lines.append("  ".join("-" * w for w in widths))
     lines.append("")
     lines.append("step: slowest rank per step; a2a all-to-all, ar all-reduce")
+    lines.append(
+        "vs ablation: median step over the row-wise ablation's; in brackets the lowest and highest of the "
+        "same ratio within each round (the strategies alternate in a round)"
+    )
     lines.append(
         "CPU ms/rank: a rank's process CPU per step (user and system, gloo's threads included), the median "
         "over its steps, then over the ranks; with more ranks than cores the step is about the ranks' CPU "

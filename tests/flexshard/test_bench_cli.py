@@ -95,6 +95,10 @@ def test_one_record_per_strategy_with_the_keys(first):
         assert len(r["cpu_ms_per_step_by_rank"]) == 4
         assert min(r["cpu_ms_per_step_by_rank"]) > 0
         assert r["cpu_ms_per_step"] == float(np.median(r["cpu_ms_per_step_by_rank"]))
+        # the ratio of medians to the ablation's, and per round (1 round here); the ablation's is 1
+        assert len(r["vs_ablation_by_round"]) == 1 and r["vs_ablation"] > 0
+        if r["strategy"] == "row_wise":
+            assert r["vs_ablation"] == 1.0 and r["vs_ablation_by_round"] == [1.0]
         cores = os.cpu_count() or 1
         assert max(r["cpu_ms_per_step_by_rank"]) <= max(r["step_ms_median_by_rank"]) * 4 * cores
         if r["strategy"] == "torchrec_row_wise":
@@ -206,3 +210,10 @@ def test_only_a_taken_rendezvous_port_is_tried_again(monkeypatch, failures, trie
     with pytest.raises(RuntimeError, match="ValueError: bad" if OWN in failures else "EADDRINUSE"):
         worker.spawn_local(BenchConfig(nproc=2, groups=2))
     assert len(ports) == len(set(ports)) == tries  # a new port each try
+
+
+def test_round_ratios_are_medians_of_each_round_over_the_ablations():
+    steps = np.array([10.0, 30.0, 20.0, 12.0, 14.0, 13.0])  # 2 rounds of 3 steps
+    base = np.array([10.0, 10.0, 10.0, 13.0, 13.0, 13.0])
+    assert results.round_ratios(steps, base, 2) == [2.0, 1.0]  # medians 20 / 10 and 13 / 13
+    assert results.round_ratios(steps, base, 1) == [13.5 / 11.5]
