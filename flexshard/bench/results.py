@@ -42,7 +42,7 @@ def records(
         per_rank = [g["systems"][key] for g in gathered]
         by_rank = np.array([p["times"] for p in per_rank]) * 1e3  # [rank, step] ms
         cpu_by_rank = np.median(np.array([p["cpu"] for p in per_rank]) * 1e3, axis=1)  # [rank] ms
-        steps = np.max(by_rank, axis=0)  # the slowest rank's, per step
+        steps = slowest[key]
         n = steps.size
         sent = _busiest([p["sent"] for p in per_rank])
         sp = plans[key]
