@@ -103,7 +103,6 @@ def measured(batches: tuple[int, ...], steps: int, rounds: int) -> tuple[str, li
             for batch in batches:
                 for plan_for, label in ((topo, "probed"), ("h100", "h100")):
                     recs = _bench(nproc, batch, plan_for, str(steps_at(batch, steps)), str(rounds))
-                    base = next(r for r in recs if r["strategy"] == "row_wise")["step_ms_median"]
                     medians = {r["strategy"]: r["step_ms_median"] for r in recs}
                     torchrec = medians.get("torchrec_row_wise")
                     for r in recs:
@@ -111,7 +110,7 @@ def measured(batches: tuple[int, ...], steps: int, rounds: int) -> tuple[str, li
                         rows.append({**r, "nproc": nproc, "batch": batch, "planned_for": label})
                         table.append(
                             [nproc, batch, label, r["label"], f"{r['step_ms_median']:.1f}"]
-                            + [f"{r['step_ms_median'] / base:.2f}"]
+                            + [f"{r['vs_ablation']:.2f}"]
                             + [f"{r['step_ms_median'] / torchrec:.2f}" if torchrec else "-"]
                             + [
                                 f"{r['collectives_per_step']:g}",

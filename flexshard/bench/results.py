@@ -73,7 +73,7 @@ def records(
         }
         base = slowest.get(ABLATION)
         if base is not None and base.size == n and n % cfg.rounds == 0:
-            record["vs_ablation"] = float(np.median(steps) / np.median(slowest[ABLATION]))
+            record["vs_ablation"] = float(np.median(steps) / np.median(base))
             record["vs_ablation_by_round"] = round_ratios(steps, base, cfg.rounds)
         if got0["own"] is not None:
             own = _busiest([p["own"] for p in per_rank])

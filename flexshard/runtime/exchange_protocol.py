@@ -363,7 +363,7 @@ class ExchangeProtocol:
             place_scattered(routed.lookups, routed.index, routed.in_order, per_table)
 
         if isinstance(distinct, RelayRows):
-            return self._scatter_relayed(routed, asked, distinct, sc, rc, place)
+            return self._scatter_relayed(routed, asked, distinct, sc, rc)
         if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
             gathered = exchange_gathered_async("scatter", distinct, asked.inverse, sc, rc, self.pg.intra)
             return Pending([gathered], lambda: place(gathered.wait()))
@@ -372,7 +372,7 @@ class ExchangeProtocol:
         return Pending([pending], lambda: place([[got] for got in pending.wait()]))
 
     def _scatter_relayed(
-        self, routed: Routed, asked: Asked, distinct: RelayRows, sc: np.ndarray, rc: np.ndarray, place
+        self, routed: Routed, asked: Asked, distinct: RelayRows, sc: np.ndarray, rc: np.ndarray
     ) -> Pending[None]:
         """``scatter`` from ``rows``' buffer: one gather in wire order (peer, table). Where every table's
         group-fetch column is its unique ids in order, this rank's own rows are gathered straight into
@@ -406,7 +406,8 @@ class ExchangeProtocol:
             if direct:
                 place_around_own(routed.lookups, per_peer, first, me)
             else:
-                place([[blocks[t] for blocks in per_peer] for t in range(n_t)])
+                per_table = [[blocks[t] for blocks in per_peer] for t in range(n_t)]
+                place_scattered(routed.lookups, routed.index, routed.in_order, per_table)
 
         return Pending([gathered], place_joined)
 

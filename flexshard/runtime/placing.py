@@ -67,8 +67,8 @@ def place_around_own(
     """``scatter``'s rows where this rank's own are already in its lookups (its group-fetch columns
     every unique id in order): each other peer's block of table ``t`` (``per_peer[p][t]``) copied to
     its place, from row ``first[p, t]`` on."""
-    for p, blocks in enumerate(per_peer):
-        for t, block in enumerate(blocks):
+    for p, by_table in enumerate(per_peer):
+        for t, block in enumerate(by_table):
             if p != me and block.shape[0]:
                 lo = int(first[p, t])
                 lookups[t].rows[lo : lo + block.shape[0]].copy_(block)
