@@ -25,6 +25,11 @@ width x 2, double data rate) and a device-to-device copy measured here (bytes re
 Times are means over repeats that span ``--min-s`` seconds after a warm-up run, each run ended by
 ``torch.cuda.synchronize``; the step is the mean of at least ``--steps`` steps.
 
+``--host-batch B`` also times the runtime step at batch ``B`` (2: the values cost nothing) and counts the
+aten ops it dispatches: the host's seconds per op on this machine, from which the GPU presets' host terms
+are set (:data:`solvers.time_types.H100_RUNTIME_RATES`; the op counts are the runtime's, the same on every
+device).
+
 Run on a GPU machine: ``PYTHONPATH=. python3 experiments/local_path_gpu.py --out local_path.json``
 (about a minute on one H100). On a machine without CUDA it runs on the CPU (``--rows-scale 1``), to
 check the script, and its figures say nothing of a GPU.
@@ -43,6 +48,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.functional import embedding
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -196,6 +202,34 @@ def host_syncs(system: RuntimeSystem, batch) -> str:
     return "\n".join(lines)
 
 
+class _OpCount(TorchDispatchMode):
+    """Counts the aten ops dispatched while active (the autograd backward's included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def host_per_op(system: RuntimeSystem, data, device: torch.device, steps: int) -> dict:
+    """The runtime step's host cost per aten op at a batch small enough that the values cost nothing
+    (``data``'s batch; ``--host-batch``): the mean step (seconds, ended by a device sync) over the aten
+    ops one step dispatches. The op count is the runtime's and so the same on every device; the seconds
+    per op are this machine's (on a GPU: Python, dispatch, the kernel launch and the waits)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    batch = {k: (v.to(device), n.to(device)) for k, (v, n) in data.make_batch(0, 0).items()}
+    seconds = step_s(system, batch, sync, steps)
+    counter = _OpCount()
+    with counter:
+        system.step(batch)
+    if sync:
+        sync()
+    return {"batch": data.batch, "step_s": seconds, "ops": counter.ops, "s_per_op": seconds / counter.ops}
+
+
 def measure(
     batch_size: int, args, device: torch.device, tables, system: RuntimeSystem, weights: list[torch.Tensor]
 ) -> list[dict]:
@@ -293,6 +327,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20, help="timed runtime steps per batch")
     ap.add_argument("--profile", type=int, default=0, help="profile the runtime step at this batch (0: none)")
     ap.add_argument("--syncs", action="store_true", help="count the runtime step's host syncs (GPU)")
+    ap.add_argument(
+        "--host-batch",
+        type=int,
+        default=0,
+        help="also time the host cost per aten op of a step at this batch per rank (0: not; 2: values free)",
+    )
     ap.add_argument("--out", default=None, help="write the card and the records as JSON here")
     ap.add_argument("--markdown", default=None, help="print a saved --out JSON as Markdown tables; no run")
     args = ap.parse_args()
@@ -319,7 +359,14 @@ def main() -> None:
     gen = torch.Generator(device=device).manual_seed(1)
     weights = [torch.randn(r, d, generator=gen, device=device) for _t, r, d in tables]
     print(f"set up in {time.perf_counter() - t0:.1f} s", flush=True)
-    records = []
+    records, host = [], None
+    if args.host_batch:
+        host = host_per_op(system, default_data(args.host_batch, 0, 1, tables), device, 10 * args.steps)
+        print(
+            f"host cost per op at batch {host['batch']}: {host['step_s'] * 1e3:.3f} ms a step over "
+            f"{host['ops']} aten ops = {host['s_per_op'] * 1e6:.2f} us per op",
+            flush=True,
+        )
     for b in batches:
         got = measure(b, args, device, tables, system, weights)
         print(table(got, card), flush=True)
@@ -327,7 +374,7 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(
             json.dumps(
-                {"card": card, "torch": torch.__version__, "tables": tables, "records": records}, indent=1
+                dict(card=card, torch=torch.__version__, tables=tables, records=records, host=host), indent=1
             )
         )
     dist.destroy_process_group()
