@@ -10,7 +10,7 @@ embedded default at 64 GPUs (8 H100 nodes) and 512 GPUs (64 nodes), the step spl
 latency, bandwidth and local work, unpipelined and pipelined, against the FlexShard paper's headline of
 about 6x lower communication latency than TorchRec's default. Writes docs/results/step_time.md (and, with
 part 1, step_time.json: its bench records, with each plan's tiers and cold shares and each rank's step). Run:
-    .venv/bin/python experiments/step_time.py [--quick] [--no-measure]
+    .venv/bin/python experiments/step_time.py [--quick] [--no-measure (part 2 only, not written)]
 """
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import study
 
+from core.vocabulary import FetchMode
 from flexshard import workloads
 from solvers.planner import budget_bytes, make_plan
 from solvers.tier_program import OptimizerConfig
 from solvers.time_model import step_time
+from solvers.time_types import GPU_ROOFLINE_RATES, H100_RUNTIME_RATES
 from topology import cluster_view, from_preset
 
 RANKS = (4, 8)
@@ -35,7 +38,8 @@ BATCHES = (64, 256, 512, 1024)
 QUICK_BATCHES = (64, 256)
 SCALES = (("h100:8", 64), ("h100:64", 512))  # preset, GPUs
 BUDGET_X = 2.0
-PIPELINED = OptimizerConfig(overlap=True)  # plan and price the step as train --pipeline on runs it
+# the GPU's host work: this runtime's, measured on an H100; and none, as if it were fused away (a target)
+HOSTS = (("measured (this runtime)", H100_RUNTIME_RATES), ("fused (roofline only)", GPU_ROOFLINE_RATES))
 PAPER_RATIO = 6.0  # the FlexShard paper's abstract: about 6x lower communication latency than TorchRec's
 STRATEGIES = (  # (label, strategy, dedup)
     ("FlexShard", "flexshard", True),
@@ -153,42 +157,58 @@ def error_summary(rows: list[dict]) -> str:
 
 
 def modeled() -> str:
-    """Part 2's table: the default workload at scale, every strategy's modeled step split."""
+    """Part 2's table: the default workload at scale, every strategy's modeled step split, under each of
+    :data:`HOSTS` (its plans made for those rates)."""
     workload = workloads.default_workload()
     table = []
-    for preset, gpus in SCALES:
-        view = cluster_view(from_preset(preset))
-        steps = {}
-        for label, strategy, dedup in STRATEGIES:
-            budget = budget_bytes(workload, view, BUDGET_X if strategy == "flexshard" else 1.0)
-            plan = make_plan(strategy, workload, view, budget, dedup=dedup).plan
-            # pipelined: the plan made for the pipelined step (plan --pipeline on), priced pipelined
-            piped = make_plan(strategy, workload, view, budget, dedup=dedup, config=PIPELINED).step
-            steps[label] = (step_time(workload, view, plan), piped)
-        ours = steps["FlexShard"][0]
-        for label, (plain, piped) in steps.items():
-            comm = plain.latency_s + plain.bandwidth_s
-            ours_comm = ours.latency_s + ours.bandwidth_s
-            table.append(
-                [
-                    gpus,
-                    label,
-                    plain.collectives,
-                    f"{plain.latency_s * 1e3:.3f}",
-                    f"{plain.bandwidth_s * 1e3:.3f}",
-                ]
-                + [f"{plain.local_s * 1e3:.3f}", f"{plain.total_s * 1e3:.3f}", f"{piped.total_s * 1e3:.3f}"]
-                + [f"{comm / ours_comm:.2f}x", f"{plain.total_s / ours.total_s:.2f}x"]
-                + [f"{piped.total_s / steps['FlexShard'][1].total_s:.2f}x"]
-            )
-    header = ["GPUs", "strategy", "collectives", "latency ms", "bandwidth ms", "local ms", "step ms"]
-    header += ["pipelined ms", "communication vs FlexShard", "step vs FlexShard", "pipelined vs FlexShard"]
-    return study.md_table(header, table, "rlrrrrrrrrr")
+    for host, rates in HOSTS:
+        for preset, gpus in SCALES:
+            view = cluster_view(from_preset(preset))
+            steps = {}
+            for label, strategy, dedup in STRATEGIES:
+                budget = budget_bytes(workload, view, BUDGET_X if strategy == "flexshard" else 1.0)
+                cfg = OptimizerConfig(rates=rates)
+                plan = make_plan(strategy, workload, view, budget, dedup=dedup, config=cfg).plan
+                # pipelined: the plan made for the pipelined step (plan --pipeline on), priced pipelined
+                piped = make_plan(
+                    strategy, workload, view, budget, dedup=dedup, config=replace(cfg, overlap=True)
+                ).step
+                steps[label] = (step_time(workload, view, plan, rates=rates), piped, plan)
+            ours = steps["FlexShard"][0]
+            for label, (plain, piped, plan) in steps.items():
+                comm = plain.latency_s + plain.bandwidth_s
+                ours_comm = ours.latency_s + ours.bandwidth_s
+                table.append(
+                    [host, gpus, label, _structure(plan), plain.collectives]
+                    + [f"{plain.latency_s * 1e3:.3f}", f"{plain.bandwidth_s * 1e3:.3f}"]
+                    + [
+                        f"{plain.local_s * 1e3:.3f}",
+                        f"{plain.total_s * 1e3:.3f}",
+                        f"{piped.total_s * 1e3:.3f}",
+                    ]
+                    + [f"{comm / ours_comm:.2f}x", f"{plain.total_s / ours.total_s:.2f}x"]
+                    + [f"{piped.total_s / steps['FlexShard'][1].total_s:.2f}x"]
+                )
+    header = ["host work", "GPUs", "strategy", "plan", "collectives", "latency ms", "bandwidth ms"]
+    header += ["local ms", "step ms", "pipelined ms", "communication vs FlexShard", "step vs FlexShard"]
+    header += ["pipelined vs FlexShard"]
+    return study.md_table(header, table, "lrllrrrrrrrrr")
+
+
+def _structure(plan) -> str:
+    """What a plan uses: replicated rows (hot, warm) and the group fetch, or 'flat' for neither."""
+    hot = sum(tp.hot_rows for tp in plan.tables)
+    warm = sum(tp.warm_rows for tp in plan.tables)
+    parts = [f"{hot:,} hot" if hot else "", f"{warm:,} warm" if warm else ""]
+    parts.append("group fetch" if plan.cold_fetch(FetchMode.GROUP) else "")
+    return ", ".join(p for p in parts if p) or "flat"
 
 
 def main() -> None:
     args = study.arguments(__doc__, quick="two batch sizes, fewer steps")
-    args.add_argument("--no-measure", action="store_true", help="part 2 only (the model at scale)")
+    args.add_argument(
+        "--no-measure", action="store_true", help="part 2 only (the model at scale), printed, not written"
+    )
     args.add_argument("--batches", help=f"batches per rank, comma-separated (default {BATCHES})")
     args.add_argument(
         "--steps",
@@ -209,7 +229,7 @@ def main() -> None:
         parts = ["## 1. Measured against modeled (gloo over loopback)\n", table, "", *parts]
     text = "\n".join(parts)
     print(text)
-    if not args.no_write:
+    if not (args.no_write or args.no_measure):  # the file holds both parts
         flags = ["--quick"] if args.quick else []
         flags += [f"--batches {args.batches}"] if args.batches else []
         flags += [f"--steps {args.steps}"] if args.steps else []

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from core.errors import ConfigError
 from solvers.tier_program import OptimizerConfig
+from solvers.time_types import GPU_HOST_WORK
 
 
 class Parser(argparse.ArgumentParser):
@@ -63,13 +64,23 @@ OBJECTIVES = ("step", "bytes")  # what the planner minimises (solvers.tier_progr
 
 
 def add_objective(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
-    """The ``--objective`` flag of every command that plans, and (``pipeline``) ``--pipeline``."""
+    """The ``--objective`` and ``--gpu-host`` flags of every command that plans, and (``pipeline``)
+    ``--pipeline``."""
     p.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="step",
         help="what the planner minimises: the modeled step time (collective latency, bytes over bandwidth "
         "and local work; docs/cost_model.md section 10) or bytes over bandwidth alone (default step)",
+    )
+    p.add_argument(
+        "--gpu-host",
+        choices=GPU_HOST_WORK,
+        default="fused",
+        help="on a GPU preset topology, the host work the step time prices: fused (none around the "
+        "collectives, as a runtime with fused per-table work would have; the value work at the HBM roofline) "
+        "or measured (this runtime's, measured on an H100: about 26 us per torch op; docs/cost_model.md "
+        "section 10.2.2) (default fused)",
     )
     if pipeline:
         p.add_argument(
@@ -82,9 +93,11 @@ def add_objective(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
 
 
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
-    """The planner's knobs from ``--objective`` and ``--pipeline``."""
+    """The planner's knobs from ``--objective``, ``--gpu-host`` and ``--pipeline``."""
     return OptimizerConfig(
-        step_time=args.objective == "step", overlap=getattr(args, "pipeline", "off") == "on"
+        step_time=args.objective == "step",
+        overlap=getattr(args, "pipeline", "off") == "on",
+        gpu_host=args.gpu_host,
     )
 
 

@@ -39,7 +39,7 @@ from solvers.coefficients import (
 )
 from solvers.cost_model import Exchanges, row_wise_memory_bytes, table_plan
 from solvers.overlap import FixedParts, fixed_parts, overlap_bound, pipelined_time
-from solvers.tier_program import OptimizerConfig, linear_time, prefix_sum, refined_solve
+from solvers.tier_program import OptimizerConfig, config_rates, linear_time, prefix_sum, refined_solve
 from solvers.time_types import LatencyTable, LocalRates
 from solvers.types import Plan, Workload
 from topology.views import ClusterView
@@ -219,7 +219,7 @@ def _rates(cfg: OptimizerConfig, view: ClusterView) -> LocalRates | None:
     """The local rates the objective prices (None: bytes alone)."""
     if not cfg.step_time:
         return None
-    return LocalRates.for_view(view) if cfg.rates is None else cfg.rates
+    return config_rates(cfg, view)
 
 
 def _fixed_s(

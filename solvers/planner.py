@@ -11,6 +11,7 @@ from solvers.baselines import BASELINES
 from solvers.cost_model import row_wise_memory_bytes
 from solvers.optimizer import OptimizerConfig, optimize_tiers
 from solvers.placement import balance, priced_spread
+from solvers.tier_program import config_rates
 from solvers.time_model import step_time
 from solvers.time_types import StepTime
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, CostReport, Plan, Workload
@@ -64,7 +65,7 @@ def make_plan(
 
     def priced(plan: Plan) -> PlannedStrategy:
         plan, report = priced_spread(workload, view, plan)
-        step = step_time(workload, view, plan, cfg.latency, cfg.rates, overlap=cfg.overlap)
+        step = step_time(workload, view, plan, cfg.latency, config_rates(cfg, view), overlap=cfg.overlap)
         return PlannedStrategy(plan, report, step)
 
     if strategy != "flexshard":

@@ -29,6 +29,7 @@ from core.vocabulary import FetchMode, SyncMode, Tier, WireDtype
 from solvers.coefficients import TableCoefficients
 from solvers.overlap import FixedParts, pipelined_time
 from solvers.time_types import LatencyTable, LocalRates
+from topology.views import ClusterView
 
 INTEGER_ROWS_MAX = 64  # segments this small get whole-row variables in the final (integer) solve
 
@@ -56,11 +57,18 @@ class OptimizerConfig:
     # collectives, bytes over bandwidth, local work), or with False bytes over bandwidth alone
     step_time: bool = True
     latency: LatencyTable | None = None  # collective latencies; None: the view's (LatencyTable.from_view)
-    rates: LocalRates | None = None  # local work; None: LocalRates.for_view(view)
+    rates: LocalRates | None = None  # local work; None: LocalRates.for_view(view, gpu_host)
+    gpu_host: str = "fused"  # on a GPU preset, the host work: "fused" (none) or "measured" (this runtime's)
     # price the pipelined step (train --pipeline on): the replica sync beside the next batch's input
     # distribution (solvers.time_model.step_time's overlap): the program minimises it (solvers.overlap)
     overlap: bool = False
     fetch_modes: tuple[FetchMode, ...] = (FetchMode.FLAT, FetchMode.GROUP)  # cold fetch modes to choose from
+
+
+def config_rates(cfg: OptimizerConfig, view: ClusterView) -> LocalRates:
+    """The local rates ``cfg`` prices ``view`` with: its own, else :meth:`LocalRates.for_view` with its
+    ``gpu_host``."""
+    return LocalRates.for_view(view, cfg.gpu_host) if cfg.rates is None else cfg.rates
 
 
 def _initial_edges(coeffs: TableCoefficients, time_share: np.ndarray, segments: int) -> np.ndarray:

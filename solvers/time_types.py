@@ -113,6 +113,9 @@ def replace_points(table: LatencyTable, points: LatencyPoints, source: str) -> L
     return LatencyTable(points, table.intra_link_s, table.inter_link_s, source)
 
 
+GPU_HOST_WORK = ("fused", "measured")  # a GPU preset's host work: none around collectives, or this runtime's
+
+
 @dataclass(frozen=True)
 class LocalRates:
     """Seconds per unit of local work on one rank. ``_per_value``: per embedding element moved (a row of
@@ -162,11 +165,16 @@ class LocalRates:
         return DEFAULT_RATES
 
     @classmethod
-    def for_view(cls, view: ClusterView) -> LocalRates:
-        """The rates to price ``view`` with: the GPU roofline estimate (:data:`GPU_ROOFLINE_RATES`) for a
-        cluster that carries a preset's NCCL figures, this machine's measured rates otherwise."""
+    def for_view(cls, view: ClusterView, gpu_host: str = "fused") -> LocalRates:
+        """The rates to price ``view`` with. A cluster that carries a preset's NCCL figures: the value work
+        at the H100's HBM roofline and, by ``gpu_host`` (:data:`GPU_HOST_WORK`), no host work around the
+        collectives (``fused``: :data:`GPU_ROOFLINE_RATES`) or this runtime's, measured on an H100
+        (``measured``: :data:`H100_RUNTIME_RATES`). Any other: this machine's measured rates."""
+        if gpu_host not in GPU_HOST_WORK:
+            expected = ", ".join(GPU_HOST_WORK)
+            raise ConfigError(f"gpu host work {gpu_host!r}: unknown; expected one of {expected}")
         if view.collective_latency_source == presets.NCCL_LATENCY_SOURCE:
-            return GPU_ROOFLINE_RATES
+            return H100_RUNTIME_RATES if gpu_host == "measured" else GPU_ROOFLINE_RATES
         return DEFAULT_RATES
 
     @classmethod
@@ -227,11 +235,13 @@ DEFAULT_RATES = LocalRates(
 )
 
 HBM_BPS = 3.35e12  # H100 SXM HBM3, bytes/s
-# Not measured (no GPU was available): each piece's bytes of device memory traffic at the H100's HBM
-# bandwidth, docs/cost_model.md "Step time": gather 8 B per value (read, write), scatter-add 12 B (read
-# source, read and write the row), row-wise Adagrad 12 B, dedup 72 B per id (a radix sort's passes and
-# the inverse), routing 224 B per id (a binary search's reads and the sort), and 5 us of host time to
-# launch a collective.
+# Each piece's bytes of device memory traffic at the H100's HBM bandwidth, docs/cost_model.md "Step
+# time": gather 8 B per value (read, write), scatter-add 12 B (read source, read and write the row),
+# row-wise Adagrad 12 B, dedup 72 B per id (a radix sort's passes and the inverse), routing 224 B per id
+# (a binary search's reads and the sort), and 5 us of host time to launch a collective. No host work
+# around the collectives: what the step would cost if the runtime's host work per table and stage were
+# fused away or hidden behind the device (a target; the H100 measured 2-17x these rates per unit and a
+# host floor of milliseconds, docs/results/local_path_gpu.md).
 GPU_ROOFLINE_RATES = LocalRates(
     dedup_s_per_lookup=72 / HBM_BPS,
     route_s_per_lookup=224 / HBM_BPS,
@@ -239,7 +249,28 @@ GPU_ROOFLINE_RATES = LocalRates(
     scatter_add_s_per_value=12 / HBM_BPS,
     update_s_per_value=12 / HBM_BPS,
     collective_call_s=5e-6,
-    source="assumed: H100 HBM roofline (3.35 TB/s), not measured",
+    source="assumed: H100 HBM roofline (3.35 TB/s), no host work around the collectives",
+)
+
+# The runtime's host work on a GPU: its aten ops times the host's seconds per op. Seconds per op: one
+# H100 (16-core Xeon host, torch 2.11.0+cu130) ran a one-rank runtime step at batch 2, where the values
+# cost nothing, in 6.32 and 5.92 ms for 236 aten ops (experiments/local_path_gpu.py --host-batch 2, two
+# runs in one lease, 2026-11-26): 26.8 and 25.1 us per op (Python, dispatch, kernel launches and the
+# step's waits for the card), their mean below. Ops: the runtime's own count (profile_step.py --ops,
+# batch 2, the bench's 3 tables; the same on every device): 236 a step on one rank (no collectives), 401
+# and 569 at 4 and 8 ranks on the row-wise plan (4 collectives), 513 and 651 with the group fetch (6); a
+# least-squares fit of ops = step + table_stage x tables x collectives over the five gives 243.3 and
+# 19.2 (residuals -95..+76 ops: the rows' and gradients' stages grow by about 3.5 ops per peer per table,
+# which the fit averages over 4 and 8 ranks; at 64 ranks and more it prices too few, docs/limits.md).
+H100_HOST_S_PER_OP = 25.95e-6  # seconds of host time per aten op of the runtime's step
+RUNTIME_STEP_OPS = 243.3  # aten ops per step outside the per-table work around collectives
+RUNTIME_TABLE_STAGE_OPS = 19.2  # aten ops per table per collective
+H100_RUNTIME_RATES = replace(
+    GPU_ROOFLINE_RATES,
+    step_s=RUNTIME_STEP_OPS * H100_HOST_S_PER_OP,
+    table_stage_s=RUNTIME_TABLE_STAGE_OPS * H100_HOST_S_PER_OP,
+    source="H100: value work at the HBM roofline (3.35 TB/s, assumed); host work measured (aten ops x "
+    "25.95 us per op, experiments/local_path_gpu.py --host-batch 2, 2026-11-26)",
 )
 
 

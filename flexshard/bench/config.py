@@ -46,6 +46,7 @@ class BenchConfig:
     plan_for: str = "probed"
     budget: float = 2.0
     objective: str = "step"  # what FlexShard's planner minimises: step time or bytes
+    gpu_host: str = "fused"  # --plan-for h100: the GPU host work the plans price (fused or measured)
     rates: str = "measured"  # the local rates the predictions use: measured, stored or a rates file
     seed: int = 0
     threads: int = 1
@@ -141,6 +142,7 @@ def config_from_args(args: argparse.Namespace, launched_world: int | None) -> Be
         plan_for=args.plan_for,
         budget=args.budget,
         objective=args.objective,
+        gpu_host=args.gpu_host,
         rates=args.rates,
         seed=args.seed,
         threads=args.threads,

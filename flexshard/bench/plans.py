@@ -66,6 +66,7 @@ def repriced(
     machine_view: ClusterView,
     rates: LocalRates,
     torchrec_local_s: float | None = None,
+    gpu_host: str = "fused",
 ) -> dict[str, StrategyPlan]:
     """``plans`` with their predictions on ``machine_view`` priced again with ``rates`` (and TorchRec's
     with its measured local step ``torchrec_local_s``), e.g. with the rates measured between the
@@ -179,28 +180,28 @@ def make_plans(
     objective: str = "step",
     rates: LocalRates | None = None,
     torchrec_local_s: float | None = None,
+    gpu_host: str = "fused",
 ) -> dict[str, StrategyPlan]:
     """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine), in
     :data:`RUNTIME_STRATEGIES` order then TorchRec's; FlexShard's planner minimises ``objective`` (``step``
-    time or ``bytes``); ``rates``: the running machine's local-work rates (None: the view's);
+    time or ``bytes``); ``gpu_host``: the host work the plans price on a GPU preset
+    (:meth:`~solvers.time_types.LocalRates.for_view`); ``rates``: the running machine's local-work rates
+    (None: the view's);
     ``torchrec_local_s``: TorchRec's own local work per step, measured
     (:func:`~flexshard.bench.systems.torchrec_local_step_s`), priced in its prediction instead of the
     runtime's local rates (None: those rates)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
+    cfg = OptimizerConfig(step_time=objective == "step", gpu_host=gpu_host)
     made = {
-        "flexshard": make_plan(
-            "flexshard",
-            w,
-            plan_view,
-            budget_bytes(w, plan_view, budget_x),
-            config=OptimizerConfig(step_time=objective == "step"),
+        "flexshard": make_plan("flexshard", w, plan_view, budget_bytes(w, plan_view, budget_x), config=cfg),
+        "row_wise": make_plan("row_wise", w, plan_view, row_wise_budget, dedup=True, config=cfg),
+        "row_wise_group_dedup": make_plan(
+            "row_wise_group_dedup", w, plan_view, row_wise_budget, dedup=True, config=cfg
         ),
-        "row_wise": make_plan("row_wise", w, plan_view, row_wise_budget, dedup=True),
-        "row_wise_group_dedup": make_plan("row_wise_group_dedup", w, plan_view, row_wise_budget, dedup=True),
     }
     if torchrec:
-        made[TORCHREC] = make_plan("row_wise", w, plan_view, row_wise_budget, dedup=False)
+        made[TORCHREC] = make_plan("row_wise", w, plan_view, row_wise_budget, dedup=False, config=cfg)
     out = {}
     for key, planned in made.items():
         document = None

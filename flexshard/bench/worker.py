@@ -178,7 +178,15 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     shared: list[Any] = [None]
     if rank == 0:
         made = make_plans(
-            data, planned_for, machine, cfg.budget, not skipped, cfg.objective, rates, torchrec_local
+            data,
+            planned_for,
+            machine,
+            cfg.budget,
+            not skipped,
+            cfg.objective,
+            rates,
+            torchrec_local,
+            gpu_host=cfg.gpu_host,
         )
         shared = [made]
     dist.broadcast_object_list(shared, src=0)

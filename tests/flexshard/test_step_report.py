@@ -102,3 +102,29 @@ def test_plan_prints_the_step_split_and_the_tiers_line(capsys):
     assert "latencies: NCCL figures" in text  # the h100 preset's figures
     assert "local work: assumed: H100 HBM roofline" in text
     assert any(line.startswith("Tiers: ") and "row_wise_group_dedup" in line for line in text.splitlines())
+
+
+def test_gpu_host_measured_prices_the_runtime_host_work_in_plan_and_simulate(capsys):
+    """--gpu-host measured: the report names the measured host work and every strategy's step carries it
+    (step_s + table_stage_s x tables x collectives above the fused figure's local work, per strategy:
+    6 tables here); a bad value exits 2 naming it."""
+    from solvers.time_types import H100_RUNTIME_RATES as R
+
+    rc, text, err = run(capsys, "plan", *SMALL, "--budget", "2", "--gpu-host", "measured")
+    assert rc == 0, err
+    assert "local work: H100: value work at the HBM roofline (3.35 TB/s, assumed); host work measured" in text
+    by = {}
+    for host in ("fused", "measured"):
+        rc, doc, err = run(capsys, "simulate", *SMALL, "--budgets", "2", "--gpu-host", host, "--json")
+        assert rc == 0, err
+        by[host] = {
+            r["strategy"]: r for r in json.loads(doc) if r["feasible"] and r["strategy"] != "flexshard"
+        }
+    for name, fused in by["fused"].items():  # the baselines' plans do not depend on the rates
+        measured = by["measured"][name]
+        host = R.step_s + R.table_stage_s * 6 * measured["collectives"]
+        assert measured["local_s"] - fused["local_s"] == pytest.approx(host, rel=1e-6), name
+    with pytest.raises(SystemExit) as exited:
+        run(capsys, "plan", *SMALL, "--budget", "2", "--gpu-host", "slow")
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "argument --gpu-host: invalid choice: 'slow'" in err

@@ -135,9 +135,55 @@ def test_preset_tables_at_scale_and_from_the_graph():
 
 
 def test_local_rates_for_a_view_say_where_they_come_from():
-    assert LocalRates.for_view(cluster_view(from_preset("h100:2"))).source.startswith("assumed: H100 HBM")
-    assert LocalRates.for_view(VIEW) == LocalRates.default()
+    gpus = cluster_view(from_preset("h100:2"))
+    assert LocalRates.for_view(gpus).source.startswith("assumed: H100 HBM")
+    assert LocalRates.for_view(gpus, "measured").source.startswith("H100: value work at the HBM roofline")
+    assert LocalRates.for_view(VIEW) == LocalRates.for_view(VIEW, "measured") == LocalRates.default()
     assert LocalRates.default().source.startswith("experiments/calibrate_local.py")
+    with pytest.raises(ConfigError, match="gpu host work 'slow': unknown; expected one of fused, measured"):
+        LocalRates.for_view(gpus, "slow")
+
+
+def test_measured_gpu_host_terms_are_the_runtime_ops_at_the_h100_cost_per_op():
+    """243.3 ops a step and 19.2 per table per collective at 25.95 us each (time_types' comment); the
+    value work is the roofline's, unchanged."""
+    from solvers.time_types import GPU_ROOFLINE_RATES, H100_RUNTIME_RATES
+
+    assert H100_RUNTIME_RATES.step_s == pytest.approx(6.3136e-3, rel=1e-4)
+    assert H100_RUNTIME_RATES.table_stage_s == pytest.approx(4.9824e-4, rel=1e-4)
+    assert GPU_ROOFLINE_RATES.step_s == GPU_ROOFLINE_RATES.table_stage_s == 0.0
+    for name in ("gather_s_per_value", "scatter_add_s_per_value", "dedup_s_per_lookup", "collective_call_s"):
+        assert getattr(H100_RUNTIME_RATES, name) == getattr(GPU_ROOFLINE_RATES, name)
+
+
+def test_with_the_measured_gpu_host_the_group_fetch_pays_its_two_stages_per_table():
+    """On 4 GPUs in 2 H100 nodes at the bench's 3 tables, a group fetch costs 2 more collectives, so
+    ``2 x 3 x table_stage_s + 2 x collective_call_s`` more host work than a flat fetch (hand-computed,
+    3.0 ms), far above the fabric time it saves: the planner priced with the measured host fetches flat
+    (the group-fetch plan priced so is slower) and the one priced fused keeps the group fetch."""
+    from flexshard.bench.data import default_data
+    from flexshard.bench.plans import h100_view
+    from solvers.planner import budget_bytes, make_plan
+    from solvers.tier_program import OptimizerConfig
+    from solvers.time_types import H100_RUNTIME_RATES as R
+
+    w, view = default_data(1024, 0, 4).workload, h100_view(4, 2)
+    budget = budget_bytes(w, view, 2.0)
+    fused, measured = (
+        make_plan("flexshard", w, view, budget, config=OptimizerConfig(gpu_host=host))
+        for host in ("fused", "measured")
+    )
+    assert fused.plan.cold_fetch(FetchMode.GROUP) and fused.step.collectives == 6
+    assert not measured.plan.cold_fetch(FetchMode.GROUP) and measured.step.collectives == 4
+    group = step_time(w, view, fused.plan, rates=R)  # the group-fetch plan, priced with the measured host
+
+    def host_s(step) -> float:
+        return step.local_by_piece["host"] + step.local_by_piece["calls"]
+
+    extra = 2 * 3 * R.table_stage_s + 2 * R.collective_call_s
+    assert host_s(group) - host_s(measured.step) == pytest.approx(extra, rel=1e-9)
+    assert extra == pytest.approx(3.0e-3, rel=0.01)
+    assert measured.step.total_s < group.total_s
 
 
 # --- local rates --------------------------------------------------------------------------------
