@@ -38,6 +38,8 @@ BATCHES = (64, 256, 512, 1024)
 QUICK_BATCHES = (64, 256)
 SCALES = (("h100:8", 64), ("h100:64", 512))  # preset, GPUs
 BUDGET_X = 2.0
+# part 1's plans for the H100 shape: priced with no GPU host work (bench's default) and with this runtime's
+H100_PLANS = (("h100", "h100", ()), ("h100", "h100, host measured", ("--gpu-host", "measured")))
 # the GPU's host work: this runtime's, measured on an H100; and none, as if it were fused away (a target)
 HOSTS = (("measured (this runtime)", H100_RUNTIME_RATES), ("fused (roofline only)", GPU_ROOFLINE_RATES))
 PAPER_RATIO = 6.0  # the FlexShard paper's abstract: about 6x lower communication latency than TorchRec's
@@ -50,7 +52,9 @@ STRATEGIES = (  # (label, strategy, dedup)
 
 METHOD = """Part 1 runs `flexshard bench --json` for each row's ranks (2 groups), batch per rank and plans
 (`probed`: a topology file from one `flexshard probe --quick` of this machine, so every batch plans for
-the same figures; `h100`: the H100 preset shape of the same ranks and groups), every strategy on the same
+the same figures; `h100`: the H100 preset shape of the same ranks and groups, priced with no GPU host work
+around the collectives, bench's default; `h100, host measured`: the same with `--gpu-host measured`, this
+runtime's host work as measured on an H100, docs/cost_model.md section 10.2), every strategy on the same
 batches in rounds that each start one strategy later. "median step" is the median over timed steps of
 the slowest rank's step (the embedding forward, a sum loss, backward and the optimizer step; no dense
 model); "vs ablation" divides by the row-wise ablation's (FlexShard's runtime on the row-wise plan with
@@ -73,20 +77,25 @@ that save inter-group bytes cannot gain here. FlexShard's plans are the planner'
 objective: where they equal the ablation's plan, the two rows measure the same work.
 
 Part 2 prices the embedded default with the model alone, on the h100 presets (8 GPUs per node, their
-NCCL latency figures and the HBM-roofline local rates of docs/cost_model.md section 10; neither measured
-on a GPU here): FlexShard at 2x, row-wise with per-rank dedup and TorchRec's default (row-wise without
-dedup, its rows dealt as contiguous id ranges over random orders), unpipelined ("step ms": the plan
-`plan --pipeline off` makes, priced one stage after the other) and pipelined ("pipelined ms": the plan
-`plan --pipeline on` makes, the default, priced as `train --pipeline on` runs it). The model's step has
-no dense model, so the pipelined step gains only where a replica sync overlaps the next batch's id
-exchange, and that is where replicas pay. "communication" is latency plus bandwidth, the part the
-FlexShard paper's headline (about 6x lower communication latency than TorchRec's default) speaks of."""
+NCCL latency figures and the HBM-roofline rates of the value work of docs/cost_model.md section 10;
+neither measured on a GPU here), once with each GPU host work model of `plan --gpu-host` ("fused": no
+host work around the collectives, as a runtime that fused its per-table work would have; "measured":
+this runtime's, its aten ops at the host time per op measured on one H100) and the plans made for it:
+FlexShard at 2x, row-wise with per-rank dedup and TorchRec's default (row-wise without dedup, its rows
+dealt as contiguous id ranges over random orders, priced on this runtime's host work too), unpipelined
+("step ms": the plan `plan --pipeline off` makes, priced one stage after the other) and pipelined
+("pipelined ms": the plan `plan --pipeline on` makes, the default, priced as `train --pipeline on`
+runs it); "plan" says what FlexShard's plan uses. The model's step has no dense model, so the
+pipelined step gains only where a replica sync overlaps the next batch's id exchange, and that is
+where replicas pay. "communication" is latency plus bandwidth, the part the FlexShard paper's headline
+(about 6x lower communication latency than TorchRec's default) speaks of."""
 
 
-def _bench(nproc: int, batch: int, plan_for: str, steps: str, rounds: str) -> list[dict]:
-    """``flexshard bench --json`` records of one configuration."""
+def _bench(nproc: int, batch: int, plan_for: str, steps: str, rounds: str, flags: tuple = ()) -> list[dict]:
+    """``flexshard bench --json`` records of one configuration (``flags``: more bench flags)."""
     cmd = [sys.executable, "-m", "flexshard.cli", "bench", "--nproc", str(nproc), "--groups", "2"]
     cmd += ["--batch", str(batch), "--steps", steps, "--rounds", rounds, "--plan-for", plan_for, "--json"]
+    cmd += list(flags)
     out = subprocess.run(cmd, capture_output=True, text=True, env=study.cpu_job_env(), check=False)
     if out.returncode != 0:
         raise SystemExit(f"step_time: {' '.join(cmd[2:])} failed: {out.stderr.strip().splitlines()[-1:]}")
@@ -105,8 +114,8 @@ def measured(batches: tuple[int, ...], steps: int, rounds: int) -> tuple[str, li
                 capture_output=True, env=study.cpu_job_env(), check=True,
             )  # fmt: skip
             for batch in batches:
-                for plan_for, label in ((topo, "probed"), ("h100", "h100")):
-                    recs = _bench(nproc, batch, plan_for, str(steps_at(batch, steps)), str(rounds))
+                for plan_for, label, flags in ((topo, "probed", ()), *H100_PLANS):
+                    recs = _bench(nproc, batch, plan_for, str(steps_at(batch, steps)), str(rounds), flags)
                     medians = {r["strategy"]: r["step_ms_median"] for r in recs}
                     torchrec = medians.get("torchrec_row_wise")
                     for r in recs:

@@ -1,16 +1,17 @@
 """What the hot and warm tiers save in modeled step time over ``row_wise_group_dedup``, on the embedded
 default and every real data set (issue 23's last criterion), on the ``h100:8`` and ``h100:64`` presets
-(64 and 512 GPUs in groups of 8; their NCCL latencies and the HBM-roofline local rates,
-docs/cost_model.md section 10) at a budget of 2x row-wise with per-rank dedup, every plan made and
-priced as ``train --pipeline on`` runs the step (the replica sync beside the next batch's id exchange;
-``--pipeline off``: one after the other). Writes docs/results/tier_savings.md.
+(64 and 512 GPUs in groups of 8; their NCCL latencies and the HBM-roofline rates of the value work,
+docs/cost_model.md section 10), with each GPU host work model of ``--gpu-host`` (default both: none,
+``fused``, and this runtime's, ``measured``), at a budget of 2x row-wise with per-rank dedup, every
+plan made and priced as ``train --pipeline on`` runs the step (the replica sync beside the next batch's
+id exchange; ``--pipeline off``: one after the other). Writes docs/results/tier_savings.md.
 
 For each workload: FlexShard's plan under the step-time objective (the default) and under the bytes
 objective, each priced by :func:`solvers.time_model.step_time` (total, latency, bandwidth, local work,
 collectives, replicated rows), beside ``row_wise_group_dedup``, and the report's tiers line. Run:
 
     nice .venv/bin/python experiments/tier_savings.py [--topology h100:8,h100:64] [--budget 2]
-        [--pipeline on|off] [--quick]
+        [--pipeline on|off] [--gpu-host fused,measured] [--quick]
 
 ``--quick``: the default and the first real data set only.
 """
@@ -63,6 +64,11 @@ def main() -> None:
     ap.add_argument("--topology", default="h100:8,h100:64", help="comma-separated topologies")
     ap.add_argument("--budget", type=float, default=2.0)
     ap.add_argument("--pipeline", choices=("on", "off"), default="on")
+    ap.add_argument(
+        "--gpu-host",
+        default="fused,measured",
+        help="comma-separated GPU host work models (plan --gpu-host): fused, measured (default both)",
+    )
     args = ap.parse_args()
     import sweep_comms  # the real data sets, as the communication sweep finds them
 
@@ -73,16 +79,16 @@ def main() -> None:
         sets.append((label, workloads.load_workload(path)))
     piped = args.pipeline == "on"
     tables = []
-    for topology in args.topology.split(","):
+    for host, topology in ((h, t) for h in args.gpu_host.split(",") for t in args.topology.split(",")):
         view = cluster_view(load_topology(topology))
         print(
             f"{topology}: {view.num_ranks} GPUs in {view.num_groups} groups; "
-            f"budget {args.budget:g}x, dedup on, pipeline {args.pipeline}"
+            f"budget {args.budget:g}x, dedup on, pipeline {args.pipeline}, GPU host work {host}"
         )
         rows = []
         for label, workload in sets:
             budget = budget_bytes(workload, view, args.budget)
-            cfg = OptimizerConfig(overlap=piped)
+            cfg = OptimizerConfig(overlap=piped, gpu_host=host)
             step = make_plan("flexshard", workload, view, budget, True, config=cfg)
             by_bytes = make_plan(
                 "flexshard",
@@ -90,7 +96,7 @@ def main() -> None:
                 view,
                 budget,
                 True,
-                config=OptimizerConfig(step_time=False, overlap=piped),
+                config=OptimizerConfig(step_time=False, overlap=piped, gpu_host=host),
             )
             base = make_plan(GROUP_DEDUP, workload, view, budget, True, config=cfg)
             print(f"{label}:")
@@ -106,7 +112,9 @@ def main() -> None:
             rows.append(_row(label, step, by_bytes, base))
         header = ["workload", "FlexShard step (collectives)", "replicated rows", "bytes-objective plan"]
         header += ["its replicated rows", GROUP_DEDUP, "FlexShard saves"]
-        title = f"## `{topology}`: {view.num_ranks} GPUs in {view.num_groups} groups\n\n"
+        title = (
+            f"## `{topology}`: {view.num_ranks} GPUs in {view.num_groups} groups, GPU host work {host}\n\n"
+        )
         tables.append(title + study.md_table(header, rows, "lrrrrrr"))
     if not args.no_write:
         flags = (["--quick"] if args.quick else []) + (["--pipeline off"] if not piped else [])
@@ -116,7 +124,9 @@ def main() -> None:
             "# What the tiers save in modeled step time\n\n"
             + study.generated(cmd, time.time() - start)
             + "\n\nOn the H100 presets (groups of 8 GPUs; the "
-            "presets' NCCL latencies and the HBM-roofline local rates, docs/cost_model.md section 10), "
+            "presets' NCCL latencies and the HBM-roofline rates of the value work, docs/cost_model.md "
+            "section 10), with each GPU host work model of `plan --gpu-host` (`fused`: no host work around "
+            "the collectives; `measured`: this runtime's, measured on an H100, section 10.2), "
             f"every step {how if piped else 'unpipelined'}, "
             f"budget {args.budget:g}x row-wise memory, dedup on: FlexShard's plan under the step "
             "objective (the default), the plan the bytes objective makes (with its replicated rows), and "
