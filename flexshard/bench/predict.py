@@ -27,8 +27,10 @@ def predicted_parts_ms(
     ``latency`` + ``bandwidth`` + ``local``. ``latency`` and ``rates``: as
     :func:`~solvers.time_model.step_time` takes them (None: the view's); ``local_s``: the local work of a
     step measured as a whole (another implementation's, e.g. TorchRec's, on a one-rank group), in place
-    of the modeled local work."""
+    of the modeled local work but for the exchange's buffer copies, which a one-rank group makes none of:
+    those are priced as the runtime's own (the ``pack`` piece, :class:`~solvers.time_types.BufferCopies`:
+    each value copied into a send buffer or out of a receive buffer)."""
     st = step_time(workload, view, plan, latency=latency, rates=rates)
-    local = st.local_s if local_s is None else local_s
+    local = st.local_s if local_s is None else local_s + st.local_by_piece["pack"]
     parts = {"latency": st.latency_s, "bandwidth": st.bandwidth_s, "local": local}
     return {"total": (st.latency_s + st.bandwidth_s + local) * 1e3} | {k: v * 1e3 for k, v in parts.items()}

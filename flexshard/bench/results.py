@@ -200,6 +200,13 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
         "over the cores"
     )
     lines.append("bytes: the busiest rank's mean per step, sent, counted on the collectives (MB = 1e6 B)")
+    if ran and "concurrent_all_to_all_Bps" in ran[0]:
+        lines.append(
+            "predicted: the time model on this machine (its probed latencies, local rates measured on the "
+            "ranks at once); every link priced at most at "
+            f"{ran[0]['concurrent_all_to_all_Bps'] / 1e9:.2f} GB/s per rank, what a rank sent in an "
+            "all-to-all of every rank at once (the ranks share this host's cores)"
+        )
     for r in ran:
         lines.append(f"- {r['label']}: {r['plan']}")
     for r in recs:

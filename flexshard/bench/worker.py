@@ -47,12 +47,14 @@ from flexshard.bench.plans import (
     view_figures,
 )
 from flexshard.bench.recorder import recording
+from flexshard.bench.shared_host import concurrent_all_to_all_Bps, shared_bandwidth_view
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
 from flexshard.runtime.host_memory import keep_freed_memory
 from flexshard.runtime.local import end_rank, port_taken, wait_for_ranks
 from solvers.time_types import LocalRates
+from topology.views import ClusterView
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +162,25 @@ def medians(taken: list[tuple[LocalRates, float | None]]) -> tuple[LocalRates, f
     return rates, float(np.median(locals_)) if locals_ else None
 
 
+def row_bytes(data: BenchData, rank: int) -> int:
+    """Bytes of the rows ``rank``'s first batch looks up (float32, every lookup): the size of a step's
+    largest exchange, at which the shared host's all-to-all bandwidth is measured (every rank must use
+    the same: rank 0's)."""
+    batch = data.make_batch(0, rank)
+    return sum(
+        int(values.numel()) * dim * 4
+        for (values, _lengths), (_name, _rows, dim) in zip(batch.values(), data.tables, strict=True)
+    )
+
+
+def machine_view(probes: list, concurrent: list[float]) -> ClusterView:
+    """The running job's view from its probes' medians; with ``concurrent`` (the all-to-all bandwidths
+    measured with every rank at once on a shared host), every link class priced at most at their median
+    (:mod:`flexshard.bench.shared_host`)."""
+    view = measured_view(probes)
+    return shared_bandwidth_view(view, float(np.median(concurrent))) if concurrent else view
+
+
 def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     """Run the benchmark on this rank of the initialised process group; rank 0 returns the records."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -168,7 +189,11 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     data = load_data(cfg, world)
     probe_s = min(cfg.timeout_s, 120.0)
     probes = [probe_ranks(cfg.groups, probe_s)]  # what the predictions are priced on (again each round)
-    machine = measured_view(probes)
+    # on gloo every rank's exchange shares the host's cores: its bandwidth with every rank at once
+    shared_host = dist.get_backend() == "gloo"
+    exchange_bytes = row_bytes(data, 0)  # rank 0's batch, the same size on every rank
+    concurrent = [concurrent_all_to_all_Bps(exchange_bytes)] if shared_host else []
+    machine = machine_view(probes, concurrent)
     planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
     # TorchRec's local work is its own, not the runtime's; measured again after every round (collective)
@@ -197,12 +222,14 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
 
     def again() -> None:  # collective, after every round
         probes.append(probe_ranks(cfg.groups, probe_s))
+        if shared_host:
+            concurrent.append(concurrent_all_to_all_Bps(exchange_bytes))
         if cfg.rates == "measured":
             taken.append(measure())
 
     measured = _run_blocks(cfg, systems, batches, rank == 0, again)
     rates, torchrec_local = medians(taken)
-    machine = measured_view(probes)
+    machine = machine_view(probes, concurrent)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, measured)
     if rank != 0:
@@ -217,6 +244,8 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             r["plan_view"] = view_figures(planned_for)
             r["local_rates"] = priced  # what the prediction priced local work with
             r["probes"] = len(probes)  # the quick probes whose medians the prediction is priced on
+            if concurrent:  # bytes/s a rank sent in an all-to-all of every rank at once (median)
+                r["concurrent_all_to_all_Bps"] = float(np.median(concurrent))
             r["host_memory_kept"] = kept  # runtime.host_memory: freed host memory reused, not returned
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured

@@ -86,6 +86,8 @@ def test_one_record_per_strategy_with_the_keys(first):
         # priced with local rates measured on the 4 ranks before the rounds (--rates measured)
         assert r["local_rates"]["source"].startswith("measured on the job's 4 ranks at the run's sizes")
         assert r["probes"] == 2  # the quick probe before the one round and again after it
+        # gloo: every link class priced at most at the all-to-all bandwidth of every rank at once
+        assert r["concurrent_all_to_all_Bps"] > 1e6
         # each rank's median step, the slowest of which the step is (a rank's median is at most the
         # median over steps of the slowest rank's)
         assert len(r["step_ms_median_by_rank"]) == 4
@@ -162,6 +164,8 @@ def test_table_shows_every_strategy(second):
             "n/a" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f}"
         )
     assert "4 ranks in 2 groups of 2" in text
+    gbps = next(iter(rows.values()))["concurrent_all_to_all_Bps"] / 1e9
+    assert f"every link priced at most at {gbps:.2f} GB/s per rank" in text
 
 
 @pytest.mark.parametrize(
