@@ -66,18 +66,21 @@ def repriced(
     machine_view: ClusterView,
     rates: LocalRates,
     torchrec_local_s: float | None = None,
-    gpu_host: str = "fused",
+    ranks_per_core: float = 1.0,
 ) -> dict[str, StrategyPlan]:
     """``plans`` with their predictions on ``machine_view`` priced again with ``rates`` (and TorchRec's
     with its measured local step ``torchrec_local_s``), e.g. with the rates measured between the
-    rounds; a plan without its :class:`Plan` keeps its prediction."""
+    rounds; a plan without its :class:`Plan` keeps its prediction. ``ranks_per_core``: as
+    :func:`~flexshard.bench.predict.predicted_parts_ms` takes it."""
     out = {}
     for key, sp in plans.items():
         if sp.plan is None:
             out[key] = sp
             continue
         local_s = torchrec_local_s if key == TORCHREC else None
-        parts = predicted_parts_ms(workload, machine_view, sp.plan, rates=rates, local_s=local_s)
+        parts = predicted_parts_ms(
+            workload, machine_view, sp.plan, rates=rates, local_s=local_s, ranks_per_core=ranks_per_core
+        )
         out[key] = replace(sp, predicted_ms=parts["total"], predicted_parts_ms=parts)
     return out
 
@@ -181,15 +184,16 @@ def make_plans(
     rates: LocalRates | None = None,
     torchrec_local_s: float | None = None,
     gpu_host: str = "fused",
+    ranks_per_core: float = 1.0,
 ) -> dict[str, StrategyPlan]:
     """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine), in
     :data:`RUNTIME_STRATEGIES` order then TorchRec's; FlexShard's planner minimises ``objective`` (``step``
     time or ``bytes``); ``gpu_host``: the host work the plans price on a GPU preset
     (:meth:`~solvers.time_types.LocalRates.for_view`); ``rates``: the running machine's local-work rates
-    (None: the view's);
-    ``torchrec_local_s``: TorchRec's own local work per step, measured
+    (None: the view's); ``torchrec_local_s``: TorchRec's own local work per step, measured
     (:func:`~flexshard.bench.systems.torchrec_local_step_s`), priced in its prediction instead of the
-    runtime's local rates (None: those rates)."""
+    runtime's local rates (None: those rates); ``ranks_per_core``: the job's ranks on this host per core
+    (:func:`~flexshard.bench.predict.predicted_parts_ms`)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
     cfg = OptimizerConfig(step_time=objective == "step", gpu_host=gpu_host)
@@ -208,7 +212,9 @@ def make_plans(
         if key != TORCHREC:
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
         local_s = torchrec_local_s if key == TORCHREC else None
-        parts = predicted_parts_ms(w, machine_view, planned.plan, rates=rates, local_s=local_s)
+        parts = predicted_parts_ms(
+            w, machine_view, planned.plan, rates=rates, local_s=local_s, ranks_per_core=ranks_per_core
+        )
         out[key] = StrategyPlan(
             key,
             document,

@@ -115,6 +115,13 @@ def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[l
     return [s for s in systems if s.key not in failed], failed
 
 
+def ranks_per_core(cfg: BenchConfig) -> float:
+    """This host's ranks (torchrun's LOCAL_WORLD_SIZE, else ``--nproc``) times ``--threads`` over its
+    cores: more than 1 where the ranks share cores."""
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
+    return here * cfg.threads / (os.cpu_count() or 1)
+
+
 def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates:
     """The local-work rates the predictions are priced with (``--rates``). Host terms (collective calls,
     per-table and per-step host work): this machine's stored figures, times the ranks that share a core
@@ -125,8 +132,7 @@ def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates
     file: :meth:`LocalRates.load`, as written."""
     if cfg.rates not in RATES_CHOICES:
         return LocalRates.load(cfg.rates)
-    here = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
-    stored = LocalRates.default().shared(here * cfg.threads / (os.cpu_count() or 1))
+    stored = LocalRates.default().shared(ranks_per_core(cfg))
     if cfg.rates == "stored" or data is None:
         return stored
     batch = data.make_batch(cfg.warmup + cfg.timed_steps, dist.get_rank())  # one past the timed batches
@@ -191,6 +197,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     probes = [probe_ranks(cfg.groups, probe_s)]  # what the predictions are priced on (again each round)
     # on gloo every rank's exchange shares the host's cores: its bandwidth with every rank at once
     shared_host = dist.get_backend() == "gloo"
+    sharing = ranks_per_core(cfg) if shared_host else 1.0  # the predictions' ranks per core
     exchange_bytes = row_bytes(data, 0)  # rank 0's batch, the same size on every rank
     concurrent = [concurrent_all_to_all_Bps(exchange_bytes)] if shared_host else []
     machine = machine_view(probes, concurrent)
@@ -212,6 +219,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             rates,
             torchrec_local,
             gpu_host=cfg.gpu_host,
+            ranks_per_core=sharing,
         )
         shared = [made]
     dist.broadcast_object_list(shared, src=0)
@@ -236,7 +244,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
         return None
     notes = {TORCHREC: skipped} if skipped else {}
     notes.update(failed)
-    plans = repriced(plans, data.workload, machine, rates, torchrec_local)
+    plans = repriced(plans, data.workload, machine, rates, torchrec_local, sharing)
     recs = results.records(cfg, gathered, plans, notes)
     priced = {"source": rates.source, **{name: getattr(rates, name) for name in LocalRates.FIELDS}}
     for r in recs:
