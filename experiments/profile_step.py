@@ -203,9 +203,9 @@ def _rank(rank: int, args, port: int, out: str) -> None:
 
     real_parts = plans_mod.predicted_parts_ms
 
-    def capture(w, view, plan, latency=None, rates=None, local_s=None):
+    def capture(w, view, plan, latency=None, rates=None, **kwargs):
         models[len(models)] = step_time(w, view, plan, latency=latency, rates=rates)
-        return real_parts(w, view, plan, latency=latency, rates=rates, local_s=local_s)
+        return real_parts(w, view, plan, latency=latency, rates=rates, **kwargs)
 
     plans_mod.predicted_parts_ms = capture
     clock = defaultdict(float)

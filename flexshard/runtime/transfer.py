@@ -227,34 +227,43 @@ def exchange_gathered_async(
     send = torch.empty(int(wire_send.sum()), dtype=torch.float32, device=device)
     received = int(wire_recv.sum())
     buffer = torch.empty(received + (own_size if with_buffer else 0), dtype=torch.float32, device=device)
+    # one dim for every column: both buffers seen once as rows, so that no block needs a view of its own
+    one_dim = bool((dims == dims[0]).all())
+    as_rows = (lambda x: x.view(-1, int(dims[0]))) if one_dim else (lambda x: x)
+    send_rows, buffer_rows = as_rows(send), as_rows(buffer)
     start = np.zeros((peers, n_c), dtype=np.int64)  # each column's first row for each peer
     start[1:] = np.cumsum(counts, axis=0)[:-1]
     own: list[torch.Tensor] = [s[:0] for s in sources]
     first = np.zeros((peers, n_c), dtype=np.int64)
     first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_recv.reshape(-1))[:-1]])
-    off, own_off = 0, received
-    for p in range(peers):
-        for c in range(n_c):
+    send_first = np.zeros((peers, n_c), dtype=np.int64)  # where block (p, c) starts in ``send``
+    send_first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_send.reshape(-1))[:-1]])
+    own_off = received
+    for c in range(n_c):
+        if not counts[:, c].any():
+            continue
+        d = int(dims[c])
+        # the column's ids cut into its peers' blocks at once (one op, not one slice per block)
+        ids = None if indices[c] is None else indices[c].split(counts[:, c].tolist())
+        for p in range(peers):
             n, lo = int(counts[p, c]), int(start[p, c])
             if not n:
                 continue
-            rows = slice(lo, lo + n)
             if p == me and not with_buffer:
-                own[c] = (
-                    sources[c][rows] if indices[c] is None else sources[c].index_select(0, indices[c][rows])
-                )
+                own[c] = sources[c][lo : lo + n] if ids is None else sources[c].index_select(0, ids[p])
                 continue
-            at = own_off if p == me else off
-            out = (buffer if p == me else send)[at : at + n * int(dims[c])].view(n, -1)
-            if indices[c] is None:
-                out.copy_(sources[c][rows])
+            at = own_off if p == me else int(send_first[p, c])
+            if one_dim:
+                out = (buffer_rows if p == me else send_rows)[at // d : at // d + n]
             else:
-                torch.index_select(sources[c], 0, indices[c][rows], out=out)
+                out = (buffer if p == me else send)[at : at + n * d].view(n, -1)
+            if ids is None:
+                out.copy_(sources[c][lo : lo + n])
+            else:
+                torch.index_select(sources[c], 0, ids[p], out=out)
             if p == me:
                 own[c], first[p, c] = out, at
-                own_off += n * int(dims[c])
-            else:
-                off += n * int(dims[c])
+                own_off += n * d
     works = []
     if peers > 1:
         per_peer_recv = wire_recv.sum(axis=1).tolist()
@@ -262,11 +271,15 @@ def exchange_gathered_async(
         works = [all_to_all(name, recv, send, per_peer_recv, wire_send.sum(axis=1).tolist(), group)]
 
     def finish() -> list[list[torch.Tensor]]:
-        got = buffer[:received].split(wire_recv.reshape(-1).tolist())
-        views = [
-            [own[c] if p == me else got[p * n_c + c].view(-1, int(dims[c])) for p in range(peers)]
-            for c in range(n_c)
-        ]
+        if one_dim:  # blocks of rows, cut from the rows at once
+            rows = (wire_recv.reshape(-1) // int(dims[0])).tolist()  # received rows per block, none from me
+            got = buffer_rows[: received // int(dims[0])].split(rows)
+        else:
+            got = [
+                b.view(-1, int(dims[i % n_c]))
+                for i, b in enumerate(buffer[:received].split(wire_recv.reshape(-1).tolist()))
+            ]
+        views = [[own[c] if p == me else got[p * n_c + c] for p in range(peers)] for c in range(n_c)]
         return (views, buffer, first) if with_buffer else views
 
     return Pending(works, finish)
@@ -305,10 +318,11 @@ def add_blocks(total: torch.Tensor, index: torch.Tensor, got: torch.Tensor | lis
 
 
 def _per_block(op: Callable[..., object], index: torch.Tensor, blocks: list[torch.Tensor]) -> None:
-    """``op(0, index[rows of block], block)`` for each non-empty block, ``index`` read in block order."""
-    off = 0
-    for block in blocks:
-        n = int(block.shape[0])
+    """``op(0, index[rows of block], block)`` for each non-empty block, ``index`` read in block order
+    (cut into the blocks' parts at once)."""
+    sizes = [int(block.shape[0]) for block in blocks]
+    total = sum(sizes)
+    parts = (index if total == index.shape[0] else index[:total]).split(sizes)
+    for part, block, n in zip(parts, blocks, sizes, strict=True):
         if n:
-            op(0, index[off : off + n], block)
-        off += n
+            op(0, part, block)
