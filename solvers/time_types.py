@@ -257,14 +257,15 @@ GPU_ROOFLINE_RATES = LocalRates(
 # cost nothing, in 6.32 and 5.92 ms for 236 aten ops (experiments/local_path_gpu.py --host-batch 2, two
 # runs in one lease, 2026-11-26): 26.8 and 25.1 us per op (Python, dispatch, kernel launches and the
 # step's waits for the card), their mean below. Ops: the runtime's own count (profile_step.py --ops,
-# batch 2, the bench's 3 tables; the same on every device): 236 a step on one rank (no collectives), 401
-# and 569 at 4 and 8 ranks on the row-wise plan (4 collectives), 513 and 651 with the group fetch (6); a
-# least-squares fit of ops = step + table_stage x tables x collectives over the five gives 243.3 and
-# 19.2 (residuals -95..+76 ops: the rows' and gradients' stages grow by about 3.5 ops per peer per table,
-# which the fit averages over 4 and 8 ranks; at 64 ranks and more it prices too few, docs/limits.md).
+# batch 2, the bench's 3 tables; the same on every device), since its per-block ops were cut (commit
+# 0697ed2): 236 a step on one rank (no collectives; 232 on the CPU), 321 and 381 at 4 and 8 ranks on the
+# row-wise plan (4 collectives), 454 and 502 with the group fetch (6); a least-squares fit of ops = step
+# + table_stage x tables x collectives over the five gives 217.5 and 13.4 (residuals -43..+58 ops: the
+# rows' and gradients' stages still grow with the peers, which the fit averages over 4 and 8 ranks). The
+# counts before that commit (401, 569, 513, 651) gave 243.3 and 19.2.
 H100_HOST_S_PER_OP = 25.95e-6  # seconds of host time per aten op of the runtime's step
-RUNTIME_STEP_OPS = 243.3  # aten ops per step outside the per-table work around collectives
-RUNTIME_TABLE_STAGE_OPS = 19.2  # aten ops per table per collective
+RUNTIME_STEP_OPS = 217.5  # aten ops per step outside the per-table work around collectives
+RUNTIME_TABLE_STAGE_OPS = 13.4  # aten ops per table per collective
 H100_RUNTIME_RATES = replace(
     GPU_ROOFLINE_RATES,
     step_s=RUNTIME_STEP_OPS * H100_HOST_S_PER_OP,
