@@ -80,7 +80,7 @@ def add_objective(p: argparse.ArgumentParser, pipeline: bool = True) -> None:
         help="on a GPU preset topology, the host work the step time prices: fused (none around the "
         "collectives, as a runtime with fused per-table work would have; the value work at the HBM roofline) "
         "or measured (this runtime's, measured on an H100: about 26 us per torch op; docs/cost_model.md "
-        "section 10.2.2) (default fused)",
+        "section 10.2) (default fused)",
     )
     if pipeline:
         p.add_argument(

@@ -229,8 +229,8 @@ def exchange_gathered_async(
     buffer = torch.empty(received + (own_size if with_buffer else 0), dtype=torch.float32, device=device)
     # one dim for every column: both buffers seen once as rows, so that no block needs a view of its own
     one_dim = bool((dims == dims[0]).all())
-    as_rows = (lambda x: x.view(-1, int(dims[0]))) if one_dim else (lambda x: x)
-    send_rows, buffer_rows = as_rows(send), as_rows(buffer)
+    send_rows = send.view(-1, int(dims[0])) if one_dim else send
+    buffer_rows = buffer.view(-1, int(dims[0])) if one_dim else buffer
     start = np.zeros((peers, n_c), dtype=np.int64)  # each column's first row for each peer
     start[1:] = np.cumsum(counts, axis=0)[:-1]
     own: list[torch.Tensor] = [s[:0] for s in sources]
