@@ -38,7 +38,7 @@ from solvers.cost_model import (
 from solvers.schedule import StepShape, shape_schedule
 from solvers.time_types import BufferCopies, LatencyTable, LocalRates, shape_latency_s
 from solvers.types import ROUTING_BYTES_PER_REPLICATED_ROW, Workload
-from solvers.volumes import view_mass
+from solvers.volumes import routed_ids, view_mass
 from topology.views import ClusterView
 
 IDS = Component.IDS
@@ -290,8 +290,9 @@ def fixed_local_s(
     workload: Workload, view: ClusterView, shape: StepShape, dedup: bool, rates: LocalRates
 ) -> float:
     """Local seconds per step every plan of ``shape`` pays whatever its tier boundaries: each lookup's
-    dedup, routing, gather into the output and scatter-add of its gradient, the collectives' host calls
-    and, on one rank, the update of the rows its batch touched
+    dedup, the routing of the ids (the distinct ones with dedup), each lookup's gather into the output
+    and scatter-add of its gradient, the collectives' host calls and, on one rank, the update of the
+    rows its batch touched
     (:func:`solvers.time_model.local_work`)."""
     move = rates.gather_s_per_value + rates.scatter_add_s_per_value
     schedule = shape_schedule(shape, view)
@@ -299,7 +300,8 @@ def fixed_local_s(
     total += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     for t in workload.tables:
         lookups = workload.lookups_per_gpu(t)
-        total += lookups * (rates.route_s_per_lookup + (rates.dedup_s_per_lookup if dedup else 0.0))
+        total += rates.route_s_per_lookup * routed_ids(workload, view, t, dedup)
+        total += lookups * (rates.dedup_s_per_lookup if dedup else 0.0)
         total += lookups * t.dim * (move + rates.output_s_per_value)
         if view.num_ranks == 1:
             mass = view_mass(workload, view, t)

@@ -32,6 +32,7 @@ from solvers.schedule import Phase, StepShape, shape_schedule
 from solvers.time_model import INPUT_STAGES
 from solvers.time_types import LatencyTable, LocalRates, stage_latency_s
 from solvers.types import Workload
+from solvers.volumes import routed_ids
 from topology.views import ClusterView
 
 THETA_STEPS = 12  # golden-section steps over theta (the bracket shrinks 0.618x per step: to 0.3%)
@@ -63,14 +64,16 @@ def fixed_parts(
     latency: LatencyTable,
 ) -> FixedParts:
     """``total_s`` (the fixed cost of a plan of this shape) with its overlapped parts: the input stages'
-    latency, the split sizes' bytes and every lookup's dedup and routing; the sync stages' latency."""
+    latency, the split sizes' bytes, every lookup's dedup and the routing of the
+    ids (:func:`solvers.volumes.routed_ids`); the sync stages' latency."""
     stages = shape_schedule(shape, view)
     input_lat = sum(stage_latency_s(s, view, latency) for s in stages if s.name in INPUT_STAGES)
     sync_lat = sum(stage_latency_s(s, view, latency) for s in stages if s.phase is Phase.SYNC)
     splits = split_bytes(view, len(workload.tables), uses).max(axis=0)
-    per_lookup = rates.route_s_per_lookup + (rates.dedup_s_per_lookup if dedup else 0.0)
     lookups = sum(workload.lookups_per_gpu(t) for t in workload.tables)
-    inputs = input_lat + float(splits @ link_times(view).inv_bw_s_per_byte) + per_lookup * lookups
+    routed = sum(routed_ids(workload, view, t, dedup) for t in workload.tables)
+    local = (rates.dedup_s_per_lookup if dedup else 0.0) * lookups + rates.route_s_per_lookup * routed
+    inputs = input_lat + float(splits @ link_times(view).inv_bw_s_per_byte) + local
     return FixedParts(total_s, float(inputs), float(sync_lat))
 
 

@@ -47,7 +47,7 @@ from solvers.cost_model import evaluate
 from solvers.schedule import Phase, step_schedule
 from solvers.time_types import BufferCopies, LatencyTable, LocalRates, StageTime, StepTime, stage_latency_s
 from solvers.types import Plan, Workload
-from solvers.volumes import dealt_volumes, tier_volumes, view_mass
+from solvers.volumes import dealt_volumes, routed_ids, tier_volumes, view_mass
 from topology.views import ClusterView
 
 __all__ = ["LatencyTable", "LocalRates", "StepTime", "local_work", "stage_latency_s", "step_time"]
@@ -101,7 +101,8 @@ def local_work(
         synced = hot_rows + warm_rows
         dedup = rates.dedup_s_per_lookup * (lookups + relay) if plan.dedup else np.zeros(n)
         out["dedup"] += dedup + rates.dedup_s_per_lookup * asked_in
-        out["route"] += rates.route_s_per_lookup * (lookups + routed_twice)
+        routed = routed_ids(workload, view, t, plan.dedup)
+        out["route"] += rates.route_s_per_lookup * (routed + routed_twice)
         moved = lookups + served + served_group + relay + synced
         out["gather"] += rates.gather_s_per_value * t.dim * moved
         out["scatter_add"] += rates.scatter_add_s_per_value * t.dim * moved
@@ -117,7 +118,7 @@ def local_work(
         out["pack"] += rates.pack_s_per_value * t.dim * copied
         out["output"] += rates.output_s_per_value * t.dim * lookups
         synced_s += (move + rates.update_s_per_value) * t.dim * synced
-        input_s += dedup + rates.route_s_per_lookup * (lookups + routed_twice)
+        input_s += dedup + rates.route_s_per_lookup * (routed + routed_twice)
     schedule = step_schedule(plan, view)
     out["calls"] += rates.collective_call_s * len(schedule)
     out["host"] += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)

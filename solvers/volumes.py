@@ -180,3 +180,12 @@ def dealt_volumes(
 def view_mass(workload: Workload, view: ClusterView, table: TableSpec) -> TableMass:
     """:func:`table_mass` of ``table`` at the workload's batch on ``view`` (its largest group)."""
     return table_mass(table, workload.lookups_per_gpu(table), view.num_ranks, int(view.group_sizes.max()))
+
+
+def routed_ids(workload: Workload, view: ClusterView, table: TableSpec, dedup: bool) -> float:
+    """Ids per GPU per iteration the runtime routes for ``table`` (tier test, owner, order by
+    destination): with dedup it deduplicates first and routes the distinct ids, else every lookup
+    (:func:`flexshard.runtime.lookups.local_lookups`)."""
+    if not dedup:
+        return float(workload.lookups_per_gpu(table))
+    return float(view_mass(workload, view, table).unique[-1])

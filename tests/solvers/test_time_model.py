@@ -299,10 +299,11 @@ def test_group_fetch_work_by_hand():
     # group's 2 ranks, 1/4 x 3 x 2 = 1.5
     assert st.local_by_piece["route"] == pytest.approx(2.0 * (3 + 1.5), rel=REL)
     assert st.local_by_piece["dedup"] == pytest.approx(1.0 * 1.5, rel=REL)
-    # with dedup on 2 groups the lookups dedup into the order both columns are sent in: routed once
+    # with dedup on 2 groups the lookups dedup into the order both columns are sent in: routed once, and
+    # only the distinct ids, sum over rows of 1 - (1 - p)^3 = 0.784 + 0.657 + 0.488 + 0.271 = 2.2
     deduped = Plan("hand", plan.tables, dedup=True, sync=SyncMode.SPARSE)
     once = step_time(WORKLOAD, VIEW, deduped, TABLE_S, rates, dealt=False)
-    assert VIEW.num_groups == 2 and once.local_by_piece["route"] == pytest.approx(2.0 * 3, rel=REL)
+    assert VIEW.num_groups == 2 and once.local_by_piece["route"] == pytest.approx(2.0 * 2.2, rel=REL)
     # one table, float32 wire: the owner's rows go straight into the send buffer and the relay's rows and
     # sums stay where they arrive; only the requested values are copied, twice: 2 x 2 x 3
     assert st.local_by_piece["pack"] == pytest.approx(12.0, rel=REL)
@@ -315,16 +316,16 @@ def test_group_fetch_work_by_hand():
     assert bf16.local_by_piece["pack"] == pytest.approx(pack, rel=REL)
 
 
-def test_dedup_prices_every_lookup_and_one_rank_has_no_collectives():
+def test_dedup_prices_every_lookup_routes_distinct_ids_and_one_rank_has_no_collectives():
     st = step_time(WORKLOAD, VIEW, _plan(0, dedup=True), TABLE_S, RATES, dealt=False)
     assert st.local_by_piece["dedup"] == pytest.approx(3.0, rel=REL)
     one = uniform_view(1, 1, 100.0, 0.0)
     plan = Plan("one", (table_plan(TABLE, one, 0, 0),), dedup=True, sync=SyncMode.SPARSE)
     st1 = step_time(WORKLOAD, one, plan, TABLE_S, RATES, dealt=False)
     assert st1.collectives == 0 and st1.latency_s == 0.0 and st1.bandwidth_s == 0.0
-    # 3 lookups: dedup 3, route 6, gather 3 * 2 * 3 = 18, scatter-add 5 * 2 * 3 = 30; nothing served;
-    # the 2.2 distinct rows of the batch updated: 7 * 2 * 2.2 = 30.8
-    assert st1.total_s == pytest.approx(3.0 + 6.0 + 18.0 + 30.0 + 30.8, rel=REL)
+    # 3 lookups: dedup 3, gather 3 * 2 * 3 = 18, scatter-add 5 * 2 * 3 = 30; the 2.2 distinct ids of the
+    # batch routed, 2 * 2.2 = 4.4, and their rows updated, 7 * 2 * 2.2 = 30.8; nothing served
+    assert st1.total_s == pytest.approx(3.0 + 4.4 + 18.0 + 30.0 + 30.8, rel=REL)
 
 
 def test_rates_of_ranks_sharing_a_core_scale_every_piece():
