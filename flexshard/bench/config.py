@@ -41,6 +41,7 @@ class BenchConfig:
     steps: int = 10
     rounds: int = 3
     warmup: int = 3
+    settle: int = 20  # at most this many warm-up passes more, until the host heaps stop growing
     batch: int = 128
     workload: str = "default"
     plan_for: str = "probed"
@@ -85,6 +86,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=3,
         help="untimed steps per strategy before the rounds, and (when not 0) one before each timed block "
         "(default 3)",
+    )
+    p.add_argument(
+        "--settle",
+        type=non_negative_int,
+        default=20,
+        help="after the warm-up, at most this many passes of one untimed step per strategy more, until no "
+        "rank's peak resident memory grew in a pass (its heap has settled; 0: none; default 20)",
     )
     p.add_argument("--batch", type=positive_int, default=128, help="samples per rank per step (default 128)")
     p.add_argument(
@@ -137,6 +145,7 @@ def config_from_args(args: argparse.Namespace, launched_world: int | None) -> Be
         steps=args.steps,
         rounds=args.rounds,
         warmup=args.warmup,
+        settle=args.settle,
         batch=args.batch,
         workload=args.workload,
         plan_for=args.plan_for,
@@ -164,6 +173,8 @@ def check(cfg: BenchConfig, local: bool = True) -> None:
             raise ConfigError(f"{flag}: must be positive, got {value}")
     if cfg.warmup < 0:
         raise ConfigError(f"--warmup: must be >= 0, got {cfg.warmup}")
+    if cfg.settle < 0:
+        raise ConfigError(f"--settle: must be >= 0, got {cfg.settle}")
     if cfg.nproc % cfg.groups:
         raise ConfigError(f"--groups {cfg.groups}: does not divide --nproc {cfg.nproc} into equal groups")
     if cfg.plan_for not in PLAN_FOR and not os.path.isfile(cfg.plan_for):

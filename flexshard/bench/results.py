@@ -137,6 +137,12 @@ def _figures(ran: list[dict[str, Any]]) -> str:
     return f" (intra {v['intra_GBps']:.3g} GB/s, inter {v['inter_GBps']:.3g} GB/s per rank)"
 
 
+def _settled(ran: list[dict[str, Any]]) -> str:
+    """The warm-up passes run until the heaps settled (:mod:`flexshard.bench.settle`), as text."""
+    passes = ran[0].get("settle_passes", 0) if ran else 0
+    return f" and {passes} pass{'es' if passes != 1 else ''} until the heaps settled" if passes else ""
+
+
 def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -> str:
     """The report: the set-up, one row per strategy, the notes."""
     ran = [r for r in recs if "skipped" not in r]
@@ -148,7 +154,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
         + (", freed host memory kept" if ran and ran[0].get("host_memory_kept") else "")
         + ")",
         f"workload {cfg.workload}, batch {cfg.batch} per rank; {cfg.rounds} round(s) of {cfg.steps} "
-        f"timed steps per strategy after {cfg.warmup} warm-up steps,",
+        f"timed steps per strategy after {cfg.warmup} warm-up steps{_settled(ran)},",
         f"strategies alternating in each round; plans made for {plan_for}{_figures(ran)}",
         "",
     ]

@@ -2,7 +2,9 @@
 
 Every rank loads the same data, takes part in the quick probe (``--plan-for probed``, or when the time
 model can use it), receives the plans rank 0 makes, builds every system, and runs the same batches through
-each: ``--warmup`` untimed steps per system, then ``--rounds`` rounds, each running every system in turn
+each: ``--warmup`` untimed steps per system, then (when ``--warmup`` is not 0) passes of one untimed
+step of every system until no rank's heap grew in a pass, at most ``--settle``
+(:mod:`flexshard.bench.settle`), then ``--rounds`` rounds, each running every system in turn
 for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step of its system (when
 ``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
 a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
@@ -47,6 +49,7 @@ from flexshard.bench.plans import (
     view_figures,
 )
 from flexshard.bench.recorder import recording
+from flexshard.bench.settle import settle
 from flexshard.bench.shared_host import concurrent_all_to_all_Bps, shared_bandwidth_view
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
 from flexshard.local_rates import measured_rates, median_rates
@@ -255,6 +258,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             if concurrent:  # bytes/s a rank sent in an all-to-all of every rank at once (median)
                 r["concurrent_all_to_all_Bps"] = float(np.median(concurrent))
             r["host_memory_kept"] = kept  # runtime.host_memory: freed host memory reused, not returned
+            r["settle_passes"] = measured["settle_passes"]  # warm-up passes until the heaps settled
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
                 r["torchrec_local_ms_each"] = [t[1] * 1e3 for t in taken if t[1] is not None]
@@ -280,6 +284,14 @@ def _run_blocks(
                 dist.barrier()
                 s.step(inputs[s.key][i])
                 bar.advance(f"warm-up {s.key}")
+
+        def one_pass(i: int) -> None:  # every strategy once, on the batches in turn (their sizes vary)
+            bar.note(f"warm-up until the heaps settle, pass {i + 1}")
+            for s in systems:
+                dist.barrier()
+                s.step(inputs[s.key][i % len(batches)])
+
+        settled = settle(one_pass, cfg.settle if cfg.warmup else 0)
         for r in range(cfg.rounds):  # each round starts one strategy later: none always runs first
             for s in systems[r % len(systems) :] + systems[: r % len(systems)]:
                 got = out[s.key]
@@ -313,7 +325,7 @@ def _run_blocks(
     for got in out.values():
         got["sent"] = np.asarray(got["sent"])
         got["own"] = np.asarray(got["own"]) if got["own"] else None
-    return {"systems": out, "order": order}
+    return {"systems": out, "order": order, "settle_passes": settled}
 
 
 # --- local ranks ----------------------------------------------------------------------------------
