@@ -42,6 +42,7 @@ class BenchConfig:
     rounds: int = 3
     warmup: int = 3
     settle: int = 20  # at most this many warm-up passes more, until the host heaps stop growing
+    gc: bool = True  # Python's automatic garbage collection off in the rounds, one before each block
     batch: int = 128
     workload: str = "default"
     plan_for: str = "probed"
@@ -93,6 +94,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=20,
         help="after the warm-up, at most this many passes of one untimed step per strategy more, until no "
         "rank's peak resident memory grew in a pass (its heap has settled; 0: none; default 20)",
+    )
+    p.add_argument(
+        "--auto-gc",
+        action="store_true",
+        help="leave Python's automatic garbage collection on in the rounds (it then pauses inside timed "
+        "steps at random); by default it is off there, with a collection before each timed block",
     )
     p.add_argument("--batch", type=positive_int, default=128, help="samples per rank per step (default 128)")
     p.add_argument(
@@ -146,6 +153,7 @@ def config_from_args(args: argparse.Namespace, launched_world: int | None) -> Be
         rounds=args.rounds,
         warmup=args.warmup,
         settle=args.settle,
+        gc=not args.auto_gc,
         batch=args.batch,
         workload=args.workload,
         plan_for=args.plan_for,

@@ -140,7 +140,10 @@ def _figures(ran: list[dict[str, Any]]) -> str:
 def _settled(ran: list[dict[str, Any]]) -> str:
     """The warm-up passes run until the heaps settled (:mod:`flexshard.bench.settle`), as text."""
     passes = ran[0].get("settle_passes", 0) if ran else 0
-    return f" and {passes} pass{'es' if passes != 1 else ''} until the heaps settled" if passes else ""
+    settled = f" and {passes} pass{'es' if passes != 1 else ''} until the heaps settled" if passes else ""
+    gc = ran[0].get("python_gc") if ran else None
+    in_blocks = gc == "before each block"
+    return settled + ("; Python's garbage collection before each block, not in steps" if in_blocks else "")
 
 
 def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -> str:

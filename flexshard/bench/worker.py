@@ -4,7 +4,9 @@ Every rank loads the same data, takes part in the quick probe (``--plan-for prob
 model can use it), receives the plans rank 0 makes, builds every system, and runs the same batches through
 each: ``--warmup`` untimed steps per system, then (when ``--warmup`` is not 0) passes of one untimed
 step of every system until no rank's heap grew in a pass, at most ``--settle``
-(:mod:`flexshard.bench.settle`), then ``--rounds`` rounds, each running every system in turn
+(:mod:`flexshard.bench.settle`), then ``--rounds`` rounds (Python's automatic garbage collection off,
+a collection before every block, untimed: :mod:`flexshard.training.garbage`; ``--auto-gc`` leaves it
+on), each running every system in turn
 for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step of its system (when
 ``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
 a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
@@ -56,6 +58,7 @@ from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
 from flexshard.runtime.host_memory import keep_freed_memory
 from flexshard.runtime.local import end_rank, port_taken, wait_for_ranks
+from flexshard.training.garbage import StepGarbageCollection
 from solvers.time_types import LocalRates
 from topology.views import ClusterView
 
@@ -259,6 +262,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
                 r["concurrent_all_to_all_Bps"] = float(np.median(concurrent))
             r["host_memory_kept"] = kept  # runtime.host_memory: freed host memory reused, not returned
             r["settle_passes"] = measured["settle_passes"]  # warm-up passes until the heaps settled
+            r["python_gc"] = "before each block" if cfg.gc else "automatic"  # flexshard.training.garbage
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
                 r["torchrec_local_ms_each"] = [t[1] * 1e3 for t in taken if t[1] is not None]
@@ -292,40 +296,59 @@ def _run_blocks(
                 s.step(inputs[s.key][i % len(batches)])
 
         settled = settle(one_pass, cfg.settle if cfg.warmup else 0)
-        for r in range(cfg.rounds):  # each round starts one strategy later: none always runs first
-            for s in systems[r % len(systems) :] + systems[: r % len(systems)]:
-                got = out[s.key]
-                got["blocks"].append(len(order))
-                order.append(s.key)
-                if cfg.warmup:  # one untimed step first: the switch from the previous strategy (its
-                    # caches, its allocations) is not charged to this block's first timed step
-                    dist.barrier()
-                    s.step(inputs[s.key][0])
-                for k in range(cfg.steps):
-                    batch = inputs[s.key][cfg.warmup + r * cfg.steps + k]
-                    dist.barrier()
-                    with recording(cfg.group_size) as rec:
-                        t0, cpu0 = time.perf_counter(), time.process_time()
-                        s.step(batch)
-                        if on_gpu:  # the step's kernels, not only their launch
-                            torch.cuda.synchronize()
-                        dt = time.perf_counter() - t0
-                        cpu = time.process_time() - cpu0  # every thread of this rank: gloo's too
-                    got["times"].append(dt)
-                    got["cpu"].append(cpu)
-                    got["sent"].append(rec.bytes_sent.copy())
-                    got["per_step"].append(rec.collectives)
-                    for kind, n in rec.counts.items():
-                        got["counts"][kind] = got["counts"].get(kind, 0) + n
-                    if isinstance(s, RuntimeSystem):
-                        got["own"].append(s.own_bytes_sent())
-                    bar.advance(f"round {r + 1} {s.key}")
-            if between is not None:
-                between()
+        collector = StepGarbageCollection(1 if cfg.gc else 0)
+        with collector:  # no automatic collection inside a timed step; one before every block
+            _rounds(cfg, systems, inputs, out, order, collector, on_gpu, bar, between)
     for got in out.values():
         got["sent"] = np.asarray(got["sent"])
         got["own"] = np.asarray(got["own"]) if got["own"] else None
-    return {"systems": out, "order": order, "settle_passes": settled}
+    return {"systems": out, "order": order, "settle_passes": settled, "gc_s": collector.collected_s}
+
+
+def _rounds(
+    cfg: BenchConfig,
+    systems: list[Any],
+    inputs: dict[str, list[Any]],
+    out: dict[str, Any],
+    order: list[str],
+    collector: StepGarbageCollection,
+    on_gpu: bool,
+    bar: Progress,
+    between: Any,
+) -> None:
+    """The alternating rounds of timed blocks (:func:`_run_blocks`), appending to ``out`` and ``order``;
+    ``collector`` collects before every block, untimed (every 1 step: every ``after_step``)."""
+    for r in range(cfg.rounds):  # each round starts one strategy later: none always runs first
+        for s in systems[r % len(systems) :] + systems[: r % len(systems)]:
+            collector.after_step(0)
+            got = out[s.key]
+            got["blocks"].append(len(order))
+            order.append(s.key)
+            if cfg.warmup:  # one untimed step first: the switch from the previous strategy (its
+                # caches, its allocations) is not charged to this block's first timed step
+                dist.barrier()
+                s.step(inputs[s.key][0])
+            for k in range(cfg.steps):
+                batch = inputs[s.key][cfg.warmup + r * cfg.steps + k]
+                dist.barrier()
+                with recording(cfg.group_size) as rec:
+                    t0, cpu0 = time.perf_counter(), time.process_time()
+                    s.step(batch)
+                    if on_gpu:  # the step's kernels, not only their launch
+                        torch.cuda.synchronize()
+                    dt = time.perf_counter() - t0
+                    cpu = time.process_time() - cpu0  # every thread of this rank: gloo's too
+                got["times"].append(dt)
+                got["cpu"].append(cpu)
+                got["sent"].append(rec.bytes_sent.copy())
+                got["per_step"].append(rec.collectives)
+                for kind, n in rec.counts.items():
+                    got["counts"][kind] = got["counts"].get(kind, 0) + n
+                if isinstance(s, RuntimeSystem):
+                    got["own"].append(s.own_bytes_sent())
+                bar.advance(f"round {r + 1} {s.key}")
+        if between is not None:
+            between()
 
 
 # --- local ranks ----------------------------------------------------------------------------------

@@ -127,6 +127,14 @@ class TrainConfig:
             choices=PIPELINE_MODES,
         ),
     )
+    gc_every: int = field(
+        default=50,
+        metadata=_flag(
+            "Python's garbage collector: off while the steps run, its young generations collected every N "
+            "steps on every rank at once (as torchtitan does; default 50); 0: Python's automatic "
+            "collection, which pauses at random inside steps"
+        ),
+    )
     deterministic: bool = field(
         default=False,
         metadata=_flag(
@@ -213,7 +221,7 @@ class TrainConfig:
             )
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed: must be an integer in [0, {MAX_SEED}], got {self.seed}")
-        for name in ("checkpoint_every", "keep"):
+        for name in ("checkpoint_every", "keep", "gc_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "budget", "timeout"):

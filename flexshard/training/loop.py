@@ -48,6 +48,7 @@ from flexshard.training import metrics
 from flexshard.training.config import TrainConfig
 from flexshard.training.data import data_options, make_source, table_shape
 from flexshard.training.distributed import Phase, allreduce_dense_grads, device, use_deterministic_algorithms
+from flexshard.training.garbage import StepGarbageCollection
 from flexshard.training.limits import check_step_memory
 from flexshard.training.pipeline import InputPipeline
 from flexshard.training.planning import batch_size, check_plan, check_vocabulary, model_dim, plan_on_the_fly
@@ -249,9 +250,11 @@ class TrainingRun:
         """Every step from the start to ``--steps``, then the last check and the end of the log."""
         config, start, done = self.config, self.start, self.start
         try:
-            for step in range(start, config.steps):
-                self.step(step)
-                done = step + 1
+            with StepGarbageCollection(config.gc_every) as collector:
+                for step in range(start, config.steps):
+                    self.step(step)
+                    collector.after_step(step)
+                    done = step + 1
             if self.verifier is not None:
                 _result(self.rank)(f"verify: {self.verifier.finish()}")
                 _result(self.rank)(f"verify: OK ({config.steps - start} steps, all rows of all copies match)")

@@ -189,6 +189,16 @@ CASES = {  # id: (argv with {d} for the folder of inputs, the one line expected 
         "flexshard train: error: --steps: must be positive, got 0",
         None,
     ),
+    "train --gc-every -1": (
+        ["train", "--gc-every", "-1"],
+        "flexshard train: error: --gc-every: must be >= 0, got -1",
+        None,
+    ),
+    "bench --settle -1": (
+        ["bench", "--settle", "-1"],
+        "flexshard bench: error: argument --settle: must be >= 0, got '-1' (see flexshard bench --help)",
+        None,
+    ),
     # issue 22: limits checked before work, and messages that say what happened
     "train --negatives 0": (
         ["train", "--negatives", "0"],
