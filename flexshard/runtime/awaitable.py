@@ -26,14 +26,21 @@ class Pending(Generic[T]):
         self._done, self._value = False, None
 
     def wait(self) -> T:
-        """Wait for the work (once) and return the finished result."""
+        """Wait for the work (once) and return the finished result. The work and the finishing step are
+        dropped once done: a finishing step that refers to its own Pending (a subclass's bound method)
+        would otherwise keep the stage's buffers in a reference cycle until Python's cyclic collector
+        ran, which the training loop keeps out of its steps (:mod:`flexshard.training.garbage`)."""
         if not self._done:
             for work in self._works:
                 if work is not None:
                     work.wait()
             self._value, self._done = self._finish(), True
-            self._works = []
+            self._works, self._finish = [], _finished
         return self._value  # type: ignore[return-value]
+
+
+def _finished() -> None:
+    raise AssertionError("a Pending's finishing step ran twice")
 
 
 def ready(value: T) -> Pending[T]:

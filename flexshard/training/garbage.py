@@ -8,6 +8,11 @@ each collection of the older generations walks every tracked object of the proce
 batch 64 a benchmark rank spent 3.7 ms of its 12.4 ms of CPU a step in the collector (18 collections in
 40 steps over about 270,000 tracked objects; ``experiments/profile_step.py``). Python's ``timeit`` turns
 it off while it times for the same reason.
+
+With the collector off, memory held in a reference cycle stays until the next collection, so a step
+must leave none: the runtime's steps, plain and pipelined, free every buffer by reference counting
+(``tests/runtime/test_reference_cycles.py``; until 2026-11-26 each batch's ``PendingInput`` held its
+own finishing step, and with it the batch's routed lookups and received ids, in a cycle).
 """
 
 from __future__ import annotations
