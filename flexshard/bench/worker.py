@@ -160,7 +160,9 @@ def rate_measurer(cfg: BenchConfig, data: BenchData, torchrec: bool) -> Any:
     timer = torchrec_local_timer(data.tables, cfg.lr, batch) if torchrec and cfg.rates == "measured" else None
 
     def measure() -> tuple[LocalRates, float | None]:
-        return machine_rates(cfg, data), timer(TORCHREC_MIN_S) if timer else None
+        # under the timed steps' garbage collection: none inside (a full collection first), unless --auto-gc
+        with StepGarbageCollection(1 if cfg.gc else 0):
+            return machine_rates(cfg, data), timer(TORCHREC_MIN_S) if timer else None
 
     return measure
 
