@@ -69,7 +69,9 @@ stored calibration at the ranks' share of the cores, which holds the collectives
 descheduled on shared cores: docs/cost_model.md section 10.2.1b); "of which local" is the local work in
 it; TorchRec's local work is its own step on a one-rank group holding one rank's row-wise shard of each
 table (the batch's ids folded into it), measured the same way. Every rank keeps freed host memory
-(`flexshard.runtime.host_memory`: no page faults for a step's large tensors). "model error" is
+(`flexshard.runtime.host_memory`: no page faults for a step's large tensors), warms up until no rank's
+heap grows (`bench --settle`) and keeps Python's garbage collector out of the timed steps (a collection
+before each block, `flexshard.training.garbage`). "model error" is
 modeled over measured, minus one. Smaller batches run more timed steps per round (their steps are short
 and noisier): 4x as many at batch 64 and 256, 2x at 512. CPU
 timings on 2 shared cores are not GPU timings, and loopback has no slower link between groups, so plans

@@ -64,6 +64,24 @@ def _loss(outs: dict) -> torch.Tensor:
     return sum(((o * o).sum(1) * torch.arange(o.shape[0])).sum() for o in outs.values())
 
 
+def pipelined_steps(piped, rank: int, tables, side, each_step=None, outputs=None) -> None:
+    """``STEPS`` steps of ``piped`` in the pipelined order (batch s+1's ``meta`` after step s's forward on
+    ``side``, its ``ids`` after the backward); ``each_step(step)``: a context each step runs in;
+    ``outputs(outs)``: called with each step's outputs."""
+    ahead = piped.input_dist(_batch(rank, 0, tables), side)
+    for step in range(STEPS):
+        with each_step(step) if each_step else contextlib.nullcontext():
+            outs = piped(ahead.wait())
+            if outputs:
+                outputs(outs)
+            if step + 1 < STEPS:
+                ahead = piped.input_dist(_batch(rank, step + 1, tables), side)
+            _loss(outs).backward()
+            if step + 1 < STEPS:
+                ahead.advance()
+            piped.step()
+
+
 def _train(rank: int, world: int, paths: list[str]) -> list[dict]:
     side = dist.new_group(ranks=list(range(world)))
     results = []
@@ -78,19 +96,17 @@ def _train(rank: int, world: int, paths: list[str]) -> list[dict]:
             _loss(outs).backward()
             plain.step()
         piped = ShardedSequenceEmbedding(plan_file, tables, None, init=1, optimizer="adagrad", lr=0.1)
-        ahead = piped.input_dist(_batch(rank, 0, tables), side)
-        for step in range(STEPS):
-            calls: list = []
-            with _record(calls, side):
-                outs = piped(ahead.wait())
-                res["pipelined"].append({k: v.detach().clone() for k, v in outs.items()})
-                if step + 1 < STEPS:
-                    ahead = piped.input_dist(_batch(rank, step + 1, tables), side)
-                _loss(outs).backward()
-                if step + 1 < STEPS:
-                    ahead.advance()
-                piped.step()
-            res["calls"].append(calls)
+
+        calls, kept = res["calls"], res["pipelined"]
+
+        def recorded(step: int, calls: list = calls):
+            calls.append([])
+            return _record(calls[-1], side)
+
+        def keep(outs: dict, kept: list = kept) -> None:
+            kept.append({k: v.detach().clone() for k, v in outs.items()})
+
+        pipelined_steps(piped, rank, tables, side, recorded, keep)
         res["rows"] = (plain.shard_rows(), piped.shard_rows())
         results.append(res)
         dist.barrier()

@@ -9,12 +9,11 @@ from __future__ import annotations
 import dataclasses
 import gc
 
-import numpy as np
 import pytest
-import torch
 import torch.distributed as dist
 from runtime_workers import run_function
 from test_collective_count import cluster, make_plan, workload
+from test_pipeline_stages import DIM, GROUPS, ROWS, STEPS, _batch, _loss, pipelined_steps
 
 from core.vocabulary import SyncMode, WireDtype
 from flexshard.plan_file import read_plan, to_dict, write_plan
@@ -23,8 +22,6 @@ from solvers.cost_model import evaluate
 
 pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
 
-ROWS, DIM, BATCH, LENGTH, STEPS = 200, 4, 6, 5, 3
-GROUPS = [[0, 1], [2, 3]]
 CASES = [
     ("tiers_group", True, WireDtype.FP32),
     ("tiers_group", False, WireDtype.FP32),
@@ -32,18 +29,6 @@ CASES = [
     ("row_wise", True, WireDtype.FP32),
     ("row_wise", False, WireDtype.FP32),
 ]
-
-
-def _batch(rank: int, step: int, tables) -> dict:
-    rng = np.random.default_rng((rank, step))
-    return {
-        name: (torch.as_tensor(rng.integers(0, ROWS, BATCH * LENGTH)), torch.full((BATCH,), LENGTH))
-        for name, _rows, _dim in tables
-    }
-
-
-def _loss(outs: dict) -> torch.Tensor:
-    return sum((o * o).sum() for o in outs.values())
 
 
 def _cyclic_garbage(rank: int, world: int, paths: list[str]) -> list[tuple[int, int]]:
@@ -62,16 +47,7 @@ def _cyclic_garbage(rank: int, world: int, paths: list[str]) -> list[tuple[int, 
                 _loss(plain(_batch(rank, step, tables))).backward()
                 plain.step()
             after_plain = gc.collect()
-            ahead = piped.input_dist(_batch(rank, 0, tables), side)
-            for step in range(STEPS):
-                outs = piped(ahead.wait())
-                if step + 1 < STEPS:
-                    ahead = piped.input_dist(_batch(rank, step + 1, tables), side)
-                _loss(outs).backward()
-                if step + 1 < STEPS:
-                    ahead.advance()
-                piped.step()
-            del outs, ahead
+            pipelined_steps(piped, rank, tables, side)
             after_piped = gc.collect()
         finally:
             gc.enable()
