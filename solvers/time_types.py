@@ -218,7 +218,11 @@ class LocalRates:
 # terms are the least steady; they were fitted again at 11:35 UTC the same day (calibrate_local.py --host
 # --ranks 4,8 --host-batches 2,64, the median of 3 runs: step_s 1.21-1.77 ms, table_stage_s 0.30-0.36 ms),
 # because the batch-2, 4-rank fit (step_s 0.68, table_stage_s 0.23 ms) left 3-5 ms a step at 4 ranks and
-# about 8 ms at 8 ranks out of batch 64 (docs/cost_model.md section 10.2.1b). A GPU cluster's rates come
+# about 8 ms at 8 ranks out of batch 64 (docs/cost_model.md section 10.2.1b). These were fitted with
+# Python's collector inside the timed steps; run once with it out as the bench now keeps it (22:48 UTC,
+# calibrate_local.py --repeats 3 --host --ranks 4,8 --host-batches 2,64): step_s 2.19 ms, table_stage_s
+# 0.20 ms, collective_call_s 49 us, i.e. less host work at 4 collectives of 3 tables (4.6 vs 5.3 ms),
+# not adopted: the study's predictions at batch 64 were already 4-25% low. A GPU cluster's rates come
 # from running the script there and LocalRates.load.
 DEFAULT_RATES = LocalRates(
     dedup_s_per_lookup=8.848e-09,
