@@ -304,7 +304,7 @@ def _run_blocks(
     for got in out.values():
         got["sent"] = np.asarray(got["sent"])
         got["own"] = np.asarray(got["own"]) if got["own"] else None
-    return {"systems": out, "order": order, "settle_passes": settled, "gc_s": collector.collected_s}
+    return {"systems": out, "order": order, "settle_passes": settled}
 
 
 def _rounds(
@@ -319,10 +319,11 @@ def _rounds(
     between: Any,
 ) -> None:
     """The alternating rounds of timed blocks (:func:`_run_blocks`), appending to ``out`` and ``order``;
-    ``collector`` collects before every block, untimed (every 1 step: every ``after_step``)."""
+    with ``--auto-gc`` off, ``collector`` collects before every block, untimed."""
     for r in range(cfg.rounds):  # each round starts one strategy later: none always runs first
         for s in systems[r % len(systems) :] + systems[: r % len(systems)]:
-            collector.after_step(0)
+            if cfg.gc:
+                collector.collect()
             got = out[s.key]
             got["blocks"].append(len(order))
             order.append(s.key)
