@@ -300,10 +300,10 @@ def fixed_local_s(
     total += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     for t in workload.tables:
         lookups = workload.lookups_per_gpu(t)
-        total += rates.route_s_per_lookup * routed_ids(workload, view, t, dedup)
+        mass = view_mass(workload, view, t) if dedup or view.num_ranks == 1 else None
+        total += rates.route_s_per_lookup * routed_ids(workload, view, t, dedup, mass)
         total += lookups * (rates.dedup_s_per_lookup if dedup else 0.0)
         total += lookups * t.dim * (move + rates.output_s_per_value)
-        if view.num_ranks == 1:
-            mass = view_mass(workload, view, t)
+        if mass is not None and view.num_ranks == 1:
             total += rates.update_s_per_value * t.dim * (mass.unique if dedup else mass.lookups)[-1]
     return float(total)

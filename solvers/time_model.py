@@ -101,7 +101,7 @@ def local_work(
         synced = hot_rows + warm_rows
         dedup = rates.dedup_s_per_lookup * (lookups + relay) if plan.dedup else np.zeros(n)
         out["dedup"] += dedup + rates.dedup_s_per_lookup * asked_in
-        routed = routed_ids(workload, view, t, plan.dedup)
+        routed = routed_ids(workload, view, t, plan.dedup, mass)
         out["route"] += rates.route_s_per_lookup * (routed + routed_twice)
         moved = lookups + served + served_group + relay + synced
         out["gather"] += rates.gather_s_per_value * t.dim * moved

@@ -182,10 +182,13 @@ def view_mass(workload: Workload, view: ClusterView, table: TableSpec) -> TableM
     return table_mass(table, workload.lookups_per_gpu(table), view.num_ranks, int(view.group_sizes.max()))
 
 
-def routed_ids(workload: Workload, view: ClusterView, table: TableSpec, dedup: bool) -> float:
+def routed_ids(
+    workload: Workload, view: ClusterView, table: TableSpec, dedup: bool, mass: TableMass | None = None
+) -> float:
     """Ids per GPU per iteration the runtime routes for ``table`` (tier test, owner, order by
     destination): with dedup it deduplicates first and routes the distinct ids, else every lookup
-    (:func:`flexshard.runtime.lookups.local_lookups`)."""
+    (:func:`flexshard.runtime.lookups.local_lookups`). ``mass``: the table's :func:`view_mass`, when the
+    caller has it already."""
     if not dedup:
         return float(workload.lookups_per_gpu(table))
-    return float(view_mass(workload, view, table).unique[-1])
+    return float((mass if mass is not None else view_mass(workload, view, table)).unique[-1])
