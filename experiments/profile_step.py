@@ -184,6 +184,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     keep_freed_memory()  # as the bench's ranks do
     from flexshard.bench.config import BenchConfig
     from flexshard.bench.plans import make_plans, plan_view, probed_view
+    from flexshard.bench.settle import DEFAULT_MAX_PASSES, settle
     from flexshard.bench.worker import _build, load_data, machine_rates
 
     cfg = BenchConfig(
@@ -237,12 +238,19 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     lines = []
     op_clocks: dict[str, _OpClock] = {}
     phase_clocks: dict[str, _OpClock] = {}
-    for s in systems:
-        if args.only and s.key not in args.only.split(","):
-            continue
-        for b in batches[: args.warmup]:
+    profiled = [s for s in systems if not args.only or s.key in args.only.split(",")]
+
+    def one_pass(i: int) -> None:  # every profiled strategy once: none pays the heap's growth alone
+        for s in profiled:
             dist.barrier()
-            s.step(b)
+            s.step(batches[i % len(batches)])
+
+    for i in range(args.warmup):
+        one_pass(i)
+    settled = settle(one_pass, DEFAULT_MAX_PASSES if args.warmup else 0)
+    if rank == 0:
+        lines.append(f"== warm-up: {args.warmup} passes, then {settled} until no rank's heap grew")
+    for s in profiled:
         times = []
         prof = (
             torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
@@ -375,7 +383,12 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps per strategy first")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed passes (a step of every profiled strategy), then passes until no heap grows",
+    )
     ap.add_argument("--objective", default="step", help="step (bench's default) or bytes")
     ap.add_argument("--plan-for", default="h100", help="probed or h100 (what the plans are made for)")
     ap.add_argument("--cprofile", action="store_true", help="profile rank 0's Python instead (self time)")
