@@ -37,6 +37,11 @@ log = logging.getLogger(__name__)
 
 RUNTIME_STRATEGIES = ("flexshard", "row_wise", "row_wise_group_dedup")
 TORCHREC = "torchrec_row_wise"
+# timings per message size of each of the bench's quick probes (`flexshard probe --quick` takes 3): on 4
+# ranks sharing 2 cores, 3 gave a world all-to-all latency of 0.45-2.5 ms from one probe to the next and
+# the step's priced latency 2.8-6.0 ms from one bench run to the next at batch 64 (steps 20.6-23.0 ms);
+# 15 gave 0.5-1.1 ms and 3.2-4.5 ms, at 0.8 s a probe (2026-11-27)
+PROBE_REPEATS = 15
 LABELS = {
     "flexshard": "FlexShard",
     "row_wise": "row-wise ablation (dedup)",
@@ -85,9 +90,9 @@ def repriced(
     return out
 
 
-def probe_ranks(groups: int, timeout_s: float) -> Measurements:
-    """A quick probe of the running job's ranks in ``groups`` consecutive groups (collective: every rank
-    calls it; the same measurements on every rank)."""
+def probe_ranks(groups: int, timeout_s: float, repeats: int = PROBE_REPEATS) -> Measurements:
+    """A quick probe of the running job's ranks in ``groups`` consecutive groups, ``repeats`` timings per
+    message size (collective: every rank calls it; the same measurements on every rank)."""
     import torch.distributed as dist
 
     from core.ranks import RankLayout
@@ -96,7 +101,7 @@ def probe_ranks(groups: int, timeout_s: float) -> Measurements:
 
     layout = RankLayout.consecutive(dist.get_world_size(), groups, "--groups")
     names = [f"g{k}" for k in range(layout.num_groups)]
-    return measure(layout.groups, ProbeConfig.quick(timeout_s=timeout_s), group_names=names)
+    return measure(layout.groups, ProbeConfig.quick(timeout_s=timeout_s, repeats=repeats), group_names=names)
 
 
 def measured_view(probes: list[Measurements]) -> ClusterView:
