@@ -245,11 +245,14 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             dist.barrier()
             s.step(batches[i % len(batches)])
 
-    for i in range(args.warmup):
+    # the warm-up batches, then every timed batch once (the heap has seen every size before the clocks
+    # run), then passes until no rank's heap grows
+    passes = args.warmup + args.steps if args.warmup else 0
+    for i in range(passes):
         one_pass(i)
-    settled = settle(one_pass, DEFAULT_MAX_PASSES if args.warmup else 0)
+    settled = settle(lambda i: one_pass(passes + i), DEFAULT_MAX_PASSES if args.warmup else 0)
     if rank == 0:
-        lines.append(f"== warm-up: {args.warmup} passes, then {settled} until no rank's heap grew")
+        lines.append(f"== warm-up: {passes} passes (every batch once), then {settled} until no heap grew")
     for s in profiled:
         times = []
         prof = (
@@ -387,7 +390,8 @@ def main() -> None:
         "--warmup",
         type=int,
         default=3,
-        help="untimed passes (a step of every profiled strategy), then passes until no heap grows",
+        help="untimed passes (a step of every profiled strategy) first, then one on every timed batch "
+        "and passes until no heap grows (0: none)",
     )
     ap.add_argument("--objective", default="step", help="step (bench's default) or bytes")
     ap.add_argument("--plan-for", default="h100", help="probed or h100 (what the plans are made for)")
