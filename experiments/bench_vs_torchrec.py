@@ -88,6 +88,7 @@ from flexshard.bench.recorder import recording
 from flexshard.bench.systems import TorchRecRowWise
 from flexshard.runtime.host_memory import keep_freed_memory
 from flexshard.runtime.local import wait_for_ranks
+from flexshard.training.garbage import StepGarbageCollection
 
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
@@ -282,7 +283,14 @@ class System:
 def timed_block(cfg: Config, system: System, warmup: int) -> None:
     """``warmup`` untimed steps then ``cfg.steps`` timed ones on the system's inputs (barrier before
     each step, outside the timing and the byte count; bytes and collectives by
-    :func:`flexshard.bench.recorder.recording`)."""
+    :func:`flexshard.bench.recorder.recording`). Python's collector is kept out of the block's steps (one
+    collection before it), as ``flexshard bench`` keeps it."""
+    with StepGarbageCollection(1):
+        _steps(cfg, system, warmup)
+
+
+def _steps(cfg: Config, system: System, warmup: int) -> None:
+    """The loop of :func:`timed_block`."""
     for index, batch in enumerate(system.inputs[cfg.warmup - warmup :]):
         dist.barrier()
         timed = index >= warmup
@@ -673,7 +681,9 @@ def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, r
         "`EXACT_ROWWISE_ADAGRAD`, no index dedup (no CPU kernel).",
         f"- Per system {cfg.rounds} rounds of {cfg.steps} timed steps on the same batches (first after "
         f"{cfg.warmup} warm-up steps), rounds alternating which system runs first; {cfg.threads} torch "
-        "thread(s) per rank; a step's time is its slowest rank's.",
+        "thread(s) per rank; a step's time is its slowest rank's; Python's garbage collector kept out of "
+        "each round's steps (one collection before it; since 2026-11-27, after this file's figures where "
+        "its date is earlier).",
         "- Bytes: measured by hooking `torch.distributed` collectives during the timed steps, per rank per "
         "iteration, send side, MB = 1e6 B (all-reduce per-peer bytes computed from the payload).",
         "",
