@@ -682,8 +682,7 @@ def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, r
         f"- Per system {cfg.rounds} rounds of {cfg.steps} timed steps on the same batches (first after "
         f"{cfg.warmup} warm-up steps), rounds alternating which system runs first; {cfg.threads} torch "
         "thread(s) per rank; a step's time is its slowest rank's; Python's garbage collector kept out of "
-        "each round's steps (one collection before it; since 2026-11-27, after this file's figures where "
-        "its date is earlier).",
+        "each round's steps (one collection before it).",
         "- Bytes: measured by hooking `torch.distributed` collectives during the timed steps, per rank per "
         "iteration, send side, MB = 1e6 B (all-reduce per-peer bytes computed from the payload).",
         "",
