@@ -286,25 +286,20 @@ def timed_block(cfg: Config, system: System, warmup: int) -> None:
     :func:`flexshard.bench.recorder.recording`). Python's collector is kept out of the block's steps (one
     collection before it), as ``flexshard bench`` keeps it."""
     with StepGarbageCollection(1):
-        _steps(cfg, system, warmup)
-
-
-def _steps(cfg: Config, system: System, warmup: int) -> None:
-    """The loop of :func:`timed_block`."""
-    for index, batch in enumerate(system.inputs[cfg.warmup - warmup :]):
-        dist.barrier()
-        timed = index >= warmup
-        with recording(cfg.group_size) as rec:
-            t0 = time.perf_counter()
-            system.step(batch)
-            dt = time.perf_counter() - t0
-        if timed:
-            system.times.append(dt)
-            system.sent.append(rec.bytes_sent.copy())
-            system.got.append(rec.bytes_received.copy())
-            for k, v in rec.counts.items():
-                system.calls[k] = system.calls.get(k, 0) + v
-            system.after_timed_step(cfg.warmup - warmup + index)
+        for index, batch in enumerate(system.inputs[cfg.warmup - warmup :]):
+            dist.barrier()
+            timed = index >= warmup
+            with recording(cfg.group_size) as rec:
+                t0 = time.perf_counter()
+                system.step(batch)
+                dt = time.perf_counter() - t0
+            if timed:
+                system.times.append(dt)
+                system.sent.append(rec.bytes_sent.copy())
+                system.got.append(rec.bytes_received.copy())
+                for k, v in rec.counts.items():
+                    system.calls[k] = system.calls.get(k, 0) + v
+                system.after_timed_step(cfg.warmup - warmup + index)
 
 
 def _loss(values: list[torch.Tensor]) -> torch.Tensor:
