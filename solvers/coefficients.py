@@ -279,6 +279,8 @@ def exchange_shape(
     return StepShape(
         remote=several and (uses.warm or uses.cold_flat or uses.cold_group),
         group_fetch=several and uses.cold_group,
+        flat_fetch=several and uses.cold_flat,
+        warm=several and uses.warm,
         hot_sync=several and hot,
         warm_sync=uses.warm and view.num_groups > 1,
         sync=SyncMode(sync),

@@ -9,12 +9,19 @@ so the number of stages depends on which exchanges a plan uses, never on how man
 forward
     ``meta`` (world all-to-all): every rank's input check code and the split sizes of every later
     lookup stage; ``ids`` (world all-to-all): warm and flat cold slots to their owners, group-fetch ids
-    to the rail peer and their slots to the owner; ``rows`` (world all-to-all): flat rows back to the
+    to the rail peer and their slots to the owner; ``rows`` (all-to-all): warm and flat rows back to the
     requesters and, for the group fetch, each distinct row once per group to that group's rail peer;
     ``scatter`` (group all-to-all, group fetch only): the rail peer hands the rows to its group.
 backward
-    ``grads`` (world all-to-all): flat gradients to the owners, group-fetch gradients to the rail peer;
-    ``rail_grads`` (rail all-to-all, group fetch only): the rail peer's per-row sums to the owners.
+    ``grads`` (all-to-all): warm and flat gradients to the owners, group-fetch gradients to the rail
+    peer; ``rail_grads`` (rail all-to-all, group fetch only): the rail peer's per-row sums to the owners.
+
+``rows`` and ``grads`` run on the smallest process group every block they carry stays in
+(:func:`lookup_scopes`): a plan whose cold rows are all group-fetched and which has no warm rows sends
+``rows`` on the rail only (owner to rail peer), and one with no flat-fetched cold rows sends ``grads``
+inside the group only (warm owners and rail peers are in the requester's group). Fewer ranks meet in the
+collective: on gloo every peer of an all-to-all is a message pair even when its block is empty, and every
+rank of the group waits for the slowest.
 sync (replicated rows, :class:`core.vocabulary.SyncMode`)
     ``sync_mask`` (world all-reduce, sparse sync only): which hot and warm rows some rank touched;
     ``sync_group_reduce`` (group all-to-all): a reduce-scatter of the hot gradients inside the group;
@@ -94,6 +101,8 @@ class StepShape:
 
     remote: bool  # some lookup leaves its rank (warm rows, or cold rows on a cluster of several ranks)
     group_fetch: bool  # some table's cold rows are fetched once per group
+    flat_fetch: bool  # some table's cold rows are fetched from their owner by every rank (row-wise)
+    warm: bool  # some table has warm rows
     hot_sync: bool  # hot rows exist and there are several ranks
     warm_sync: bool  # warm rows exist and there are several groups
     sync: SyncMode
@@ -108,6 +117,8 @@ def step_shape(plan: Plan, view: ClusterView) -> StepShape:
     return StepShape(
         remote=several and (warm or cold),
         group_fetch=several and plan.cold_fetch(FetchMode.GROUP),
+        flat_fetch=several and plan.cold_fetch(FetchMode.FLAT),
+        warm=several and warm,
         hot_sync=several and any(tp.hot_rows > 0 for tp in plan.tables),
         warm_sync=warm and view.num_groups > 1,
         sync=plan.sync,
@@ -129,10 +140,13 @@ def shape_schedule(shape: StepShape, view: ClusterView) -> tuple[Stage, ...]:
     fwd, bwd, sync = Phase.FORWARD, Phase.BACKWARD, Phase.SYNC
     stages = [Stage("meta", fwd, a2a, Scope.WORLD)]  # the input check travels even with nothing remote
     if shape.remote:
-        stages += [Stage("ids", fwd, a2a, Scope.WORLD), Stage("rows", fwd, a2a, Scope.WORLD)]
+        rows, grads = lookup_scopes(
+            shape.warm, shape.flat_fetch, shape.group_fetch, big_g, g, view.uniform_group_size is not None
+        )
+        stages += [Stage("ids", fwd, a2a, Scope.WORLD), Stage("rows", fwd, a2a, rows)]
         if shape.group_fetch and g > 1:
             stages.append(Stage("scatter", fwd, a2a, Scope.GROUP))
-        stages.append(Stage("grads", bwd, a2a, Scope.WORLD))
+        stages.append(Stage("grads", bwd, a2a, grads))
         if shape.group_fetch and big_g > 1:
             stages.append(Stage("rail_grads", bwd, a2a, Scope.RAIL))
     if not (shape.hot_sync or shape.warm_sync):
@@ -163,6 +177,27 @@ def shape_schedule(shape: StepShape, view: ClusterView) -> tuple[Stage, ...]:
     if hierarchical_hot:
         stages.append(Stage("sync_group_gather", sync, a2a, Scope.GROUP))
     return tuple(stages)
+
+
+def lookup_scopes(
+    warm: bool, flat_fetch: bool, group_fetch: bool, num_groups: int, group_size: int, equal_groups: bool
+) -> tuple[Scope, Scope]:
+    """The process groups of ``rows`` and ``grads`` for a plan with warm rows, flat-fetched and
+    group-fetched cold rows (or not) on ``num_groups`` groups of at most ``group_size`` ranks: the
+    smallest group every block of the stage stays in. ``rows``: warm rows come from the requester's
+    group, flat rows from anywhere, a group fetch's distinct rows from the owner to its rail peer (the
+    rail, which exists with ``equal_groups`` only); ``grads``: warm gradients and the group fetch's go
+    inside the group, flat ones anywhere. The world wherever a smaller group would not hold every
+    block, or would be the world itself (one group), or a rank alone (groups of one rank)."""
+    several_groups = num_groups > 1
+    rows = Scope.WORLD
+    if several_groups and not flat_fetch:
+        if group_fetch and not warm and equal_groups:
+            rows = Scope.RAIL
+        elif warm and not group_fetch and group_size > 1:
+            rows = Scope.GROUP
+    grads = Scope.GROUP if several_groups and not flat_fetch and group_size > 1 else Scope.WORLD
+    return rows, grads
 
 
 def collectives_per_step(plan: Plan, view: ClusterView) -> int:

@@ -45,9 +45,11 @@ def stage(name: str) -> Iterator[None]:
 
 @dataclass
 class CollectiveCount:
-    """What :func:`count_collectives` saw: ``calls`` in issue order as ``(stage name or "", kind)``."""
+    """What :func:`count_collectives` saw: ``calls`` in issue order as ``(stage name or "", kind)``, and
+    ``ranks``: the ranks of each call's process group, in the same order."""
 
     calls: list[tuple[str, str]] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
 
     @property
     def per_kind(self) -> dict[str, int]:
@@ -73,6 +75,7 @@ def count_collectives() -> Iterator[CollectiveCount]:
     def wrap(name, fn):
         def counted(*args, **kwargs):
             out.calls.append((getattr(_local, "stage", None) or "", KINDS[name]))
+            out.ranks.append(dist.get_world_size(kwargs.get("group")))
             return fn(*args, **kwargs)
 
         return counted

@@ -23,20 +23,22 @@ contract. Each collective phase is one stage of :func:`solvers.schedule.step_sch
     without an exchange of sizes. Every table in one dedup per side, without a sort where the key range
     is small.
 ``output_dist``
-    :meth:`~ExchangeProtocol.rows` (``rows``, world all-to-all): warm and flat rows back to the
+    :meth:`~ExchangeProtocol.rows` (``rows``, all-to-all): warm and flat rows back to the
     requesters; each distinct group-fetch row once per group, owner to that group's rail peer (the rows
     a rail peer owns itself sent to itself: a local copy, so that it receives every distinct row in
     order).
     :meth:`~ExchangeProtocol.scatter` (``scatter``, group all-to-all): the rail peer hands every id of its
     group its row (inverse indices).
 backward
-    :meth:`~ExchangeProtocol.grads` (``grads``, world all-to-all): warm and flat gradients to the owners,
+    :meth:`~ExchangeProtocol.grads` (``grads``, all-to-all): warm and flat gradients to the owners,
     group-fetch gradients to the rail peer, which sums them per distinct row in float32;
     :meth:`~ExchangeProtocol.rail_grads` (``rail_grads``, rail all-to-all): the sums to the owners (its
     own to itself, as in ``rows``; on an fp16 wire added apart, scaled by their own largest).
 
-The replica ``sync`` phase is :mod:`~flexshard.runtime.sync`. A stage on a process group of one rank is a
-local copy. With one dim for every table and an fp32 wire, the relay works in the stages' own
+``rows`` and ``grads`` run on the smallest process group that holds every block they carry
+(:func:`solvers.schedule.lookup_scopes`: the rail, the group or the world), with the split sizes of its
+members only. The replica ``sync`` phase is :mod:`~flexshard.runtime.sync`. A stage on a process group
+of one rank is a local copy. With one dim for every table and an fp32 wire, the relay works in the stages' own
 buffers (:mod:`~flexshard.runtime.relay`); received rows and gradients are put in place by
 :mod:`~flexshard.runtime.placing`. Embeddings and gradients travel as the plan's wire dtype;
 on an fp16 wire each sender scales its gradients by its own power of two and sends the exponent with them
@@ -87,6 +89,7 @@ from flexshard.runtime.transfer import (
     exchange_vectors,
     rows_at,
 )
+from solvers.schedule import Scope, lookup_scopes
 
 KINDS = 4  # the id columns of a table: WARM, FLAT, GIDS, GSLOTS
 ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's distinct rows in GIDS)
@@ -163,6 +166,21 @@ class ExchangeProtocol:
         self.active[:, GSLOTS] = ~same & group
         self.intra = np.asarray(pg.intra_ranks, dtype=np.int64)
         self.rail = np.asarray(pg.replica_ranks, dtype=np.int64)
+        scopes = lookup_scopes(
+            warm,
+            flat,
+            group,
+            layout.num_groups,
+            int(layout.group_sizes.max()),
+            layout.uniform_group_size is not None,
+        )
+        members = {
+            Scope.WORLD: (np.arange(self.world), None),
+            Scope.GROUP: (self.intra, pg.intra),
+            Scope.RAIL: (self.rail, pg.replica),
+        }
+        # (ranks in group order, process group) of ``rows`` and of ``grads``
+        self.rows_scope, self.grads_scope = (members[s] for s in scopes)
         self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
         self.dedup = GroupDedup(me, pos_of, peer_of, routing, self.group_fetch, device)
         # read-only stand-ins for a column a table does not use (no tensor made per step)
@@ -324,11 +342,12 @@ class ExchangeProtocol:
             recv_counts.append(
                 np.stack([routed.counts[:, t, WARM], routed.counts[:, t, FLAT], asked.fetch_counts[:, t]], 1)
             )
-        sc, rc = np.concatenate(send_counts, 1), np.concatenate(recv_counts, 1)
+        members, group = self.rows_scope
+        sc, rc = np.concatenate(send_counts, 1)[members], np.concatenate(recv_counts, 1)[members]
         if self.one_dim_fp32:  # gathered straight into the send buffer; the distinct rows left in place
             sources = [self.shards[(t, tier)].weights for t in range(n_t) for tier in ROW_TIERS]
             indices = [ix for t in range(n_t) for ix in (*asked.slots[t], asked.owner_slots[t])]
-            gathered = exchange_gathered_async("rows", sources, indices, sc, rc, with_buffer=True)
+            gathered = exchange_gathered_async("rows", sources, indices, sc, rc, group, with_buffer=True)
             self.bytes.forward(routed.counts, asked, traffic)
 
             def relayed() -> RelayRows:
@@ -341,7 +360,7 @@ class ExchangeProtocol:
 
             return Pending([gathered], relayed)
         widths = np.repeat(self.dims, len(ROW_KINDS))
-        pending = exchange_vectors("rows", cols, sc, rc, widths, self.wire_dtype)
+        pending = exchange_vectors("rows", cols, sc, rc, widths, self.wire_dtype, group)
         self.bytes.forward(routed.counts, asked, traffic)
 
         def finish() -> list[torch.Tensor]:
@@ -419,8 +438,9 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
         n_t = len(unique_grads)
-        sc = routed.counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
-        rc = asked.recv_counts[:, :, list(ROW_KINDS)].reshape(self.world, -1)
+        members, group = self.grads_scope
+        sc = routed.counts[members][:, :, list(ROW_KINDS)].reshape(members.size, -1)
+        rc = asked.recv_counts[members][:, :, list(ROW_KINDS)].reshape(members.size, -1)
         order = routed.in_order
         indices = [None if (t, k) in order else routed.index[t][k] for t in range(n_t) for k in ROW_KINDS]
         columns = int(np.count_nonzero(sc.any(axis=0) | rc.any(axis=0)))
@@ -430,14 +450,14 @@ class ExchangeProtocol:
             # every column gathered straight into the send buffer and received as per-peer views (the
             # all_to_all of one column in order takes no copy either way)
             sources = [unique_grads[t] for t in range(n_t) for _k in ROW_KINDS]
-            pending = exchange_gathered_async("grads", sources, indices, sc, rc)
+            pending = exchange_gathered_async("grads", sources, indices, sc, rc, group)
         else:
             cols = [
                 unique_grads[t] if i is None else rows_at(unique_grads[t], i)
                 for t, i in zip(np.repeat(np.arange(n_t), len(ROW_KINDS)), indices, strict=True)
             ]
             widths = np.repeat(self.dims, len(ROW_KINDS))
-            pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, None, scaled=True)
+            pending = exchange_vectors("grads", cols, sc, rc, widths, self.wire_dtype, group, scaled=True)
 
         def finish() -> list[torch.Tensor] | RelaySums:
             got = pending.wait()

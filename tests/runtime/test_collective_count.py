@@ -1,8 +1,10 @@
 """A training step issues exactly the collectives of :func:`solvers.schedule.step_schedule`, in order, named
-by stage, counted by :func:`flexshard.runtime.collective_count.count_collectives` on real gloo ranks: plans
-with hot + warm + group fetch, hot + warm + flat cold, flat only (every row cold), row-wise (TorchRec's
-ranges), sparse and dense sync, fp32 and fp16 wires, at 4 ranks in 2 groups and 8 ranks in 2 groups, with
-2 and with 5 tables (the count does not depend on the number of tables); and hot + flat cold, flat only
+by stage, each on a process group of the stage's ranks, counted by
+:func:`flexshard.runtime.collective_count.count_collectives` on real gloo ranks: plans with hot + warm +
+group fetch, hot + warm + flat cold, flat only (every row cold), row-wise (TorchRec's ranges), group fetch
+only (``rows`` on the rail, ``grads`` in the group), hot + warm with no cold row (both in the group),
+sparse and dense sync, fp32 and fp16 wires, at 4 ranks in 2 groups and 8 ranks in 2 groups, with 2 and
+with 5 tables (the count does not depend on the number of tables); and hot + flat cold, flat only
 on 3 ranks in groups of 2 and 1 (no rail groups: the hot rows synced over every rank)."""
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from topology.views import ClusterView, uniform_view
 pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
 
 ROWS, DIM, BATCH, LENGTH = 200, 4, 6, 5
-KINDS = ("tiers_group", "tiers_flat", "flat_only", "row_wise")
+KINDS = ("tiers_group", "tiers_flat", "flat_only", "row_wise", "group_only", "warm_only")
 UNEQUAL_KINDS = ("hot_flat", "flat_only")  # groups of unequal size: no warm rows, no group fetch
 SETTINGS = list(product((SyncMode.SPARSE, SyncMode.DENSE), (WireDtype.FP32, WireDtype.FP16), (2, 5)))
 LAYOUTS = {"4-ranks-2-groups": [[0, 1], [2, 3]], "8-ranks-2-groups": [[0, 1, 2, 3], [4, 5, 6, 7]]}
@@ -58,8 +60,9 @@ def workload(num_tables: int) -> Workload:
 
 def make_plan(kind: str, sync: SyncMode, wire: WireDtype, num_tables: int, view: ClusterView) -> Plan:
     n = view.num_ranks
-    hot, warm = {"tiers_group": (10, 40), "tiers_flat": (10, 40), "hot_flat": (10, 0)}.get(kind, (0, 0))
-    fetch = FetchMode.GROUP if kind == "tiers_group" else FetchMode.FLAT
+    tiers = {"tiers_group": (10, 40), "tiers_flat": (10, 40), "hot_flat": (10, 0)}
+    hot, warm = (tiers | {"warm_only": (10, ROWS - 10)}).get(kind, (0, 0))
+    fetch = FetchMode.GROUP if kind in ("tiers_group", "group_only") else FetchMode.FLAT
     deal = Deal.RANGES if kind == "row_wise" else Deal.INTERLEAVE
     tables = tuple(
         TablePlan(
@@ -78,8 +81,9 @@ def make_plan(kind: str, sync: SyncMode, wire: WireDtype, num_tables: int, view:
     return Plan(strategy, tables, dedup=True, sync=sync, wire=wire)
 
 
-def _count(rank: int, world: int, paths: list[str]) -> list[list[tuple[str, str]]]:
-    """Per plan: the collectives of the second training step (forward, backward, step)."""
+def _count(rank: int, world: int, paths: list[str]) -> list[list[tuple[str, str, int]]]:
+    """Per plan: the collectives of the second training step (forward, backward, step), as (stage, kind,
+    ranks of its process group)."""
     out = []
     for path in paths:
         plan_file = read_plan(path)
@@ -96,7 +100,7 @@ def _count(rank: int, world: int, paths: list[str]) -> list[list[tuple[str, str]
                 loss.backward()
                 model.step()
             if step == 1:
-                out.append(counted.calls)
+                out.append([(*call, n) for call, n in zip(counted.calls, counted.ranks, strict=True)])
         dist.barrier()
     return out
 
@@ -113,7 +117,7 @@ def test_a_step_issues_exactly_its_schedule(tmp_path, layout):
         path = tmp_path / f"plan{i}.json"
         write_plan(path, to_dict(plan, wl, view, evaluate(wl, view, plan), "test"))
         paths.append(str(path))
-        want.append([(s.name, s.kind.value) for s in step_schedule(plan, view)])
+        want.append([(s.name, s.kind.value, s.participants(view)) for s in step_schedule(plan, view)])
     got = run_function(_count, view.num_ranks, paths, timeout_s=600.0)
     for case, expected, per_rank in zip(cases, want, zip(*got, strict=True), strict=True):
         assert expected, case

@@ -121,3 +121,33 @@ def test_groups_of_unequal_size_sync_the_hot_rows_over_the_world(wire, sync_stag
     kinds = {s.name: s.kind for s in step_schedule(plan, view)}
     want = CollectiveKind.ALL_REDUCE if wire is WireDtype.FP32 else CollectiveKind.ALL_TO_ALL
     assert all(kinds[name] is want for name in sync_stages)
+
+
+def _scopes(plan, view):
+    stages = {s.name: s for s in step_schedule(plan, view)}
+    return stages["rows"].scope, stages["grads"].scope
+
+
+def test_rows_and_grads_run_on_the_smallest_group_that_holds_their_blocks():
+    view = _view(2, 4)
+    # every cold row group-fetched, no warm row: rows owner -> rail peer, grads requester -> rail peer
+    assert _scopes(_plan(view, 0, 0, FetchMode.GROUP), view) == (Scope.RAIL, Scope.GROUP)
+    assert _scopes(_plan(view, 10, 0, FetchMode.GROUP), view) == (Scope.RAIL, Scope.GROUP)  # hot rows: local
+    # warm rows come from the group: rows carries both the group's and the rail's blocks
+    assert _scopes(_plan(view, 10, 20, FetchMode.GROUP), view) == (Scope.WORLD, Scope.GROUP)
+    # warm rows and no cold row: both inside the group
+    assert _scopes(_plan(view, 10, 990), view) == (Scope.GROUP, Scope.GROUP)
+    # flat cold rows come from anywhere
+    assert _scopes(_plan(view, 10, 20), view) == (Scope.WORLD, Scope.WORLD)
+    assert _scopes(_plan(view, 0, 0), view) == (Scope.WORLD, Scope.WORLD)
+    stages = {s.name: s for s in step_schedule(_plan(view, 0, 0, FetchMode.GROUP), view)}
+    assert stages["rows"].participants(view) == 2 and stages["grads"].participants(view) == 4
+
+
+def test_one_group_and_groups_of_one_rank_keep_rows_and_grads_on_the_world():
+    one = _view(1, 4)
+    assert _scopes(_plan(one, 10, 20, FetchMode.GROUP), one) == (Scope.WORLD, Scope.WORLD)
+    singles = _view(4, 1)
+    assert _scopes(_plan(singles, 0, 0, FetchMode.GROUP), singles) == (Scope.RAIL, Scope.WORLD)
+    unequal = _unequal_view()
+    assert _scopes(_plan(unequal, 0, 0, FetchMode.GROUP), unequal) == (Scope.WORLD, Scope.GROUP)
