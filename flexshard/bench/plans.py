@@ -195,13 +195,15 @@ def make_plans(
     :data:`RUNTIME_STRATEGIES` order then TorchRec's; FlexShard's planner minimises ``objective`` (``step``
     time or ``bytes``); ``gpu_host``: the host work the plans price on a GPU preset
     (:meth:`~solvers.time_types.LocalRates.for_view`); ``rates``: the running machine's local-work rates
-    (None: the view's); ``torchrec_local_s``: TorchRec's own local work per step, measured
-    (:func:`~flexshard.bench.systems.torchrec_local_step_s`), priced in its prediction instead of the
-    runtime's local rates (None: those rates); ``ranks_per_core``: the job's ranks on this host per core
-    (:func:`~flexshard.bench.predict.predicted_parts_ms`)."""
+    (None: the view's), which the plans for the running machine (``plan_view`` is ``machine_view``) are
+    also made with, so that the planner picks by the step the prediction prices; ``torchrec_local_s``:
+    TorchRec's own local work per step, measured (:func:`~flexshard.bench.systems.torchrec_local_step_s`),
+    priced in its prediction instead of the runtime's local rates (None: those rates); ``ranks_per_core``:
+    the job's ranks on this host per core (:func:`~flexshard.bench.predict.predicted_parts_ms`)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
-    cfg = OptimizerConfig(step_time=objective == "step", gpu_host=gpu_host)
+    here = plan_view is machine_view  # --plan-for probed: priced as the running machine's rates price it
+    cfg = OptimizerConfig(step_time=objective == "step", gpu_host=gpu_host, rates=rates if here else None)
     made = {
         "flexshard": make_plan("flexshard", w, plan_view, budget_bytes(w, plan_view, budget_x), config=cfg),
         "row_wise": make_plan("row_wise", w, plan_view, row_wise_budget, dedup=True, config=cfg),
