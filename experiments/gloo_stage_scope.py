@@ -39,21 +39,27 @@ def _rank(rank: int, world: int, port: int, g: int, floats: int, repeats: int, o
     groups = world // g
     intra = [dist.new_group(list(range(k * g, (k + 1) * g))) for k in range(groups)][rank // g]
     rails = [dist.new_group([p + k * g for k in range(groups)]) for p in range(g)][rank % g]
-    peer, mine = (rank + g) % world, range((rank // g) * g, (rank // g + 1) * g)
+    to, at = (rank + g) % world, (rank - g) % world  # the rail peer sent to, the one received from
+    mine = range((rank // g) * g, (rank // g + 1) * g)
 
-    def send(splits: list[int], group=None) -> None:
-        x = torch.ones(sum(splits))
-        dist.all_to_all_single(torch.empty(sum(splits)), x, splits, splits, group=group)
+    def send(out: list[int], into: list[int] | None = None, group=None) -> None:
+        into = out if into is None else into
+        recv = torch.empty(sum(into))
+        dist.all_to_all_single(recv, torch.ones(sum(out)), into, out, group=group)
 
-    world_rail = [floats if p == peer else 0 for p in range(world)]
-    rail = [0 if k == rank // g else floats for k in range(groups)]
+    def one(n: int, peer: int) -> list[int]:
+        return [floats if p == peer else 0 for p in range(n)]
+
+    k = rank // g  # this rank's place in its rail
     world_group = [floats // (g - 1) if p in mine and p != rank else 0 for p in range(world)]
     group = [0 if p == rank else floats // (g - 1) for p in mine]
     cases = {
-        ("rows: block to the rail peer", "world"): lambda: send(world_rail),
-        ("rows: block to the rail peer", "rail"): lambda: send(rail, rails),
+        ("rows: block to the rail peer", "world"): lambda: send(one(world, to), one(world, at)),
+        ("rows: block to the rail peer", "rail"): lambda: send(
+            one(groups, (k + 1) % groups), one(groups, (k - 1) % groups), rails
+        ),
         ("grads: blocks to the group", "world"): lambda: send(world_group),
-        ("grads: blocks to the group", "group"): lambda: send(group, intra),
+        ("grads: blocks to the group", "group"): lambda: send(group, None, intra),
     }
     got = {}
     for key, run in cases.items():
