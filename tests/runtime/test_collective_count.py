@@ -60,8 +60,13 @@ def workload(num_tables: int) -> Workload:
 
 def make_plan(kind: str, sync: SyncMode, wire: WireDtype, num_tables: int, view: ClusterView) -> Plan:
     n = view.num_ranks
-    tiers = {"tiers_group": (10, 40), "tiers_flat": (10, 40), "hot_flat": (10, 0)}
-    hot, warm = (tiers | {"warm_only": (10, ROWS - 10)}).get(kind, (0, 0))
+    tiers = {
+        "tiers_group": (10, 40),
+        "tiers_flat": (10, 40),
+        "hot_flat": (10, 0),
+        "warm_only": (10, ROWS - 10),
+    }
+    hot, warm = tiers.get(kind, (0, 0))
     fetch = FetchMode.GROUP if kind in ("tiers_group", "group_only") else FetchMode.FLAT
     deal = Deal.RANGES if kind == "row_wise" else Deal.INTERLEAVE
     tables = tuple(

@@ -31,6 +31,10 @@ def _names(plan, view):
     return [s.name for s in step_schedule(plan, view)]
 
 
+def _stages(plan, view):
+    return {s.name: s for s in step_schedule(plan, view)}
+
+
 def test_row_wise_is_meta_ids_rows_grads():
     view = _view(2, 4)
     assert _names(_plan(view, 0, 0), view) == ["meta", "ids", "rows", "grads"]
@@ -81,7 +85,7 @@ def test_one_group_has_no_rail_stage_and_one_rank_has_none():
 
 def test_participants_and_links_follow_the_scope():
     view = _view(4, 2)
-    stages = {s.name: s for s in step_schedule(_plan(view, 10, 20, FetchMode.GROUP), view)}
+    stages = _stages(_plan(view, 10, 20, FetchMode.GROUP), view)
     assert stages["meta"].participants(view) == 8
     assert stages["scatter"].participants(view) == 2
     assert stages["rail_grads"].participants(view) == 4
@@ -124,7 +128,7 @@ def test_groups_of_unequal_size_sync_the_hot_rows_over_the_world(wire, sync_stag
 
 
 def _scopes(plan, view):
-    stages = {s.name: s for s in step_schedule(plan, view)}
+    stages = _stages(plan, view)
     return stages["rows"].scope, stages["grads"].scope
 
 
@@ -140,7 +144,7 @@ def test_rows_and_grads_run_on_the_smallest_group_that_holds_their_blocks():
     # flat cold rows come from anywhere
     assert _scopes(_plan(view, 10, 20), view) == (Scope.WORLD, Scope.WORLD)
     assert _scopes(_plan(view, 0, 0), view) == (Scope.WORLD, Scope.WORLD)
-    stages = {s.name: s for s in step_schedule(_plan(view, 0, 0, FetchMode.GROUP), view)}
+    stages = _stages(_plan(view, 0, 0, FetchMode.GROUP), view)
     assert stages["rows"].participants(view) == 2 and stages["grads"].participants(view) == 4
 
 
