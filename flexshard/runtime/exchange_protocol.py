@@ -75,11 +75,16 @@ from flexshard.runtime.placing import (
 from flexshard.runtime.relay import (
     RelayRows,
     RelaySums,
+    WireRows,
     distinct_rows_at,
     exchange_sums,
     gather_own_rows,
+    grads_wire,
     rail_sums,
-    scatter_index,
+    rail_sums_wire,
+    scatter_wire,
+    wire_order,
+    wire_rows,
 )
 from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import (
@@ -109,6 +114,15 @@ class Routed:
     # (table, kind) of the columns that are every unique id in order (FLAT of an all-cold by-owner table,
     # GIDS of a by-rail one: the index is arange): rows and gradients travel without a gather or scatter
     in_order: set[tuple[int, int]] = field(default_factory=set)
+    # every table's group-fetched rows in ``scatter``'s wire order (set by ``scatter`` where every table
+    # is by rail; the lookups' ``rows`` are then unused)
+    joint: WireRows | None = None
+
+    def outputs(self) -> tuple[torch.Tensor, ...]:
+        """Every table's rows in input order."""
+        if self.joint is not None:
+            return tuple(self.joint.output(t) for t in range(len(self.lookups)))
+        return tuple(lk.output() for lk in self.lookups)
 
 
 class ExchangeProtocol:
@@ -166,6 +180,7 @@ class ExchangeProtocol:
         self.active[:, GSLOTS] = ~same & group
         self.intra = np.asarray(pg.intra_ranks, dtype=np.int64)
         self.rail = np.asarray(pg.replica_ranks, dtype=np.int64)
+        self.intra_me = int(np.flatnonzero(self.intra == me)[0])  # this rank's place in its group
         scopes = lookup_scopes(
             warm,
             flat,
@@ -189,6 +204,8 @@ class ExchangeProtocol:
         self._no_bins = torch.zeros(self.world, dtype=torch.int64, device=device)
         # one dim and an fp32 wire: rows gathered into the send buffer, the relay from its receive buffer
         self.one_dim_fp32 = wire_dtype is WireDtype.FP32 and np.unique(self.dims).size == 1
+        # ``grads`` on the group: a requester's gradients in wire order can be sent as they lie
+        self._grads_in_group = np.array_equal(self.grads_scope[0], self.intra) and self.intra.size > 1
 
     # --- input_dist ----------------------------------------------------------------------------------
 
@@ -318,8 +335,13 @@ class ExchangeProtocol:
 
     def compute(self, received: list[list[torch.Tensor]], recv_counts: np.ndarray) -> Asked:
         """The owners' and rail peers' local work: dedup of the group fetch on both sides
-        (:class:`~flexshard.runtime.group_dedup.GroupDedup`). No collective."""
-        return self.dedup.compute(received, recv_counts)
+        (:class:`~flexshard.runtime.group_dedup.GroupDedup`); for the relay, the distinct numbers of the
+        received group ids in wire order. No collective."""
+        asked = self.dedup.compute(received, recv_counts)
+        if self.one_dim_fp32 and asked.joined_inverse is not None:
+            wire = wire_order(recv_counts[:, :, GIDS], self.intra, self.device)
+            asked.wire_inverse = asked.joined_inverse.index_select(0, wire)
+        return asked
 
     # --- output_dist -----------------------------------------------------------------------------------
 
@@ -382,6 +404,8 @@ class ExchangeProtocol:
             place_scattered(routed.lookups, routed.index, routed.in_order, per_table)
 
         if isinstance(distinct, RelayRows):
+            if self._grads_in_group and routed.lookups and all(lk.by_rail for lk in routed.lookups):
+                return self._scatter_joint(routed, asked, distinct, sc, rc)
             return self._scatter_relayed(routed, asked, distinct, sc, rc)
         if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
             gathered = exchange_gathered_async("scatter", distinct, asked.inverse, sc, rc, self.pg.intra)
@@ -389,6 +413,18 @@ class ExchangeProtocol:
         cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
         pending = exchange_vectors("scatter", cols, sc, rc, self.dims, self.wire_dtype, self.pg.intra)
         return Pending([pending], lambda: place([[got] for got in pending.wait()]))
+
+    def _scatter_joint(
+        self, routed: Routed, asked: Asked, distinct: RelayRows, sc: np.ndarray, rc: np.ndarray
+    ) -> Pending[None]:
+        """``scatter`` where every table is by rail: the rows land in one :class:`WireRows` in wire
+        order (:attr:`Routed.joint`), received in place, this rank's own gathered into it; ``grads``
+        sends their gradients back from the same layout (:meth:`_grads_joint`)."""
+        me = self.intra_me
+        inverse = [lk.inverse for lk in routed.lookups]
+        routed.joint = wire_rows(inverse, rc, me, int(distinct.buffer.shape[1]), self.device)
+        index = distinct.row_of.index_select(0, asked.wire_inverse)
+        return scatter_wire(distinct.buffer, index, sc.sum(axis=1), me, routed.joint, self.pg.intra)
 
     def _scatter_relayed(
         self, routed: Routed, asked: Asked, distinct: RelayRows, sc: np.ndarray, rc: np.ndarray
@@ -399,10 +435,8 @@ class ExchangeProtocol:
         to its place, so the own rows are copied once, not three times (into the send buffer, out of it,
         into the lookups)."""
         n_t = len(routed.lookups)
-        index = scatter_index(
-            asked.joined_inverse, asked.recv_counts[:, :, GIDS], self.intra, distinct.row_of
-        )
-        me = int(np.flatnonzero(self.intra == self.me)[0])
+        index = distinct.row_of.index_select(0, asked.wire_inverse)
+        me = self.intra_me
         direct = all((t, GIDS) in routed.in_order for t in range(n_t) if rc[:, t].any())
         first = np.concatenate([np.zeros((1, n_t), np.int64), np.cumsum(rc, axis=0)[:-1]])  # [peer, t]
         wire_sc, wire_rc = sc, rc
@@ -436,7 +470,11 @@ class ExchangeProtocol:
         self, routed: Routed, asked: Asked, unique_grads: list[torch.Tensor]
     ) -> Pending[list[torch.Tensor]]:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
-        gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table."""
+        gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table.
+        With :attr:`Routed.joint`, ``unique_grads`` is its
+        :meth:`~flexshard.runtime.relay.WireRows.gradient`."""
+        if routed.joint is not None:
+            return self._grads_joint(routed, asked, unique_grads)
         n_t = len(unique_grads)
         members, group = self.grads_scope
         sc = routed.counts[members][:, :, list(ROW_KINDS)].reshape(members.size, -1)
@@ -467,6 +505,20 @@ class ExchangeProtocol:
                 fetch, dim = asked.fetch_counts[self.rail], int(self.dims[0])
                 return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.device)
             return rail_peer_sums(asked, got, self.dims, self.device)
+
+        return Pending([pending], finish)
+
+    def _grads_joint(self, routed: Routed, asked: Asked, gradient: torch.Tensor) -> Pending[RelaySums]:
+        """``grads`` of a :attr:`Routed.joint` lookup: the gradients sent as they lie, summed by the
+        rail peer in three adds (:func:`~flexshard.runtime.relay.rail_sums_wire`); no warm or flat
+        gradients (every table is group fetched)."""
+        recv = asked.recv_counts[self.intra][:, :, GIDS].sum(axis=1)
+        pending = grads_wire(routed.joint, gradient, recv, self.intra_me, self.pg.intra)
+        fetch = asked.fetch_counts[self.rail]
+
+        def finish() -> RelaySums:
+            received, own = pending.wait()
+            return rail_sums_wire(fetch, asked.wire_inverse, recv, self.intra_me, received, own, self.device)
 
         return Pending([pending], finish)
 

@@ -50,6 +50,9 @@ class Asked:
     # every received group id's distinct number over all tables (table-major: ``inverse`` plus the
     # table's first distinct row), the tables' ids joined in order; None without a group fetch
     joined_inverse: torch.Tensor | None = None
+    # ``joined_inverse`` in wire order (group peer, table): what ``scatter`` sends and ``grads`` brings
+    # back; set by the one-dim fp32 relay's ``compute``, else None
+    wire_inverse: torch.Tensor | None = None
 
     @property
     def num_distinct(self) -> np.ndarray:

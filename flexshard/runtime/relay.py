@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from flexshard.runtime.awaitable import Pending
+from flexshard.runtime.awaitable import Pending, all_to_all
 from flexshard.runtime.transfer import add_blocks, exchange_columns_async
 
 
@@ -45,34 +45,30 @@ def distinct_rows_at(
     if first_row is None:
         first_row = np.concatenate([[0], np.cumsum(counts.reshape(-1))[:-1]]).reshape(counts.shape)
     start = np.asarray(first_row, dtype=np.int64)
-    per_block = counts[:, distinct_column].T.reshape(-1)  # [table, peer], table-major
-    first = np.concatenate([[0], np.cumsum(per_block)[:-1]])  # each block's first distinct number
-    delta = start[:, distinct_column].T.reshape(-1) - first  # a block's buffer row less its number
-    total = int(per_block.sum())
-    delta_t, per_block_t = torch.as_tensor(np.stack([delta, per_block]), device=device)  # one host copy
-    shift = torch.repeat_interleave(delta_t, per_block_t, output_size=total)
+    sizes, first = (x[:, distinct_column].T.reshape(-1) for x in (counts, start))  # table-major
+    return block_rows(sizes, first, device)
+
+
+def block_rows(sizes: np.ndarray, first: np.ndarray, device: torch.device) -> torch.Tensor:
+    """int64[sum(sizes)]: rows ``first[i]`` to ``first[i] + sizes[i] - 1`` of every block ``i``, blocks
+    in order; one repeat of each block's shift plus one range (no op per block)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    delta = np.asarray(first, dtype=np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    delta_t, sizes_t = torch.as_tensor(np.stack([delta, sizes]), device=device)  # one host copy
+    shift = torch.repeat_interleave(delta_t, sizes_t, output_size=total)
     return shift + torch.arange(total, device=device)
 
 
-def scatter_index(
-    joined_inverse: torch.Tensor, ids_per_peer: np.ndarray, to: np.ndarray, row_of: torch.Tensor
-) -> torch.Tensor:
-    """int64: the buffer rows ``scatter`` sends, in wire order (peer of ``to``, table).
-    ``joined_inverse``: each received group id's distinct number (table-major, each table in peer
-    order); ``ids_per_peer[p, t]``: ids received from peer p of table t (int64[world, tables]);
-    ``to``: the peers sent to, in group order; ``row_of``: :func:`distinct_rows_at`."""
+def wire_order(ids_per_peer: np.ndarray, to: np.ndarray, device: torch.device) -> torch.Tensor:
+    """int64: the positions, among the received group ids numbered table-major then by peer
+    (``joined_inverse``'s order; ``ids_per_peer[p, t]`` ids of table t from peer p, int64[world, tables]),
+    of the ids of the peers ``to`` in wire order (peer of ``to``, table): what ``scatter`` sends and
+    ``grads`` brings back."""
     counts = np.asarray(ids_per_peer, dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(counts.T.reshape(-1))[:-1]]).reshape(counts.T.shape)  # [t, p]
-    parts = [
-        joined_inverse[int(start[t, p]) : int(start[t, p] + counts[p, t])]
-        for p in to
-        for t in range(counts.shape[1])
-        if counts[p, t]
-    ]
-    if not parts:
-        return joined_inverse[:0]
-    wire = parts[0] if len(parts) == 1 else torch.cat(parts)
-    return row_of.index_select(0, wire)
+    start = np.concatenate([[0], np.cumsum(counts.T.reshape(-1))[:-1]]).reshape(counts.T.shape).T  # [p, t]
+    to = np.asarray(to, dtype=np.int64)
+    return block_rows(counts[to].reshape(-1), start[to].reshape(-1), device)
 
 
 def gather_own_rows(
@@ -84,7 +80,8 @@ def gather_own_rows(
     first: np.ndarray,
 ) -> torch.Tensor:
     """The rows ``scatter`` would send this rank itself, gathered straight into its lookups: ``index``
-    (:func:`scatter_index`, wire order (peer, table), ``sent[p, t]`` rows each) read from ``buffer``,
+    (the buffer rows ``scatter`` sends: :attr:`RelayRows.row_of` of the distinct numbers in wire order
+    (peer, table), ``sent[p, t]`` rows each) read from ``buffer``,
     table ``t``'s own block into ``rows[t]`` from row ``first[t]`` on. Returns ``index`` without the
     own block (what the collective still sends)."""
     sent = np.asarray(sent, dtype=np.int64)
@@ -117,7 +114,7 @@ def rail_sums(
 ) -> RelaySums:
     """The sums of the group's gradients per distinct row, added straight into ``rail_grads``' send
     order: ``fetch[j, t]`` distinct rows of table t from rail owner j; ``joined_inverse`` as in
-    :func:`scatter_index`, ``ids[t]`` of them per table; ``got[t]``: table t's received gradients
+    :func:`wire_order`, ``ids[t]`` of them per table; ``got[t]``: table t's received gradients
     (a tensor, or per-peer blocks in peer order). Each row's terms are added in peer order, as the
     per-table sums add them."""
     fetch = np.asarray(fetch, dtype=np.int64)
@@ -151,3 +148,134 @@ def exchange_sums(
         return [[blocks[j * tables + t] for j in range(peers)] for t in range(tables)]
 
     return Pending([pending], views)
+
+
+@dataclass
+class WireRows:
+    """A requester's group-fetched rows of every table in one buffer, laid out as ``scatter`` delivers
+    them and ``grads`` sends their gradients back: the other group peers' blocks in (peer, table) order
+    as received, then its own blocks (by table). ``inverse[t]``: the buffer row of each of table t's
+    input ids (its lookups' ``inverse`` read through the layout)."""
+
+    buffer: torch.Tensor  # float32[rows, dim]
+    inverse: list[torch.Tensor]
+    received: int  # rows from the other peers: the buffer's head
+    per_peer: np.ndarray  # int64[group peers]: rows from each (its own included)
+
+    def other_peers(self, me: int) -> np.ndarray:
+        """int64[group peers]: the rows of each peer through the wire (none from ``me``, this rank)."""
+        rows = self.per_peer.copy()
+        rows[me] = 0
+        return rows
+
+    def output(self, t: int) -> torch.Tensor:
+        """Table t's rows in input order."""
+        return self.buffer.index_select(0, self.inverse[t])
+
+    def gradient(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """float32[rows, dim]: the output gradients (float32, per table in input order) summed per buffer
+        row, each row's terms in input order as :meth:`~flexshard.runtime.lookups.TableLookup.unique_gradient`
+        adds them; laid out as ``grads`` sends them."""
+        total = torch.zeros_like(self.buffer)
+        for inverse, grad in zip(self.inverse, grads, strict=True):
+            if inverse.numel():
+                total.index_add_(0, inverse, grad)
+        return total
+
+
+def wire_rows(
+    inverse: list[torch.Tensor], per_block: np.ndarray, me: int, dim: int, device: torch.device
+) -> WireRows:
+    """The :class:`WireRows` of a requester whose every table's unique ids are sorted by group peer (a
+    by-rail lookup): ``per_block[p, t]`` unique ids of table t from group peer p (int64[peers, tables]),
+    ``me`` this rank's place among the peers, ``inverse[t]`` each input id's unique id. The buffer is
+    allocated, not filled."""
+    per_block = np.asarray(per_block, dtype=np.int64)
+    peers, tables = per_block.shape
+    order = [p for p in range(peers) if p != me] + [me]  # the other peers' blocks, then its own
+    first = np.zeros((peers, tables), dtype=np.int64)
+    first[order] = np.concatenate([[0], np.cumsum(per_block[order].reshape(-1))[:-1]]).reshape(-1, tables)
+    at = distinct_rows_at(per_block, np.arange(tables), device, first)  # per unique id, table-major
+    starts = np.concatenate([[0], np.cumsum(per_block.sum(axis=0))]).tolist()
+    mapped = [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(tables)]
+    total = int(per_block.sum())
+    received = total - int(per_block[me].sum())
+    buffer = torch.empty(total, dim, device=device)
+    return WireRows(buffer, mapped, received, per_block.sum(axis=1))
+
+
+def scatter_wire(
+    buffer: torch.Tensor, index: torch.Tensor, sent: np.ndarray, me: int, rows: WireRows, group: Any
+) -> Pending[None]:
+    """``scatter`` into a :class:`WireRows`: ``index`` (the buffer rows sent to every group peer, wire
+    order; ``sent[p]`` rows to peer p) read from the rail peer's ``buffer``; its own block gathered
+    straight into the tail of ``rows.buffer``, the others sent in one all-to-all whose receive buffer is
+    the head of ``rows.buffer`` (no copy either side of the wire)."""
+    sent = np.asarray(sent, dtype=np.int64)
+    lo, hi = int(sent[:me].sum()), int(sent[: me + 1].sum())
+    dim = int(buffer.shape[1])
+    torch.index_select(buffer, 0, index[lo:hi], out=rows.buffer[rows.received :])
+    send = torch.empty(int(sent.sum()) - (hi - lo), dim, device=buffer.device)
+    if lo:
+        torch.index_select(buffer, 0, index[:lo], out=send[:lo])
+    if index.numel() > hi:
+        torch.index_select(buffer, 0, index[hi:], out=send[lo:])
+    send_rows = sent.copy()
+    send_rows[me] = 0
+    recv_rows = rows.other_peers(me)
+    work = all_to_all(
+        "scatter",
+        rows.buffer[: rows.received].view(-1),
+        send.view(-1),
+        (recv_rows * dim).tolist(),
+        (send_rows * dim).tolist(),
+        group,
+    )
+    return Pending([work], lambda: None)
+
+
+def grads_wire(
+    rows: WireRows, gradient: torch.Tensor, recv: np.ndarray, me: int, group: Any
+) -> Pending[tuple[torch.Tensor, torch.Tensor]]:
+    """``grads`` from a :class:`WireRows`' ``gradient``: its head sent as it lies (the blocks of the
+    other group peers, their rail peers), its tail (this rank's own, to itself) kept; ``recv[p]`` rows
+    come from peer p. Waits to ``(received, own)``: the received rows in (peer, table) order without
+    this rank's own, and its own (:func:`rail_sums_wire`'s inputs)."""
+    recv = np.asarray(recv, dtype=np.int64).copy()
+    recv[me] = 0
+    dim = int(gradient.shape[1])
+    received = torch.empty(int(recv.sum()), dim, device=gradient.device)
+    send_rows = rows.other_peers(me)
+    work = all_to_all(
+        "grads",
+        received.view(-1),
+        gradient[: rows.received].view(-1),
+        (recv * dim).tolist(),
+        (send_rows * dim).tolist(),
+        group,
+    )
+    return Pending([work], lambda: (received, gradient[rows.received :]))
+
+
+def rail_sums_wire(
+    fetch: np.ndarray,
+    wire_inverse: torch.Tensor,
+    recv: np.ndarray,
+    me: int,
+    received: torch.Tensor,
+    own: torch.Tensor,
+    device: torch.device,
+) -> RelaySums:
+    """:func:`rail_sums` of gradients in wire order: ``wire_inverse`` each received group id's distinct
+    number in wire order (group peer, table), ``recv[p]`` of them from peer p; ``received`` the other
+    peers' gradients in that order, ``own`` this rank's. Three adds (the peers before this rank, its
+    own, the peers after it): each row's terms in peer order, the per-table sums bit for bit."""
+    fetch = np.asarray(fetch, dtype=np.int64)
+    recv = np.asarray(recv, dtype=np.int64)
+    total = torch.zeros(int(fetch.sum()), int(own.shape[1]), device=device)
+    index = distinct_rows_at(fetch, np.arange(fetch.shape[1]), device).index_select(0, wire_inverse)
+    lo, hi = int(recv[:me].sum()), int(recv[: me + 1].sum())
+    for part, rows in ((index[:lo], received[:lo]), (index[lo:hi], own), (index[hi:], received[lo:])):
+        if part.numel():
+            total.index_add_(0, part, rows)
+    return RelaySums(total, fetch)

@@ -77,7 +77,7 @@ class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, anchor, module, batch):  # noqa: ARG004
         ctx.module, ctx.state = module, batch
-        return tuple(lk.output() for lk in batch[0].lookups)
+        return batch[0].outputs()
 
     @staticmethod
     def backward(ctx, *grads):
@@ -328,6 +328,11 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     # --- backward ----------------------------------------------------------------------------------
 
     def _backward_impl(self, routed: Routed, asked: Asked | None, grads) -> None:
+        if routed.joint is not None:  # every table by rail: no hot rows, gradients in wire order
+            gradient = routed.joint.gradient([g.to(device=self.device, dtype=torch.float32) for g in grads])
+            self.protocol.rail_grads(asked, self.protocol.grads(routed, asked, gradient).wait()).wait()
+            self.protocol.bytes.backward(self.traffic)
+            return
         unique_grads = []
         for t, (lk, g) in enumerate(zip(routed.lookups, grads, strict=True)):
             gu = lk.unique_gradient(g.to(device=self.device, dtype=torch.float32))

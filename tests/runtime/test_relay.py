@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from flexshard.runtime.relay import distinct_rows_at, rail_sums, scatter_index
+from flexshard.runtime.relay import distinct_rows_at, rail_sums, wire_order
 from flexshard.runtime.transfer import add_blocks, copy_blocks, joined_blocks
 
 
@@ -36,7 +36,7 @@ def test_distinct_rows_at_finds_every_distinct_row_in_the_buffer(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_scatter_index_is_each_peers_rows_of_every_table_in_wire_order(seed):
+def test_wire_order_lists_each_peers_ids_of_every_table_in_wire_order(seed):
     rng = np.random.default_rng(seed)
     world, tables = int(rng.integers(2, 6)), int(rng.integers(1, 4))
     to = np.sort(rng.choice(world, int(rng.integers(1, world + 1)), replace=False))
@@ -50,7 +50,7 @@ def test_scatter_index_is_each_peers_rows_of_every_table_in_wire_order(seed):
     ]
     joined = torch.cat([torch.zeros(0, dtype=torch.int64)] + [torch.cat(per_table[t]) for t in range(tables)])
     row_of = torch.as_tensor(rng.permutation(distinct + 3)[:distinct])
-    got = scatter_index(joined, ids, to, row_of)
+    got = row_of[joined[wire_order(ids, to, torch.device("cpu"))]]
     want = [row_of[per_table[t][p]] for p in to for t in range(tables)]
     assert torch.equal(got, torch.cat([torch.zeros(0, dtype=torch.int64), *want]))
 
