@@ -187,3 +187,67 @@ def test_gather_own_rows_writes_this_ranks_block_and_leaves_the_rest_to_send(see
         assert (rows[t][:lo] == -1).all() and (rows[t][lo + n :] == -1).all()  # nothing else written
     others = [blocks[p * tables + t] for p in range(peers) if p != me for t in range(tables)]
     assert torch.equal(rest, torch.cat([index[:0], *others]))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_wire_rows_read_and_sum_like_the_per_table_lookups(seed):
+    """Rows laid out as scatter delivers them (the other peers' blocks by (peer, table), then this
+    rank's own by table) give every table's output in input order, and the gradient per buffer row is
+    each table's per-unique-id sum in the same place, bit for bit."""
+    from flexshard.runtime.lookups import TableLookup
+    from flexshard.runtime.relay import wire_rows
+
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    peers, tables = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+    me = int(rng.integers(0, peers))
+    per_block = rng.integers(0, 4, size=(peers, tables))
+    per_block[rng.random(per_block.shape) < 0.3] = 0
+    unique = [torch.randn(int(per_block[:, t].sum()), 3, generator=gen) for t in range(tables)]
+    inverse = [torch.as_tensor(rng.integers(0, max(len(u), 1), 7 if len(u) else 0)) for u in unique]
+    rows = wire_rows(inverse, per_block, me, 3, torch.device("cpu"))
+    blocks = [u.split(per_block[:, t].tolist()) for t, u in enumerate(unique)]  # [t][p]
+    order = [p for p in range(peers) if p != me] + [me]
+    laid = [blocks[t][p] for p in order for t in range(tables)]
+    rows.buffer.copy_(torch.cat([torch.zeros(0, 3), *laid]))
+    assert rows.received == int(per_block.sum() - per_block[me].sum())
+    assert np.array_equal(rows.per_peer, per_block.sum(axis=1))
+    for t in range(tables):
+        assert torch.equal(rows.output(t), unique[t][inverse[t]])
+    grads = [torch.randn(int(i.numel()), 3, generator=gen) for i in inverse]
+    per_table = []
+    for t in range(tables):
+        lookup = TableLookup(inverse[t], torch.zeros(len(unique[t]), dtype=torch.int64), *([None] * 6))
+        per_table.append(lookup.unique_gradient(grads[t]).split(per_block[:, t].tolist()))
+    want = torch.cat([torch.zeros(0, 3)] + [per_table[t][p] for p in order for t in range(tables)])
+    assert torch.equal(rows.gradient(grads), want)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_rail_sums_in_wire_order_equal_the_per_table_sums_bit_for_bit(seed):
+    from flexshard.runtime.relay import rail_sums_wire
+
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    rail, tables, peers = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 5))
+    me = int(rng.integers(0, peers))
+    fetch = rng.integers(0, 4, size=(rail, tables))
+    distinct = fetch.sum(axis=0)
+    ids = np.where(distinct[None, :] > 0, rng.integers(0, 5, size=(peers, tables)), 0)  # [p, t]
+    first = np.concatenate([[0], np.cumsum(distinct)[:-1]])
+    inverse = [
+        [torch.as_tensor(rng.integers(0, max(int(distinct[t]), 1), int(ids[p, t]))) for p in range(peers)]
+        for t in range(tables)
+    ]
+    joined = torch.cat(
+        [torch.zeros(0, dtype=torch.int64)] + [torch.cat(inverse[t]) + int(first[t]) for t in range(tables)]
+    )
+    got = [[torch.randn(int(ids[p, t]), 3, generator=gen) for p in range(peers)] for t in range(tables)]
+    want = rail_sums(fetch, joined, ids.sum(axis=0), got, 3, torch.device("cpu"))
+    wire = joined[wire_order(ids, np.arange(peers), torch.device("cpu"))]
+    received = torch.cat(
+        [torch.zeros(0, 3)] + [got[t][p] for p in range(peers) if p != me for t in range(tables)]
+    )
+    own = torch.cat([torch.zeros(0, 3)] + [got[t][me] for t in range(tables)])
+    sums = rail_sums_wire(fetch, wire, ids.sum(axis=1), me, received, own, torch.device("cpu"))
+    assert torch.equal(sums.joined, want.joined) and np.array_equal(sums.fetch, fetch)
