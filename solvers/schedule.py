@@ -200,6 +200,28 @@ def lookup_scopes(
     return rows, grads
 
 
+def relays_in_wire_order(plan: Plan, view: ClusterView) -> bool:
+    """Whether the runtime keeps a requester's rows of every table in ``scatter``'s wire order
+    (``flexshard.runtime.relay.WireRows``): dedup on, every table's rows cold and group fetched, ``grads``
+    inside the group. Its requested rows and gradients are then never copied into or out of a buffer
+    (where every table has one dim and the wire is float32: :class:`solvers.time_types.BufferCopies`)."""
+    every_table_relayed = all(
+        tp.fetch is FetchMode.GROUP and tp.hot_rows + tp.warm_rows == 0 for tp in plan.tables
+    )
+    if not (plan.dedup and plan.tables and every_table_relayed and view.num_ranks > 1):
+        return False
+    shape = step_shape(plan, view)
+    _rows, grads = lookup_scopes(
+        shape.warm,
+        shape.flat_fetch,
+        shape.group_fetch,
+        view.num_groups,
+        int(view.group_sizes.max()),
+        view.uniform_group_size is not None,
+    )
+    return shape.group_fetch and grads is Scope.GROUP
+
+
 def collectives_per_step(plan: Plan, view: ClusterView) -> int:
     """How many collectives one rank issues per step of ``plan`` on ``view``."""
     return len(step_schedule(plan, view))

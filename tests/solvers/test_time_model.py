@@ -378,6 +378,9 @@ def test_buffer_copies_follow_the_runtimes_paths():
     # one dim on a float32 wire: rows gathered straight into send buffers (flexshard.runtime.relay)
     assert BufferCopies.of([64, 64, 64], WireDtype.FP32) == BufferCopies(2.0, 1.0, 0.0)
     assert BufferCopies.of([64], "fp32") == BufferCopies(2.0, 1.0, 0.0)
+    # every table relayed in scatter's wire order: the requester copies none of its rows or gradients
+    assert BufferCopies.of([64, 64], WireDtype.FP32, wire_order=True) == BufferCopies(0.0, 1.0, 0.0)
+    assert BufferCopies.of([32, 64], WireDtype.FP32, wire_order=True) == BufferCopies(2.0, 2.0, 2.0)
     # two dims, or a 16-bit wire: every value into and out of the buffers both ways
     assert BufferCopies.of([32, 64], WireDtype.FP32) == BufferCopies(2.0, 2.0, 2.0)
     assert BufferCopies.of([64, 64], WireDtype.FP16) == BufferCopies(2.0, 2.0, 2.0)
