@@ -60,9 +60,9 @@ the slowest rank's step (the embedding forward, a sum loss, backward and the opt
 model); "vs ablation" divides by the row-wise ablation's (FlexShard's runtime on the row-wise plan with
 per-rank dedup), "vs TorchRec" by TorchRec 1.8's row-wise `EmbeddingCollection` on the same batches.
 "modeled ms" is the time model on the probed machine: the collective latencies and bandwidth of the quick
-probe of the run's ranks (each message size timed 15 times), taken before the rounds and again after
-every round, each figure the median of these, and local rates measured on the same ranks at once, on a
-batch of the run's size, before the rounds and again after every round, the median of these (`bench --rates
+probe of the run's ranks (each message size timed 15 times), taken 3 times before the rounds (the plans
+are made on their medians) and again after every round, each figure the median of these, and local rates
+measured on the same ranks at once, on a batch of the run's size, the same way (`bench --rates
 measured`: dedup, routing, gather, scatter-add, update, the loss and the buffer copies per lookup or
 value, each the median of 3 interleaved repeats; the host's per-step and per-collective work from the
 stored calibration at the ranks' share of the cores, which holds the collectives' wait for ranks

@@ -11,9 +11,10 @@ for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step
 ``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
 a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
 batch for every system.
-The quick probe runs again after every round, and with ``--rates measured`` the local rates (and
-TorchRec's local step) are measured before the rounds and again after every round: the predictions are
-priced with the medians (:func:`flexshard.bench.plans.measured_view`, :func:`rate_measurer`).
+The quick probe runs :data:`PLAN_MEASUREMENTS` times before the rounds and again after every round, and
+with ``--rates measured`` the local rates (and TorchRec's local step) are measured the same way: the plans
+are made with the medians of the first, the predictions priced with the medians of all
+(:func:`flexshard.bench.plans.measured_view`, :func:`rate_measurer`).
 A step is timed on each rank between a barrier and the end of its optimizer update; the collectives and
 bytes of the timed steps are recorded (:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
 measured and returns the records (:mod:`flexshard.bench.results`).
@@ -65,6 +66,9 @@ from topology.views import ClusterView
 log = logging.getLogger(__name__)
 
 
+# measurements of each machine figure before the plans are made: a plan for this machine chosen on one
+# flipped between near-equal plans that the medians then priced 5% apart (8 ranks, batch 1,024, 2026-11-27)
+PLAN_MEASUREMENTS = 3
 TORCHREC_MIN_S = 0.3  # seconds TorchRec's one-rank step is repeated for when its local work is measured
 INTERRUPTED_LINE = "flexshard bench: interrupted; no results (the ranks were stopped)"
 
@@ -202,19 +206,23 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     kept = dist.get_backend() == "gloo" and keep_freed_memory()  # CPU steps: host memory reused
     data = load_data(cfg, world)
     probe_s = min(cfg.timeout_s, 120.0)
-    probes = [probe_ranks(cfg.groups, probe_s)]  # what the predictions are priced on (again each round)
+    # the plans are made on the medians of PLAN_MEASUREMENTS of each figure (probe, shared bandwidth,
+    # rates), the predictions on these and one more of each after every round
+    probes = [probe_ranks(cfg.groups, probe_s) for _ in range(PLAN_MEASUREMENTS)]
     # on gloo every rank's exchange shares the host's cores: its bandwidth with every rank at once
     shared_host = dist.get_backend() == "gloo"
     sharing = ranks_per_core(cfg) if shared_host else 1.0  # the predictions' ranks per core
     exchange_bytes = row_bytes(data, 0)  # rank 0's batch, the same size on every rank
-    concurrent = [concurrent_all_to_all_Bps(exchange_bytes)] if shared_host else []
+    concurrent = (
+        [concurrent_all_to_all_Bps(exchange_bytes) for _ in range(PLAN_MEASUREMENTS)] if shared_host else []
+    )
     machine = machine_view(probes, concurrent)
     planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
     # TorchRec's local work is its own, not the runtime's; measured again after every round (collective)
     measure = rate_measurer(cfg, data, not skipped)
-    taken = [measure()]
-    rates, torchrec_local = taken[0]
+    taken = [measure() for _ in range(PLAN_MEASUREMENTS if cfg.rates == "measured" else 1)]
+    rates, torchrec_local = medians(taken)
     shared: list[Any] = [None]
     if rank == 0:
         made = make_plans(

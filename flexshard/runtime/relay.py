@@ -6,6 +6,12 @@ gradients straight into ``rail_grads``' send buffer (by owner, then table), sent
 and sums in the same places as the per-table path, bit for bit, with two copies of the distinct rows
 fewer each way and one op per (peer, table) fewer.
 
+Where every table is cold and group fetched (each lookup *by rail*) and ``grads`` runs in the group, the
+requester keeps its rows of every table in one buffer in ``scatter``'s wire order (:class:`WireRows`):
+``scatter`` receives into it in place, the outputs read through the layout, ``grads`` sends the
+gradients from the same layout as they lie, and the rail peer sums them in three adds
+(:func:`rail_sums_wire`): no per-table copy of a requested row or gradient either side.
+
 Distinct rows are numbered as ``compute`` numbers them (:class:`~flexshard.runtime.group_dedup.Asked`'s
 ``joined_inverse``): table-major, each table's rows by owner (rank order), then slot.
 """

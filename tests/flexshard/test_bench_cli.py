@@ -85,7 +85,10 @@ def test_one_record_per_strategy_with_the_keys(first):
         assert r["predicted_step_ms"] > 0
         # priced with local rates measured on the 4 ranks before the rounds (--rates measured)
         assert r["local_rates"]["source"].startswith("measured on the job's 4 ranks at the run's sizes")
-        assert r["probes"] == 2  # the quick probe before the one round and again after it
+        # the plans made on the medians of 3 quick probes and rate measurements, the predictions on
+        # these and one more of each after the one round
+        assert r["probes"] == 4
+        assert r["local_rates"]["source"].endswith("median of 4 measurements")
         # gloo: every link class priced at most at the all-to-all bandwidth of every rank at once
         assert r["concurrent_all_to_all_Bps"] > 1e6
         # each rank's median step, the slowest of which the step is (a rank's median is at most the
@@ -149,7 +152,7 @@ def test_rounds_alternate_the_strategies(second):
     for i, r in enumerate(_ran(second)):
         # A B C D, then B C D A: each round starts one strategy later
         assert r["ran_in_blocks"] == [i, n + (i - 1) % n], r["strategy"]
-        assert r["probes"] == 3  # before the rounds and after each of the two
+        assert r["probes"] == 5  # 3 before the rounds and one after each of the two
 
 
 def test_table_shows_every_strategy(second):
