@@ -67,7 +67,6 @@ from flexshard.runtime.placing import (
     add_received_sums,
     keep_own_sums,
     own_group_first,
-    place_around_own,
     place_rows,
     place_scattered,
     rail_peer_sums,
@@ -78,10 +77,10 @@ from flexshard.runtime.relay import (
     WireRows,
     distinct_rows_at,
     exchange_sums,
-    gather_own_rows,
     grads_wire,
     rail_sums,
     rail_sums_wire,
+    scatter_relayed,
     scatter_wire,
     wire_order,
     wire_rows,
@@ -120,9 +119,8 @@ class Routed:
 
     def outputs(self) -> tuple[torch.Tensor, ...]:
         """Every table's rows in input order."""
-        if self.joint is not None:
-            return tuple(self.joint.output(t) for t in range(len(self.lookups)))
-        return tuple(lk.output() for lk in self.lookups)
+        joint = self.joint
+        return tuple(lk.output() if joint is None else joint.output(t) for t, lk in enumerate(self.lookups))
 
 
 class ExchangeProtocol:
@@ -403,66 +401,21 @@ class ExchangeProtocol:
         def place(per_table: list[list[torch.Tensor]]) -> None:
             place_scattered(routed.lookups, routed.index, routed.in_order, per_table)
 
-        if isinstance(distinct, RelayRows):
+        if isinstance(distinct, RelayRows):  # gathered from rows' buffer in wire order
+            me, buffer = self.intra_me, distinct.buffer
+            index = distinct.row_of.index_select(0, asked.wire_inverse)
             if self._grads_in_group and routed.lookups and all(lk.by_rail for lk in routed.lookups):
-                return self._scatter_joint(routed, asked, distinct, sc, rc)
-            return self._scatter_relayed(routed, asked, distinct, sc, rc)
+                inverse = [lk.inverse for lk in routed.lookups]  # one buffer for every table (_grads_joint)
+                routed.joint = wire_rows(inverse, rc, me, int(buffer.shape[1]), self.device)
+                return scatter_wire(buffer, index, sc.sum(axis=1), me, routed.joint, self.pg.intra)
+            at = (routed.lookups, routed.index, routed.in_order)
+            return scatter_relayed(*at, buffer, index, sc, rc, me, self.pg.intra)
         if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
             gathered = exchange_gathered_async("scatter", distinct, asked.inverse, sc, rc, self.pg.intra)
             return Pending([gathered], lambda: place(gathered.wait()))
         cols = [distinct[t].index_select(0, asked.inverse[t]) for t in range(n_t)]
         pending = exchange_vectors("scatter", cols, sc, rc, self.dims, self.wire_dtype, self.pg.intra)
         return Pending([pending], lambda: place([[got] for got in pending.wait()]))
-
-    def _scatter_joint(
-        self, routed: Routed, asked: Asked, distinct: RelayRows, sc: np.ndarray, rc: np.ndarray
-    ) -> Pending[None]:
-        """``scatter`` where every table is by rail: the rows land in one :class:`WireRows` in wire
-        order (:attr:`Routed.joint`), received in place, this rank's own gathered into it; ``grads``
-        sends their gradients back from the same layout (:meth:`_grads_joint`)."""
-        me = self.intra_me
-        inverse = [lk.inverse for lk in routed.lookups]
-        routed.joint = wire_rows(inverse, rc, me, int(distinct.buffer.shape[1]), self.device)
-        index = distinct.row_of.index_select(0, asked.wire_inverse)
-        return scatter_wire(distinct.buffer, index, sc.sum(axis=1), me, routed.joint, self.pg.intra)
-
-    def _scatter_relayed(
-        self, routed: Routed, asked: Asked, distinct: RelayRows, sc: np.ndarray, rc: np.ndarray
-    ) -> Pending[None]:
-        """``scatter`` from ``rows``' buffer: one gather in wire order (peer, table). Where every table's
-        group-fetch column is its unique ids in order, this rank's own rows are gathered straight into
-        its lookups (:func:`~flexshard.runtime.relay.gather_own_rows`) and each peer's block is copied
-        to its place, so the own rows are copied once, not three times (into the send buffer, out of it,
-        into the lookups)."""
-        n_t = len(routed.lookups)
-        index = distinct.row_of.index_select(0, asked.wire_inverse)
-        me = self.intra_me
-        direct = all((t, GIDS) in routed.in_order for t in range(n_t) if rc[:, t].any())
-        first = np.concatenate([np.zeros((1, n_t), np.int64), np.cumsum(rc, axis=0)[:-1]])  # [peer, t]
-        wire_sc, wire_rc = sc, rc
-        if direct and sc[me].any():
-            rows = [lk.rows for lk in routed.lookups]
-            index = gather_own_rows(distinct.buffer, index, sc, me, rows, first[me])
-            wire_sc, wire_rc = sc.copy(), rc.copy()
-            wire_sc[me], wire_rc[me] = 0, 0
-        gathered = exchange_gathered_async(
-            "scatter",
-            [distinct.buffer],
-            [index],
-            wire_sc.sum(axis=1)[:, None],
-            wire_rc.sum(axis=1)[:, None],
-            self.pg.intra,
-        )
-
-        def place_joined() -> None:
-            per_peer = [v.split(n.tolist()) for v, n in zip(gathered.wait()[0], wire_rc, strict=True)]
-            if direct:
-                place_around_own(routed.lookups, per_peer, first, me)
-            else:
-                per_table = [[blocks[t] for blocks in per_peer] for t in range(n_t)]
-                place_scattered(routed.lookups, routed.index, routed.in_order, per_table)
-
-        return Pending([gathered], place_joined)
 
     # --- backward --------------------------------------------------------------------------------------
 
@@ -509,18 +462,12 @@ class ExchangeProtocol:
         return Pending([pending], finish)
 
     def _grads_joint(self, routed: Routed, asked: Asked, gradient: torch.Tensor) -> Pending[RelaySums]:
-        """``grads`` of a :attr:`Routed.joint` lookup: the gradients sent as they lie, summed by the
-        rail peer in three adds (:func:`~flexshard.runtime.relay.rail_sums_wire`); no warm or flat
-        gradients (every table is group fetched)."""
-        recv = asked.recv_counts[self.intra][:, :, GIDS].sum(axis=1)
-        pending = grads_wire(routed.joint, gradient, recv, self.intra_me, self.pg.intra)
-        fetch = asked.fetch_counts[self.rail]
-
-        def finish() -> RelaySums:
-            received, own = pending.wait()
-            return rail_sums_wire(fetch, asked.wire_inverse, recv, self.intra_me, received, own, self.device)
-
-        return Pending([pending], finish)
+        """``grads`` of a :attr:`Routed.joint` lookup (every table group fetched: no warm or flat
+        gradients): :func:`~flexshard.runtime.relay.grads_wire`, then the rail peer's three adds."""
+        recv, me = asked.recv_counts[self.intra][:, :, GIDS].sum(axis=1), self.intra_me
+        pending = grads_wire(routed.joint, gradient, recv, me, self.pg.intra)
+        fetch, wire, dev = asked.fetch_counts[self.rail], asked.wire_inverse, self.device
+        return Pending([pending], lambda: rail_sums_wire(fetch, wire, recv, me, *pending.wait(), dev))
 
     def rail_grads(self, asked: Asked, sums: list[torch.Tensor] | RelaySums) -> Pending[None]:
         """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to

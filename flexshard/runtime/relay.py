@@ -25,7 +25,9 @@ import numpy as np
 import torch
 
 from flexshard.runtime.awaitable import Pending, all_to_all
-from flexshard.runtime.transfer import add_blocks, exchange_columns_async
+from flexshard.runtime.group_dedup import GIDS
+from flexshard.runtime.placing import place_around_own, place_scattered
+from flexshard.runtime.transfer import add_blocks, exchange_columns_async, exchange_gathered_async
 
 
 @dataclass
@@ -99,6 +101,46 @@ def gather_own_rows(
             torch.index_select(buffer, 0, index[off : off + n], out=rows[t][at : at + n])
         off += n
     return torch.cat([index[:lo], index[off:]])
+
+
+def scatter_relayed(
+    lookups: list,
+    index: list[list[torch.Tensor]],
+    in_order: set,
+    buffer: torch.Tensor,
+    rows_sent: torch.Tensor,
+    sc: np.ndarray,
+    rc: np.ndarray,
+    me: int,
+    group: Any,
+) -> Pending[None]:
+    """``scatter`` from ``rows``' ``buffer``: ``rows_sent`` (its rows for every group peer, wire order
+    (peer, table); ``sc[p, t]`` rows to peer p of table t, ``rc[p, t]`` from it) in one gather; on wait
+    the rows are in the ``lookups`` (the protocol's ``Routed``: ``index``, ``in_order``). Where every
+    table's group-fetch column is its unique ids in order, this rank's own rows are gathered straight
+    into its lookups (:func:`gather_own_rows`) and each peer's block is copied to its place, so the own
+    rows are copied once, not three times (into the send buffer, out of it, into the lookups); ``me``:
+    this rank's place in the group."""
+    n_t = len(lookups)
+    direct = all((t, GIDS) in in_order for t in range(n_t) if rc[:, t].any())
+    first = np.concatenate([np.zeros((1, n_t), np.int64), np.cumsum(rc, axis=0)[:-1]])  # [peer, t]
+    wire_sc, wire_rc = sc, rc
+    if direct and sc[me].any():
+        rows_sent = gather_own_rows(buffer, rows_sent, sc, me, [lk.rows for lk in lookups], first[me])
+        wire_sc, wire_rc = sc.copy(), rc.copy()
+        wire_sc[me], wire_rc[me] = 0, 0
+    sent, received = wire_sc.sum(axis=1)[:, None], wire_rc.sum(axis=1)[:, None]
+    gathered = exchange_gathered_async("scatter", [buffer], [rows_sent], sent, received, group)
+
+    def place_joined() -> None:
+        per_peer = [v.split(n.tolist()) for v, n in zip(gathered.wait()[0], wire_rc, strict=True)]
+        if direct:
+            place_around_own(lookups, per_peer, first, me)
+        else:
+            per_table = [[blocks[t] for blocks in per_peer] for t in range(n_t)]
+            place_scattered(lookups, index, in_order, per_table)
+
+    return Pending([gathered], place_joined)
 
 
 @dataclass
