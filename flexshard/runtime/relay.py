@@ -26,6 +26,7 @@ import torch
 
 from flexshard.runtime.awaitable import Pending, all_to_all
 from flexshard.runtime.group_dedup import GIDS
+from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import place_around_own, place_scattered
 from flexshard.runtime.transfer import add_blocks, exchange_columns_async, exchange_gathered_async
 
@@ -104,7 +105,7 @@ def gather_own_rows(
 
 
 def scatter_relayed(
-    lookups: list,
+    lookups: list[TableLookup],
     index: list[list[torch.Tensor]],
     in_order: set,
     buffer: torch.Tensor,
