@@ -140,9 +140,7 @@ def shape_schedule(shape: StepShape, view: ClusterView) -> tuple[Stage, ...]:
     fwd, bwd, sync = Phase.FORWARD, Phase.BACKWARD, Phase.SYNC
     stages = [Stage("meta", fwd, a2a, Scope.WORLD)]  # the input check travels even with nothing remote
     if shape.remote:
-        rows, grads = lookup_scopes(
-            shape.warm, shape.flat_fetch, shape.group_fetch, big_g, g, view.uniform_group_size is not None
-        )
+        rows, grads = shape_scopes(shape, view)
         stages += [Stage("ids", fwd, a2a, Scope.WORLD), Stage("rows", fwd, a2a, rows)]
         if shape.group_fetch and g > 1:
             stages.append(Stage("scatter", fwd, a2a, Scope.GROUP))
@@ -179,6 +177,12 @@ def shape_schedule(shape: StepShape, view: ClusterView) -> tuple[Stage, ...]:
     return tuple(stages)
 
 
+def shape_scopes(shape: StepShape, view: ClusterView) -> tuple[Scope, Scope]:
+    """:func:`lookup_scopes` of ``rows`` and ``grads`` for a :class:`StepShape` on ``view``."""
+    g, equal = int(view.group_sizes.max()), view.uniform_group_size is not None
+    return lookup_scopes(shape.warm, shape.flat_fetch, shape.group_fetch, view.num_groups, g, equal)
+
+
 def lookup_scopes(
     warm: bool, flat_fetch: bool, group_fetch: bool, num_groups: int, group_size: int, equal_groups: bool
 ) -> tuple[Scope, Scope]:
@@ -211,15 +215,7 @@ def relays_in_wire_order(plan: Plan, view: ClusterView) -> bool:
     if not (plan.dedup and plan.tables and every_table_relayed and view.num_ranks > 1):
         return False
     shape = step_shape(plan, view)
-    _rows, grads = lookup_scopes(
-        shape.warm,
-        shape.flat_fetch,
-        shape.group_fetch,
-        view.num_groups,
-        int(view.group_sizes.max()),
-        view.uniform_group_size is not None,
-    )
-    return shape.group_fetch and grads is Scope.GROUP
+    return shape.group_fetch and shape_scopes(shape, view)[1] is Scope.GROUP
 
 
 def collectives_per_step(plan: Plan, view: ClusterView) -> int:

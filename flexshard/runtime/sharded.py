@@ -328,17 +328,16 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     # --- backward ----------------------------------------------------------------------------------
 
     def _backward_impl(self, routed: Routed, asked: Asked | None, grads) -> None:
-        if routed.joint is not None:  # every table by rail: no hot rows, gradients in wire order
-            gradient = routed.joint.gradient([g.to(device=self.device, dtype=torch.float32) for g in grads])
-            self.protocol.rail_grads(asked, self.protocol.grads(routed, asked, gradient).wait()).wait()
-            self.protocol.bytes.backward(self.traffic)
-            return
-        unique_grads = []
-        for t, (lk, g) in enumerate(zip(routed.lookups, grads, strict=True)):
-            gu = lk.unique_gradient(g.to(device=self.device, dtype=torch.float32))
-            if lk.hot_index.numel():
-                self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
-            unique_grads.append(gu)
+        grads = [g.to(device=self.device, dtype=torch.float32) for g in grads]
+        if routed.joint is not None:  # every table by rail: no hot rows, the gradients in wire order
+            unique_grads = routed.joint.gradient(grads)
+        else:
+            unique_grads = []
+            for t, (lk, g) in enumerate(zip(routed.lookups, grads, strict=True)):
+                gu = lk.unique_gradient(g)
+                if lk.hot_index.numel():
+                    self.shards[(t, Tier.HOT)].add_gradient(lk.hot_slot, gu.index_select(0, lk.hot_index))
+                unique_grads.append(gu)
         if asked is None:
             return
         sums = self.protocol.grads(routed, asked, unique_grads).wait()
