@@ -179,6 +179,7 @@ class ExchangeProtocol:
         self.intra = np.asarray(pg.intra_ranks, dtype=np.int64)
         self.rail = np.asarray(pg.replica_ranks, dtype=np.int64)
         self.intra_me = int(np.flatnonzero(self.intra == me)[0])  # this rank's place in its group
+        self.rail_me = int(np.flatnonzero(self.rail == me)[0])  # and in its rail
         scopes = lookup_scopes(
             warm,
             flat,
@@ -456,7 +457,7 @@ class ExchangeProtocol:
             if self.one_dim_fp32 and asked.joined_inverse is not None:  # summed in rail_grads' send order
                 ids, rows = asked.recv_counts[:, :, GIDS].sum(axis=0), [got[3 * t + 2] for t in range(n_t)]
                 fetch, dim = asked.fetch_counts[self.rail], int(self.dims[0])
-                return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.device)
+                return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.rail_me, self.device)
             return rail_peer_sums(asked, got, self.dims, self.device)
 
         return Pending([pending], finish)
@@ -466,8 +467,8 @@ class ExchangeProtocol:
         gradients): :func:`~flexshard.runtime.relay.grads_wire`, then the rail peer's three adds."""
         recv, me = asked.recv_counts[self.intra][:, :, GIDS].sum(axis=1), self.intra_me
         pending = grads_wire(routed.joint, gradient, recv, me, self.pg.intra)
-        fetch, wire, dev = asked.fetch_counts[self.rail], asked.wire_inverse, self.device
-        return Pending([pending], lambda: rail_sums_wire(fetch, wire, recv, me, *pending.wait(), dev))
+        fetch, wire, rail, dev = asked.fetch_counts[self.rail], asked.wire_inverse, self.rail_me, self.device
+        return Pending([pending], lambda: rail_sums_wire(fetch, wire, recv, me, rail, *pending.wait(), dev))
 
     def rail_grads(self, asked: Asked, sums: list[torch.Tensor] | RelaySums) -> Pending[None]:
         """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to
@@ -477,7 +478,7 @@ class ExchangeProtocol:
         added apart, scaled by their own largest, as sent to no one."""
         sc, rc = asked.fetch_counts[self.rail], asked.owner_counts[self.rail]
         cols, slots, own = sums, asked.owner_slots, asked.own
-        peers = own_group_first(self.rail.size, int(np.flatnonzero(self.rail == self.me)[0]))
+        peers = own_group_first(self.rail.size, self.rail_me)
         gathered = None  # fp32: received as per-peer views, each added as it lies
         if isinstance(sums, RelaySums):  # the relay's joined sums are the send buffer
             gathered = exchange_sums("rail_grads", sums, rc, self.pg.replica)

@@ -28,7 +28,7 @@ from flexshard.runtime.awaitable import Pending, all_to_all
 from flexshard.runtime.group_dedup import GIDS
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import place_around_own, place_scattered
-from flexshard.runtime.transfer import add_blocks, exchange_columns_async, exchange_gathered_async
+from flexshard.runtime.transfer import add_blocks, exchange_gathered_async
 
 
 @dataclass
@@ -147,10 +147,28 @@ def scatter_relayed(
 @dataclass
 class RelaySums:
     """The rail peer's gradient sums per distinct row (float32[rows, dim]) laid out as ``rail_grads``
-    sends them: by owner (rail order), then table (``fetch[j, t]`` rows each)."""
+    sends them: the other rail owners' blocks by owner (rail order), then table (``fetch[j, t]`` rows
+    each), then this rank's own (``me``, by table): the head is the send buffer, the tail is added where
+    it lies (no copy to itself)."""
 
     joined: torch.Tensor
     fetch: np.ndarray  # int64[rail peers, tables]
+    me: int  # this rank's place in the rail
+
+    @property
+    def sent(self) -> int:
+        """Rows of the head: the other owners' sums."""
+        return int(self.fetch.sum() - self.fetch[self.me].sum())
+
+
+def own_last_rows(fetch: np.ndarray, me: int, device: torch.device) -> torch.Tensor:
+    """int64[distinct rows]: each distinct row's row in a :class:`RelaySums` (distinct rows numbered
+    table-major, then by rail owner; ``fetch[j, t]`` of table t from owner j; ``me``'s blocks last)."""
+    fetch = np.asarray(fetch, dtype=np.int64)
+    order = [j for j in range(fetch.shape[0]) if j != me] + [me]
+    first = np.zeros_like(fetch)
+    first[order] = np.concatenate([[0], np.cumsum(fetch[order].reshape(-1))[:-1]]).reshape(fetch[order].shape)
+    return distinct_rows_at(fetch, np.arange(fetch.shape[1]), device, first)
 
 
 def rail_sums(
@@ -159,44 +177,57 @@ def rail_sums(
     ids: np.ndarray,
     got: list,
     dim: int,
+    me: int,
     device: torch.device,
 ) -> RelaySums:
-    """The sums of the group's gradients per distinct row, added straight into ``rail_grads``' send
-    order: ``fetch[j, t]`` distinct rows of table t from rail owner j; ``joined_inverse`` as in
-    :func:`wire_order`, ``ids[t]`` of them per table; ``got[t]``: table t's received gradients
-    (a tensor, or per-peer blocks in peer order). Each row's terms are added in peer order, as the
-    per-table sums add them."""
+    """The sums of the group's gradients per distinct row, added straight into ``rail_grads``' layout
+    (:class:`RelaySums`): ``fetch[j, t]`` distinct rows of table t from rail owner j, ``me`` this rank's
+    place in the rail; ``joined_inverse`` as in :func:`wire_order`, ``ids[t]`` of them per table;
+    ``got[t]``: table t's received gradients (a tensor, or per-peer blocks in peer order). Each row's
+    terms are added in peer order, as the per-table sums add them."""
     fetch = np.asarray(fetch, dtype=np.int64)
     total = torch.zeros(int(fetch.sum()), dim, device=device)
     if joined_inverse.numel():
-        index = distinct_rows_at(fetch, np.arange(fetch.shape[1]), device).index_select(0, joined_inverse)
+        index = own_last_rows(fetch, me, device).index_select(0, joined_inverse)
         off = 0
         for t, n in enumerate(np.asarray(ids, dtype=np.int64).tolist()):
             if n:
                 add_blocks(total, index[off : off + n], got[t])
             off += n
-    return RelaySums(total, fetch)
+    return RelaySums(total, fetch, me)
 
 
 def exchange_sums(
     name: str, sums: RelaySums, recv: np.ndarray, group: Any
 ) -> Pending[list[list[torch.Tensor]]]:
-    """``rail_grads`` of :func:`rail_sums`: the joined sums are the send buffer (no copy); ``recv[j, t]``
-    rows of table t come from rail peer j. Waits to the received sums as views of the receive buffer,
-    per table a list over rail peers (what :func:`~flexshard.runtime.transfer.exchange_gathered_async`
-    gives)."""
+    """``rail_grads`` of :func:`rail_sums`: the head of the joined sums is the send buffer (no copy), its
+    tail (this rank's own rows) stays where it lies; ``recv[j, t]`` rows of table t come from rail peer j
+    (``recv[me]`` equals ``sums.fetch[me]``). Waits to the sums as views, per table a list over rail peers
+    (what :func:`~flexshard.runtime.transfer.exchange_gathered_async` gives): the received ones in the
+    receive buffer, this rank's own in the joined sums."""
     recv = np.asarray(recv, dtype=np.int64)
-    dim = np.array([int(sums.joined.shape[1])])
-    pending = exchange_columns_async(
-        name, [sums.joined], sums.fetch.sum(axis=1)[:, None], recv.sum(axis=1)[:, None], dim, group
-    )
     peers, tables = recv.shape
+    me, dim = sums.me, int(sums.joined.shape[1])
+    send_rows, recv_rows = sums.fetch.sum(axis=1), recv.sum(axis=1)
+    send_rows[me], recv_rows[me] = 0, 0
+    received = torch.empty(int(recv_rows.sum()), dim, device=sums.joined.device)
+    work = all_to_all(
+        name,
+        received.view(-1),
+        sums.joined[: sums.sent].view(-1),
+        (recv_rows * dim).tolist(),
+        (send_rows * dim).tolist(),
+        group,
+    )
+    own = sums.joined[sums.sent :].split(recv[me].tolist())
 
     def views() -> list[list[torch.Tensor]]:
-        blocks = pending.wait()[0][0].split(recv.reshape(-1).tolist())  # (peer, table) order
-        return [[blocks[j * tables + t] for j in range(peers)] for t in range(tables)]
+        others = [j for j in range(peers) if j != me]
+        blocks = received.split(recv[others].reshape(-1).tolist())  # (peer, table) order
+        per_peer = {j: blocks[i * tables : (i + 1) * tables] for i, j in enumerate(others)} | {me: own}
+        return [[per_peer[j][t] for j in range(peers)] for t in range(tables)]
 
-    return Pending([pending], views)
+    return Pending([work], views)
 
 
 @dataclass
@@ -311,20 +342,22 @@ def rail_sums_wire(
     wire_inverse: torch.Tensor,
     recv: np.ndarray,
     me: int,
+    rail_me: int,
     received: torch.Tensor,
     own: torch.Tensor,
     device: torch.device,
 ) -> RelaySums:
     """:func:`rail_sums` of gradients in wire order: ``wire_inverse`` each received group id's distinct
-    number in wire order (group peer, table), ``recv[p]`` of them from peer p; ``received`` the other
-    peers' gradients in that order, ``own`` this rank's. Three adds (the peers before this rank, its
+    number in wire order (group peer, table), ``recv[p]`` of them from peer p (``me`` this rank's place
+    in the group, ``rail_me`` in the rail); ``received`` the other peers' gradients in that order,
+    ``own`` this rank's. Three adds (the peers before this rank, its
     own, the peers after it): each row's terms in peer order, the per-table sums bit for bit."""
     fetch = np.asarray(fetch, dtype=np.int64)
     recv = np.asarray(recv, dtype=np.int64)
     total = torch.zeros(int(fetch.sum()), int(own.shape[1]), device=device)
-    index = distinct_rows_at(fetch, np.arange(fetch.shape[1]), device).index_select(0, wire_inverse)
+    index = own_last_rows(fetch, rail_me, device).index_select(0, wire_inverse)
     lo, hi = int(recv[:me].sum()), int(recv[: me + 1].sum())
     for part, rows in ((index[:lo], received[:lo]), (index[lo:hi], own), (index[hi:], received[lo:])):
         if part.numel():
             total.index_add_(0, part, rows)
-    return RelaySums(total, fetch)
+    return RelaySums(total, fetch, rail_me)

@@ -152,19 +152,22 @@ def test_rail_sums_are_the_per_table_sums_in_send_order(seed):
     for n in ids:  # per-peer blocks of each table's received gradients
         cut = np.sort(rng.integers(0, int(n) + 1, peers - 1))
         got.append(list(torch.randn(int(n), 3, generator=gen).split(np.diff([0, *cut, int(n)]).tolist())))
-    sums = rail_sums(fetch, joined, ids, got, 3, torch.device("cpu"))
+    me = int(rng.integers(0, rail))
+    sums = rail_sums(fetch, joined, ids, got, 3, me, torch.device("cpu"))
     per_table = [
         torch.zeros(int(d), 3).index_add_(0, i, torch.cat(g))
         for d, i, g in zip(distinct, inverse, got, strict=True)
     ]
     start = np.cumsum(fetch, axis=0) - fetch  # rail owner j's first row within table t
+    own_last = [j for j in range(rail) if j != me] + [me]  # the other owners' sums, then its own
     want = [
         per_table[t][int(start[j, t]) : int(start[j, t] + fetch[j, t])]
-        for j in range(rail)
+        for j in own_last
         for t in range(tables)
     ]
     assert torch.equal(sums.joined, torch.cat([torch.zeros(0, 3), *want]))
-    assert np.array_equal(sums.fetch, fetch)
+    assert np.array_equal(sums.fetch, fetch) and sums.me == me
+    assert sums.sent == int(fetch.sum() - fetch[me].sum())
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -243,11 +246,13 @@ def test_rail_sums_in_wire_order_equal_the_per_table_sums_bit_for_bit(seed):
         [torch.zeros(0, dtype=torch.int64)] + [torch.cat(inverse[t]) + int(first[t]) for t in range(tables)]
     )
     got = [[torch.randn(int(ids[p, t]), 3, generator=gen) for p in range(peers)] for t in range(tables)]
-    want = rail_sums(fetch, joined, ids.sum(axis=0), got, 3, torch.device("cpu"))
+    rail_me = int(rng.integers(0, rail))
+    want = rail_sums(fetch, joined, ids.sum(axis=0), got, 3, rail_me, torch.device("cpu"))
     wire = joined[wire_order(ids, np.arange(peers), torch.device("cpu"))]
     received = torch.cat(
         [torch.zeros(0, 3)] + [got[t][p] for p in range(peers) if p != me for t in range(tables)]
     )
     own = torch.cat([torch.zeros(0, 3)] + [got[t][me] for t in range(tables)])
-    sums = rail_sums_wire(fetch, wire, ids.sum(axis=1), me, received, own, torch.device("cpu"))
+    sums = rail_sums_wire(fetch, wire, ids.sum(axis=1), me, rail_me, received, own, torch.device("cpu"))
     assert torch.equal(sums.joined, want.joined) and np.array_equal(sums.fetch, fetch)
+    assert sums.me == rail_me
