@@ -33,6 +33,7 @@ import torch.distributed as dist
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
 from flexshard.runtime.agreement import agreed_message
+from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.shards import Shard as RowShard
 
 # a flexshard.runtime.ShardedSequenceEmbedding, which imports this module (so not imported here)
@@ -198,7 +199,7 @@ def to_canonical(module: ShardedSequenceEmbedding, names: Names = None) -> Canon
             keep = dest == me if tier is Tier.HOT else group_of.index_select(0, dest) == module.pg.group
             if tier is Tier.COLD:
                 keep = torch.ones_like(keep)
-            slots = torch.nonzero(keep).flatten()
+            slots = flat_nonzero(keep)
             payload.append((tier, slots, ids.index_select(0, slots)))
             dests.append(dest.index_select(0, slots))
         order = torch.argsort(torch.cat([p[2] for p in payload]), stable=True)  # ascending: by destination
@@ -304,7 +305,7 @@ def from_canonical(module: ShardedSequenceEmbedding, canonical: Canonical, names
             rows = recv[int(starts[p, t]) : int(starts[p, t]) + k * int(widths[t])].view(k, int(widths[t]))
             parts = _unflat(rows, shapes[t])
             for i, kind in enumerate(TIERS):
-                sel = torch.nonzero(tier_of[at : at + k] == i).flatten()
+                sel = flat_nonzero(tier_of[at : at + k] == i)
                 if not sel.numel():
                     continue
                 slots = slot_of[at : at + k].index_select(0, sel)

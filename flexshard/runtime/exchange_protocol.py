@@ -60,6 +60,7 @@ from flexshard.runtime.exchange_bytes import ProtocolBytes
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
+from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import (
     add_owned_gradients,
@@ -211,8 +212,7 @@ class ExchangeProtocol:
     def route(self, lookups: list[TableLookup]) -> Routed:
         """Every remote lookup in its column, sorted by destination rank. No collective. A column a
         table cannot use (no warm rows; the other fetch mode) is empty without work."""
-        none = self._none
-        no_bins = self._no_bins
+        none, no_bins = self._none, self._no_bins
         index, send, bins, in_order = [], [], [], set()
         for t, lk in enumerate(lookups):
             if lk.by_rail:  # already in the group fetch's destination order
@@ -239,7 +239,7 @@ class ExchangeProtocol:
                 dest = self.rail_peer_of_owner.index_select(0, owner)
                 columns[GIDS] = (cold, dest, key)
                 away = ~self.same_group.index_select(0, owner)
-                other = torch.nonzero(away).flatten() if cold is None else cold[away]
+                other = flat_nonzero(away) if cold is None else cold[away]
                 columns[GSLOTS] = (other, lk.owner.index_select(0, other), lk.slot)
             index.append([])
             send.append([])
@@ -275,7 +275,7 @@ class ExchangeProtocol:
         send.append(self.dedup.key(t, lk.owner, lk.slot))
         per_owner_rail = per_owner.index_select(0, self._rail_owners)
         bins.append(torch.zeros_like(per_owner).index_add_(0, self._rail_dest, per_owner_rail))
-        other = torch.nonzero(self._away.index_select(0, lk.owner)).flatten()
+        other = flat_nonzero(self._away.index_select(0, lk.owner))
         if not self.gslots_sorted:
             other = other.index_select(0, torch.argsort(lk.owner.index_select(0, other), stable=True))
         index.append(other)

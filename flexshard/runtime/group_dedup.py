@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.transfer import joined_blocks
 
 WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
@@ -68,7 +69,7 @@ def distinct_keys(keys: torch.Tensor, key_range: int) -> torch.Tensor:
         return torch.unique(keys, sorted=True)
     mark = torch.zeros(key_range, dtype=torch.bool, device=keys.device)
     mark.index_fill_(0, keys, True)
-    return torch.nonzero(mark).flatten()
+    return flat_nonzero(mark)
 
 
 class GroupDedup:
@@ -165,7 +166,7 @@ class GroupDedup:
             served_mark = torch.zeros_like(mark).index_fill_(0, asked_keys, True)
             for lo, span in zip(own_keys.tolist(), self.span.tolist(), strict=True):
                 served_mark[lo : lo + span] |= mark[lo : lo + span]
-            served = torch.nonzero(served_mark).flatten()
+            served = flat_nonzero(served_mark)
         fetch_counts = zeros.copy()
         fetch_counts[self.rail] = fetch.T
         joined_inverse = inverse

@@ -13,6 +13,7 @@ import torch
 
 from core.vocabulary import Tier
 from flexshard.runtime.features import Features
+from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.shards import Shard
 
 
@@ -41,7 +42,7 @@ class TableLookup:
         all the lookups (a table with only cold rows, asked for ``COLD``)."""
         if self.tier is None:
             return None if tier == Tier.COLD else self.hot_index  # hot_index: empty here
-        return torch.nonzero(self.tier == tier).flatten()
+        return flat_nonzero(self.tier == tier)
 
     def output(self) -> torch.Tensor:
         """The rows in input order."""
@@ -91,7 +92,7 @@ def local_lookups(
             out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows))
             continue
         tier, owner, slot = r.lookup(ids)
-        hot_index = torch.nonzero(tier == Tier.HOT).flatten()
+        hot_index = flat_nonzero(tier == Tier.HOT)
         hot_slot = slot.index_select(0, hot_index)
         rows.index_copy_(0, hot_index, hot[t].weights.index_select(0, hot_slot))
         out.append(TableLookup(inverse, ids, tier, owner, slot, hot_index, hot_slot, rows))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.optimizers import OPTIMIZERS, Hyper, RowOptimizer
 
 __all__ = ["OPTIMIZERS", "Shard"]
@@ -53,7 +54,7 @@ class Shard:
         self.touched.index_fill_(0, slots, 1)
 
     def touched_rows(self) -> torch.Tensor:
-        return torch.nonzero(self.touched).flatten()
+        return flat_nonzero(self.touched)
 
     def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
         """``optimizer``'s update of the touched rows (``step``: the module's iteration, from 1), then
