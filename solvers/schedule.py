@@ -204,15 +204,19 @@ def lookup_scopes(
     return rows, grads
 
 
-def relays_in_wire_order(plan: Plan, view: ClusterView) -> bool:
-    """Whether the runtime keeps a requester's rows of every table in ``scatter``'s wire order
-    (``flexshard.runtime.relay.WireRows``): dedup on, every table's rows cold and group fetched, ``grads``
-    inside the group. Its requested rows and gradients are then never copied into or out of a buffer
-    (where every table has one dim and the wire is float32: :class:`solvers.time_types.BufferCopies`)."""
-    every_table_relayed = all(
-        tp.fetch is FetchMode.GROUP and tp.hot_rows + tp.warm_rows == 0 for tp in plan.tables
-    )
-    if not (plan.dedup and plan.tables and every_table_relayed and view.num_ranks > 1):
+def rows_in_wire_order(plan: Plan, view: ClusterView) -> bool:
+    """Whether the runtime keeps a requester's rows of every table in one buffer in the exchange's wire
+    order (``flexshard.runtime.relay.WireRows``): dedup on, every table's rows cold, and either every
+    table group fetched with ``grads`` inside the group (``scatter``'s order) or every table fetched flat
+    on more than one rank (``rows``' order: its lookups sorted by owner). Its requested rows and gradients
+    are then never copied into or out of a buffer (where every table has one dim and the wire is float32:
+    :class:`solvers.time_types.BufferCopies`)."""
+    all_cold = all(tp.hot_rows + tp.warm_rows == 0 for tp in plan.tables)
+    if not (plan.dedup and plan.tables and all_cold and view.num_ranks > 1):
+        return False
+    if all(tp.fetch is FetchMode.FLAT for tp in plan.tables):
+        return True
+    if not all(tp.fetch is FetchMode.GROUP for tp in plan.tables):
         return False
     shape = step_shape(plan, view)
     return shape.group_fetch and shape_scopes(shape, view)[1] is Scope.GROUP

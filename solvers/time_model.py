@@ -27,8 +27,8 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   buffer (``pack_s_per_value``, per :class:`~solvers.time_types.BufferCopies`: twice per value it requested,
   forward and backward; where every table has one dim and the wire is float32, once per value it serves
   warm or flat and never for a group fetch's owner and relay, whose rows are gathered straight into the
-  send buffer and whose sums stay where they arrive, nor for a requester whose every table is relayed in
-  wire order; else twice each); every looked-up
+  send buffer and whose sums stay where they arrive, nor for a requester whose rows of every table lie
+  in one buffer in wire order, every table cold and group fetched or flat; else twice each); every looked-up
   output element carries the loss and its gradient (``output_s_per_value``); the runtime's host work (Python,
   small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per collective.
   A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
@@ -45,7 +45,7 @@ import numpy as np
 
 from core.vocabulary import Component, FetchMode, SyncMode
 from solvers.cost_model import evaluate
-from solvers.schedule import Phase, relays_in_wire_order, step_schedule
+from solvers.schedule import Phase, rows_in_wire_order, step_schedule
 from solvers.time_types import BufferCopies, LatencyTable, LocalRates, StageTime, StepTime, stage_latency_s
 from solvers.types import Plan, Workload
 from solvers.volumes import dealt_volumes, routed_ids, tier_volumes, view_mass
@@ -68,7 +68,7 @@ def local_work(
     gsize = view.group_size_of_rank().astype(np.float64)
     big_g = view.num_groups
     move = rates.gather_s_per_value + rates.scatter_add_s_per_value
-    copies = BufferCopies.of([t.dim for t in workload.tables], plan.wire, relays_in_wire_order(plan, view))
+    copies = BufferCopies.of([t.dim for t in workload.tables], plan.wire, rows_in_wire_order(plan, view))
     for t, tp in zip(workload.tables, plan.tables, strict=True):
         mass = view_mass(workload, view, t)
         vol = dealt_volumes(mass, t, tp, view, plan.dedup) if dealt else tier_volumes(mass, tp, plan.dedup)

@@ -296,9 +296,9 @@ class BufferCopies:
         """The copies of a step whose tables have ``dims`` and whose vectors travel as ``wire``: where every
         table has one dim and the wire is float32, rows are gathered straight into send buffers and the
         relay's rows and sums stay in the buffers they arrive in (:mod:`flexshard.runtime.relay`), and a
-        requester whose rows lie in ``scatter``'s wire order (``wire_order``:
-        :func:`solvers.schedule.relays_in_wire_order`) copies none of its own; else every value is
-        copied in and out both ways."""
+        requester whose rows lie in the exchange's wire order (``wire_order``:
+        :func:`solvers.schedule.rows_in_wire_order`: every table cold and group fetched, or flat) copies
+        none of its own; else every value is copied in and out both ways."""
         one_dim = len({int(d) for d in dims}) == 1
         if one_dim and str(getattr(wire, "value", wire)) == "fp32":
             return BufferCopies(requested=0.0 if wire_order else 2.0, served=1.0, group=0.0)

@@ -76,11 +76,12 @@ from flexshard.runtime.relay import (
     RelayRows,
     RelaySums,
     WireRows,
-    distinct_rows_at,
     exchange_sums,
+    grads_flat,
     grads_wire,
     rail_sums,
     rail_sums_wire,
+    received_rows,
     scatter_relayed,
     scatter_wire,
     wire_order,
@@ -114,8 +115,8 @@ class Routed:
     # (table, kind) of the columns that are every unique id in order (FLAT of an all-cold by-owner table,
     # GIDS of a by-rail one: the index is arange): rows and gradients travel without a gather or scatter
     in_order: set[tuple[int, int]] = field(default_factory=set)
-    # every table's group-fetched rows in ``scatter``'s wire order (set by ``scatter`` where every table
-    # is by rail; the lookups' ``rows`` are then unused)
+    # every table's rows in the exchange's wire order (set by ``scatter`` where every table is by rail, by
+    # ``rows`` where every table is flat and by owner; the lookups' ``rows`` are then unused)
     joint: WireRows | None = None
 
     def outputs(self) -> tuple[torch.Tensor, ...]:
@@ -206,6 +207,7 @@ class ExchangeProtocol:
         self.one_dim_fp32 = wire_dtype is WireDtype.FP32 and np.unique(self.dims).size == 1
         # ``grads`` on the group: a requester's gradients in wire order can be sent as they lie
         self._grads_in_group = np.array_equal(self.grads_scope[0], self.intra) and self.intra.size > 1
+        self.flat_wire = self.one_dim_fp32 and not (warm or self.group_fetch.any()) and self.world > 1
 
     # --- input_dist ----------------------------------------------------------------------------------
 
@@ -371,15 +373,9 @@ class ExchangeProtocol:
             gathered = exchange_gathered_async("rows", sources, indices, sc, rc, group, with_buffer=True)
             self.bytes.forward(routed.counts, asked, traffic)
 
-            def relayed() -> RelayRows:
-                views, buffer, first = gathered.wait()
-                place_rows(routed.lookups, routed.index, routed.in_order, views)
-                dim = int(self.dims[0]) if n_t else 1
-                rows = buffer.view(-1, dim) if n_t else buffer.view(0, 0)
-                at = distinct_rows_at(rc, np.arange(n_t) * 3 + 2, self.device, first // dim)
-                return RelayRows(rows, at)
-
-            return Pending([gathered], relayed)
+            joint = self.flat_wire and n_t > 0 and all(lk.by_owner for lk in routed.lookups)
+            dim, me = (int(self.dims[0]) if n_t else 1), self.me  # joint: the rows stay in the buffer
+            return Pending([gathered], lambda: received_rows(routed, gathered.wait(), rc, dim, joint, me))
         widths = np.repeat(self.dims, len(ROW_KINDS))
         pending = exchange_vectors("rows", cols, sc, rc, widths, self.wire_dtype, group)
         self.bytes.forward(routed.counts, asked, traffic)
@@ -462,9 +458,13 @@ class ExchangeProtocol:
 
         return Pending([pending], finish)
 
-    def _grads_joint(self, routed: Routed, asked: Asked, gradient: torch.Tensor) -> Pending[RelaySums]:
-        """``grads`` of a :attr:`Routed.joint` lookup (every table group fetched: no warm or flat
-        gradients): :func:`~flexshard.runtime.relay.grads_wire`, then the rail peer's three adds."""
+    def _grads_joint(self, routed: Routed, asked: Asked, gradient: torch.Tensor) -> Pending[RelaySums | None]:
+        """``grads`` of a :attr:`Routed.joint` lookup: every table group fetched (no warm or flat gradients):
+        :func:`~flexshard.runtime.relay.grads_wire`, then the rail peer's three adds; or every table flat."""
+        if self.flat_wire:  # every table flat: relay.grads_flat, then the owners' adds
+            recv, scope = asked.recv_counts[:, :, FLAT], self.grads_scope[1]
+            got = grads_flat(routed.joint, gradient, recv, self.me, scope)
+            return Pending([got], lambda: add_owned_gradients(self.shards, asked, got.wait()))
         recv, me = asked.recv_counts[self.intra][:, :, GIDS].sum(axis=1), self.intra_me
         pending = grads_wire(routed.joint, gradient, recv, me, self.pg.intra)
         fetch, wire, rail, dev = asked.fetch_counts[self.rail], asked.wire_inverse, self.rail_me, self.device

@@ -12,6 +12,10 @@ requester keeps its rows of every table in one buffer in ``scatter``'s wire orde
 gradients from the same layout as they lie, and the rail peer sums them in three adds
 (:func:`rail_sums_wire`): no per-table copy of a requested row or gradient either side.
 
+Where every table is cold and fetched flat (each lookup *by owner*), ``rows``' receive buffer already has
+that layout (the owners' blocks by (rank, table), its own last): the requester's rows stay in it
+(:func:`received_rows`) and ``grads`` sends the gradients from it as they lie (:func:`grads_flat`).
+
 Distinct rows are numbered as ``compute`` numbers them (:class:`~flexshard.runtime.group_dedup.Asked`'s
 ``joined_inverse``): table-major, each table's rows by owner (rank order), then slot.
 """
@@ -25,9 +29,9 @@ import numpy as np
 import torch
 
 from flexshard.runtime.awaitable import Pending, all_to_all
-from flexshard.runtime.group_dedup import GIDS
+from flexshard.runtime.group_dedup import FLAT, GIDS
 from flexshard.runtime.lookups import TableLookup
-from flexshard.runtime.placing import place_around_own, place_scattered
+from flexshard.runtime.placing import place_around_own, place_rows, place_scattered
 from flexshard.runtime.transfer import add_blocks, exchange_gathered_async
 
 
@@ -144,6 +148,26 @@ def scatter_relayed(
     return Pending([gathered], place_joined)
 
 
+def received_rows(
+    routed: Any, got: tuple[list, torch.Tensor, np.ndarray], rc: np.ndarray, dim: int, joint: bool, me: int
+) -> RelayRows:
+    """``rows``' float32 rows of one dim as ``exchange_gathered_async`` delivered them (``got``: views,
+    buffer, first element of each (peer, column) block; ``rc[p, c]`` rows of column c, (table, row kind),
+    from rank p). ``joint`` (every table fetched flat and its lookups by owner: the buffer's layout is a
+    :class:`WireRows`'): the requester's rows stay in the buffer as ``routed.joint``; else the warm and
+    flat rows are put in its lookups. Returns the group fetch's distinct rows as they lie
+    (:class:`RelayRows`)."""
+    views, buffer, first = got
+    rows = buffer.view(-1, dim) if rc.shape[1] else buffer.view(0, 0)
+    tables = rc.shape[1] // 3
+    if joint:
+        inverse = [lk.inverse for lk in routed.lookups]
+        routed.joint = wire_rows(inverse, rc[:, FLAT::3], me, dim, rows.device, rows)
+    else:
+        place_rows(routed.lookups, routed.index, routed.in_order, views)
+    return RelayRows(rows, distinct_rows_at(rc, np.arange(tables) * 3 + GIDS, rows.device, first // dim))
+
+
 @dataclass
 class RelaySums:
     """The rail peer's gradient sums per distinct row (float32[rows, dim]) laid out as ``rail_grads``
@@ -206,7 +230,6 @@ def exchange_sums(
     (what :func:`~flexshard.runtime.transfer.exchange_gathered_async` gives): the received ones in the
     receive buffer, this rank's own in the joined sums."""
     recv = np.asarray(recv, dtype=np.int64)
-    peers, tables = recv.shape
     me, dim = sums.me, int(sums.joined.shape[1])
     send_rows, recv_rows = sums.fetch.sum(axis=1), recv.sum(axis=1)
     send_rows[me], recv_rows[me] = 0, 0
@@ -219,15 +242,21 @@ def exchange_sums(
         (send_rows * dim).tolist(),
         group,
     )
-    own = sums.joined[sums.sent :].split(recv[me].tolist())
+    own = sums.joined[sums.sent :]
+    return Pending([work], lambda: per_table_views(received, own, recv, me))
 
-    def views() -> list[list[torch.Tensor]]:
-        others = [j for j in range(peers) if j != me]
-        blocks = received.split(recv[others].reshape(-1).tolist())  # (peer, table) order
-        per_peer = {j: blocks[i * tables : (i + 1) * tables] for i, j in enumerate(others)} | {me: own}
-        return [[per_peer[j][t] for j in range(peers)] for t in range(tables)]
 
-    return Pending([work], views)
+def per_table_views(
+    received: torch.Tensor, own: torch.Tensor, recv: np.ndarray, me: int
+) -> list[list[torch.Tensor]]:
+    """Per table, a list over peers of its rows: ``received`` holds the other peers' blocks in (peer,
+    table) order, ``own`` this rank's (``me``) by table; ``recv[p, t]`` rows of table t from peer p."""
+    peers, tables = recv.shape
+    others = [p for p in range(peers) if p != me]
+    blocks = received.split(recv[others].reshape(-1).tolist())
+    per_peer = {p: blocks[i * tables : (i + 1) * tables] for i, p in enumerate(others)}
+    per_peer[me] = own.split(recv[me].tolist())
+    return [[per_peer[p][t] for p in range(peers)] for t in range(tables)]
 
 
 @dataclass
@@ -264,12 +293,18 @@ class WireRows:
 
 
 def wire_rows(
-    inverse: list[torch.Tensor], per_block: np.ndarray, me: int, dim: int, device: torch.device
+    inverse: list[torch.Tensor],
+    per_block: np.ndarray,
+    me: int,
+    dim: int,
+    device: torch.device,
+    buffer: torch.Tensor | None = None,
 ) -> WireRows:
-    """The :class:`WireRows` of a requester whose every table's unique ids are sorted by group peer (a
-    by-rail lookup): ``per_block[p, t]`` unique ids of table t from group peer p (int64[peers, tables]),
-    ``me`` this rank's place among the peers, ``inverse[t]`` each input id's unique id. The buffer is
-    allocated, not filled."""
+    """The :class:`WireRows` of a requester whose every table's unique ids are sorted by peer (a by-rail
+    lookup and its group peers; a flat by-owner one and its owners): ``per_block[p, t]`` unique ids of
+    table t from peer p (int64[peers, tables]), ``me`` this rank's place among the peers, ``inverse[t]``
+    each input id's unique id. ``buffer``: the rows already laid out so (``rows``' receive buffer of a
+    flat fetch); by default one is allocated, not filled."""
     per_block = np.asarray(per_block, dtype=np.int64)
     peers, tables = per_block.shape
     order = [p for p in range(peers) if p != me] + [me]  # the other peers' blocks, then its own
@@ -280,7 +315,7 @@ def wire_rows(
     mapped = [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(tables)]
     total = int(per_block.sum())
     received = total - int(per_block[me].sum())
-    buffer = torch.empty(total, dim, device=device)
+    buffer = torch.empty(total, dim, device=device) if buffer is None else buffer
     return WireRows(buffer, mapped, received, per_block.sum(axis=1))
 
 
@@ -335,6 +370,34 @@ def grads_wire(
         group,
     )
     return Pending([work], lambda: (received, gradient[rows.received :]))
+
+
+def grads_flat(
+    rows: WireRows, gradient: torch.Tensor, recv: np.ndarray, me: int, group: Any
+) -> Pending[list[torch.Tensor | list[torch.Tensor]]]:
+    """``grads`` of a flat fetch whose rows are a :class:`WireRows` (every table flat, its lookups by
+    owner): the head of ``gradient`` sent to the owners as it lies, its tail (this rank's own requests)
+    kept; ``recv[p, t]`` gradients of table t come from rank p. Waits to ``grads``' columns (warm, flat,
+    group ids per table; only flat ones hold rows), each a list over peers of views."""
+    recv = np.asarray(recv, dtype=np.int64)
+    dim = int(gradient.shape[1])
+    recv_rows = recv.sum(axis=1)
+    recv_rows[me] = 0
+    received = torch.empty(int(recv_rows.sum()), dim, device=gradient.device)
+    work = all_to_all(
+        "grads",
+        received.view(-1),
+        gradient[: rows.received].view(-1),
+        (recv_rows * dim).tolist(),
+        (rows.other_peers(me) * dim).tolist(),
+        group,
+    )
+
+    def columns() -> list[torch.Tensor | list[torch.Tensor]]:
+        flat = per_table_views(received, gradient[rows.received :], recv, me)
+        return [column for views in flat for column in ([], views, [])]
+
+    return Pending([work], columns)
 
 
 def rail_sums_wire(

@@ -77,9 +77,11 @@ def test_block_copies_and_adds_equal_the_joined_ones_bit_for_bit(seed):
     assert torch.equal(one, want)
 
 
-def _both_paths(rank: int, world: int) -> dict:
-    """The bench's default tables (one dim) on ``row_wise_group_dedup``'s plan (every table group
-    fetched), trained 3 steps with the one-dim fp32 relay and with the per-table path."""
+def _both_paths(rank: int, world: int, strategy: str) -> dict:
+    """The bench's default tables (one dim) on ``strategy``'s plan (``row_wise_group_dedup``: every table
+    group fetched; ``row_wise``: every table flat), trained 3 steps on the one-dim fp32 path with the
+    rows in wire order (``joint``), without it (``gathered``: per-table copies) and on the per-table path
+    (``per_table``)."""
     import json
     import tempfile
     from pathlib import Path
@@ -93,17 +95,19 @@ def _both_paths(rank: int, world: int) -> dict:
     cfg = BenchConfig(nproc=world, groups=2, batch=8, plan_for="h100", torchrec=False)
     data = load_data(cfg, world)
     view = h100_view(world, 2)
-    plan = make_plans(data, view, view, cfg.budget, False, "step", None)["row_wise_group_dedup"]
+    plan = make_plans(data, view, view, cfg.budget, False, "step", None)[strategy]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "plan.json")
         path.write_text(json.dumps(plan.document))
-        for one_dim in (True, False):
+        for name, (one_dim, flat_wire) in PATHS.items():
             model = ShardedSequenceEmbedding(
                 read_plan(str(path)), data.tables, data.orders, init=cfg.seed, optimizer="adagrad", lr=cfg.lr
             )
             assert model.protocol.one_dim_fp32  # one dim, fp32: the relay path unless switched off
+            assert model.protocol.flat_wire == (not model.group_fetch)  # every table flat: rows in place
             model.protocol.one_dim_fp32 = one_dim
+            model.protocol.flat_wire = model.protocol.flat_wire and flat_wire
             outputs, traffic = [], []
             for step in range(3):
                 got = model(data.make_batch(step, rank))
@@ -111,26 +115,32 @@ def _both_paths(rank: int, world: int) -> dict:
                 sum(0.5 * v.pow(2).sum() for v in got.values()).backward()
                 model.step()
                 traffic.append(model.traffic.bytes.copy())
-            out[one_dim] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch))
+            out[name] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch))
     return out
 
 
+PATHS = {"joint": (True, True), "gathered": (True, False), "per_table": (False, False)}
+
+
 @pytest.mark.slow
-def test_the_one_dim_relay_equals_the_per_table_path_bit_for_bit():
+@pytest.mark.parametrize("strategy", ["row_wise_group_dedup", "row_wise"])
+def test_the_one_dim_paths_equal_the_per_table_path_bit_for_bit(strategy):
     from runtime_workers import run_function
 
-    for rank, res in enumerate(run_function(_both_paths, 4, timeout_s=300.0)):
-        (new_out, new_traffic, new_rows, fetched), (old_out, old_traffic, old_rows, _) = res[True], res[False]
-        assert fetched, rank
-        for a, b in zip(new_out, old_out, strict=True):
-            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), rank
-        for a, b in zip(new_traffic, old_traffic, strict=True):
-            np.testing.assert_array_equal(a, b)
-        assert new_rows.keys() == old_rows.keys()
-        for key, (ids, weights, states) in new_rows.items():
-            o_ids, o_weights, o_states = old_rows[key]
-            assert np.array_equal(ids, o_ids) and torch.equal(weights, o_weights), (rank, key)
-            assert all(torch.equal(v, o_states[n]) for n, v in states.items()), (rank, key)
+    for rank, res in enumerate(run_function(_both_paths, 4, strategy, timeout_s=300.0)):
+        old_out, old_traffic, old_rows, fetched = res["per_table"]
+        assert fetched == (strategy == "row_wise_group_dedup"), rank
+        for name in ("joint", "gathered"):
+            new_out, new_traffic, new_rows, _ = res[name]
+            for a, b in zip(new_out, old_out, strict=True):
+                assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (rank, name)
+            for a, b in zip(new_traffic, old_traffic, strict=True):
+                np.testing.assert_array_equal(a, b)
+            assert new_rows.keys() == old_rows.keys()
+            for key, (ids, weights, states) in new_rows.items():
+                o_ids, o_weights, o_states = old_rows[key]
+                assert np.array_equal(ids, o_ids) and torch.equal(weights, o_weights), (rank, name, key)
+                assert all(torch.equal(v, o_states[n]) for n, v in states.items()), (rank, name, key)
 
 
 @pytest.mark.parametrize("seed", range(6))

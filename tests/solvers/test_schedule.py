@@ -7,7 +7,7 @@ import pytest
 
 from core.vocabulary import FetchMode, SyncMode, WireDtype
 from solvers.cost_model import table_plan
-from solvers.schedule import CollectiveKind, Scope, collectives_per_step, relays_in_wire_order, step_schedule
+from solvers.schedule import CollectiveKind, Scope, collectives_per_step, rows_in_wire_order, step_schedule
 from solvers.types import Plan, RowHistogram, TableSpec
 from topology.views import uniform_view
 
@@ -157,20 +157,22 @@ def test_one_group_and_groups_of_one_rank_keep_rows_and_grads_on_the_world():
     assert _scopes(_plan(unequal, 0, 0, FetchMode.GROUP), unequal) == (Scope.WORLD, Scope.GROUP)
 
 
-def test_the_relay_keeps_wire_order_where_every_table_is_cold_and_group_fetched_with_grads_in_the_group():
+def test_rows_keep_wire_order_where_every_table_is_cold_and_group_fetched_with_grads_in_the_group_or_flat():
     view = _view(2, 4)
-    assert relays_in_wire_order(_plan(view, 0, 0, FetchMode.GROUP), view)
-    assert not relays_in_wire_order(_plan(view, 10, 0, FetchMode.GROUP), view)  # hot rows: read locally
-    assert not relays_in_wire_order(_plan(view, 0, 20, FetchMode.GROUP), view)  # warm rows
-    assert not relays_in_wire_order(_plan(view, 0, 0), view)  # flat fetch
+    assert rows_in_wire_order(_plan(view, 0, 0, FetchMode.GROUP), view)
+    assert not rows_in_wire_order(_plan(view, 10, 0, FetchMode.GROUP), view)  # hot rows: read locally
+    assert not rows_in_wire_order(_plan(view, 0, 20, FetchMode.GROUP), view)  # warm rows
+    assert rows_in_wire_order(_plan(view, 0, 0), view)  # flat fetch: rows' order, by owner
+    assert not rows_in_wire_order(_plan(view, 10, 0), view)  # hot rows
+    assert not rows_in_wire_order(_plan(_view(1, 1), 0, 0), _view(1, 1))  # one rank: no exchange
     plan = _plan(view, 0, 0, FetchMode.GROUP)
     mixed = Plan(
         "mixed", (plan.tables[0], _plan(view, 0, 0).tables[1]), dedup=True, sync=plan.sync, wire=plan.wire
     )
-    assert not relays_in_wire_order(mixed, view)  # one table flat
+    assert not rows_in_wire_order(mixed, view)  # one table flat
     no_dedup = Plan("no dedup", plan.tables, dedup=False, sync=plan.sync, wire=plan.wire)
-    assert not relays_in_wire_order(no_dedup, view)
+    assert not rows_in_wire_order(no_dedup, view)
     for other in (_view(1, 4), _view(4, 1)):  # grads on the world: one group, groups of one rank
-        assert not relays_in_wire_order(_plan(other, 0, 0, FetchMode.GROUP), other)
+        assert not rows_in_wire_order(_plan(other, 0, 0, FetchMode.GROUP), other)
     unequal = _unequal_view()  # grads in the group (rows on the world: no rail)
-    assert relays_in_wire_order(_plan(unequal, 0, 0, FetchMode.GROUP), unequal)
+    assert rows_in_wire_order(_plan(unequal, 0, 0, FetchMode.GROUP), unequal)
