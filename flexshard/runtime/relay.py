@@ -230,20 +230,26 @@ def exchange_sums(
     (what :func:`~flexshard.runtime.transfer.exchange_gathered_async` gives): the received ones in the
     receive buffer, this rank's own in the joined sums."""
     recv = np.asarray(recv, dtype=np.int64)
-    me, dim = sums.me, int(sums.joined.shape[1])
-    send_rows, recv_rows = sums.fetch.sum(axis=1), recv.sum(axis=1)
-    send_rows[me], recv_rows[me] = 0, 0
-    received = torch.empty(int(recv_rows.sum()), dim, device=sums.joined.device)
-    work = all_to_all(
-        name,
-        received.view(-1),
-        sums.joined[: sums.sent].view(-1),
-        (recv_rows * dim).tolist(),
-        (send_rows * dim).tolist(),
-        group,
+    me = sums.me
+    work, received = send_head(
+        name, sums.joined[: sums.sent], sums.fetch.sum(axis=1), recv.sum(axis=1), me, group
     )
     own = sums.joined[sums.sent :]
     return Pending([work], lambda: per_table_views(received, own, recv, me))
+
+
+def send_head(
+    name: str, head: torch.Tensor, send: np.ndarray, recv: np.ndarray, me: int, group: Any
+) -> tuple[Any, torch.Tensor]:
+    """An all-to-all of rows whose send buffer is ``head`` as it lies (``send[p]`` rows to peer p, in peer
+    order; this rank's own, ``send[me]``, kept out) into a new receive buffer (``recv[p]`` rows from peer
+    p; none from itself). Returns the work and the receive buffer."""
+    dim = int(head.shape[1])
+    send_rows, recv_rows = np.asarray(send, dtype=np.int64).copy(), np.asarray(recv, dtype=np.int64).copy()
+    send_rows[me], recv_rows[me] = 0, 0
+    received = torch.empty(int(recv_rows.sum()), dim, device=head.device)
+    sizes = [(recv_rows * dim).tolist(), (send_rows * dim).tolist()]
+    return all_to_all(name, received.view(-1), head.reshape(-1), *sizes, group), received
 
 
 def per_table_views(
@@ -306,11 +312,8 @@ def wire_rows(
     each input id's unique id. ``buffer``: the rows already laid out so (``rows``' receive buffer of a
     flat fetch); by default one is allocated, not filled."""
     per_block = np.asarray(per_block, dtype=np.int64)
-    peers, tables = per_block.shape
-    order = [p for p in range(peers) if p != me] + [me]  # the other peers' blocks, then its own
-    first = np.zeros((peers, tables), dtype=np.int64)
-    first[order] = np.concatenate([[0], np.cumsum(per_block[order].reshape(-1))[:-1]]).reshape(-1, tables)
-    at = distinct_rows_at(per_block, np.arange(tables), device, first)  # per unique id, table-major
+    tables = per_block.shape[1]
+    at = own_last_rows(per_block, me, device)  # per unique id, table-major: the other peers', then its own
     starts = np.concatenate([[0], np.cumsum(per_block.sum(axis=0))]).tolist()
     mapped = [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(tables)]
     total = int(per_block.sum())
@@ -356,19 +359,7 @@ def grads_wire(
     other group peers, their rail peers), its tail (this rank's own, to itself) kept; ``recv[p]`` rows
     come from peer p. Waits to ``(received, own)``: the received rows in (peer, table) order without
     this rank's own, and its own (:func:`rail_sums_wire`'s inputs)."""
-    recv = np.asarray(recv, dtype=np.int64).copy()
-    recv[me] = 0
-    dim = int(gradient.shape[1])
-    received = torch.empty(int(recv.sum()), dim, device=gradient.device)
-    send_rows = rows.other_peers(me)
-    work = all_to_all(
-        "grads",
-        received.view(-1),
-        gradient[: rows.received].view(-1),
-        (recv * dim).tolist(),
-        (send_rows * dim).tolist(),
-        group,
-    )
+    work, received = send_head("grads", gradient[: rows.received], rows.per_peer, recv, me, group)
     return Pending([work], lambda: (received, gradient[rows.received :]))
 
 
@@ -376,28 +367,17 @@ def grads_flat(
     rows: WireRows, gradient: torch.Tensor, recv: np.ndarray, me: int, group: Any
 ) -> Pending[list[torch.Tensor | list[torch.Tensor]]]:
     """``grads`` of a flat fetch whose rows are a :class:`WireRows` (every table flat, its lookups by
-    owner): the head of ``gradient`` sent to the owners as it lies, its tail (this rank's own requests)
-    kept; ``recv[p, t]`` gradients of table t come from rank p. Waits to ``grads``' columns (warm, flat,
-    group ids per table; only flat ones hold rows), each a list over peers of views."""
+    owner): :func:`grads_wire` to the owners; ``recv[p, t]`` gradients of table t come from rank p.
+    Waits to ``grads``' columns (warm, flat, group ids per table; only flat ones hold rows), each a list
+    over peers of views."""
     recv = np.asarray(recv, dtype=np.int64)
-    dim = int(gradient.shape[1])
-    recv_rows = recv.sum(axis=1)
-    recv_rows[me] = 0
-    received = torch.empty(int(recv_rows.sum()), dim, device=gradient.device)
-    work = all_to_all(
-        "grads",
-        received.view(-1),
-        gradient[: rows.received].view(-1),
-        (recv_rows * dim).tolist(),
-        (rows.other_peers(me) * dim).tolist(),
-        group,
-    )
+    pending = grads_wire(rows, gradient, recv.sum(axis=1), me, group)
 
     def columns() -> list[torch.Tensor | list[torch.Tensor]]:
-        flat = per_table_views(received, gradient[rows.received :], recv, me)
+        flat = per_table_views(*pending.wait(), recv, me)
         return [column for views in flat for column in ([], views, [])]
 
-    return Pending([work], columns)
+    return Pending([pending], columns)
 
 
 def rail_sums_wire(
