@@ -159,13 +159,15 @@ def received_rows(
     (:class:`RelayRows`)."""
     views, buffer, first = got
     rows = buffer.view(-1, dim) if rc.shape[1] else buffer.view(0, 0)
-    tables = rc.shape[1] // 3
     if joint:
         inverse = [lk.inverse for lk in routed.lookups]
         routed.joint = wire_rows(inverse, rc[:, FLAT::3], me, dim, rows.device, rows)
     else:
         place_rows(routed.lookups, routed.index, routed.in_order, views)
-    return RelayRows(rows, distinct_rows_at(rc, np.arange(tables) * 3 + GIDS, rows.device, first // dim))
+    distinct = np.arange(rc.shape[1] // 3) * 3 + GIDS  # the group fetch's column of every table
+    if not rc[:, distinct].any():  # no group fetch: no distinct row to find
+        return RelayRows(rows, torch.zeros(0, dtype=torch.int64, device=rows.device))
+    return RelayRows(rows, distinct_rows_at(rc, distinct, rows.device, first // dim))
 
 
 @dataclass
