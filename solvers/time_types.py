@@ -169,13 +169,14 @@ class LocalRates:
         """The rates to price ``view`` with. A cluster that carries a preset's NCCL figures: the value work
         at the H100's HBM roofline and, by ``gpu_host`` (:data:`GPU_HOST_WORK`), no host work around the
         collectives (``fused``: :data:`GPU_ROOFLINE_RATES`) or this runtime's, measured on an H100
-        (``measured``: :data:`H100_RUNTIME_RATES`). Any other: this machine's measured rates."""
+        (``measured``: :data:`H100_RUNTIME_RATES`). Any other: this machine's measured rates, slower where
+        the view's ranks outnumber their host's cores (:meth:`shared` by ``view.ranks_per_core``)."""
         if gpu_host not in GPU_HOST_WORK:
             expected = ", ".join(GPU_HOST_WORK)
             raise ConfigError(f"gpu host work {gpu_host!r}: unknown; expected one of {expected}")
         if view.collective_latency_source == presets.NCCL_LATENCY_SOURCE:
             return H100_RUNTIME_RATES if gpu_host == "measured" else GPU_ROOFLINE_RATES
-        return DEFAULT_RATES
+        return DEFAULT_RATES.shared(view.ranks_per_core)
 
     @classmethod
     def zero(cls) -> LocalRates:

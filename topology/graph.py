@@ -6,7 +6,9 @@ Nodes, by attribute ``kind``:
 
 * ``"gpu"``: ``rank`` (int, ranks 0..N-1 contiguous), ``host`` (str), ``group`` (str, NVLink domain id),
   ``local_rank`` (int, index on its host), ``memory_bytes`` (int), ``model`` (str).
-* ``"host"``: ``name`` (str). Metadata only; no edges, so no path routes through a host.
+* ``"host"``: ``name`` (str); optional ``cores`` (int > 0: the CPU cores its ranks run on, as a probe saw
+  them; the cost model prices each rank's host work slower where ranks outnumber them). Metadata only; no
+  edges, so no path routes through a host.
 * ``"nvswitch"``: ``group`` (str). The NVLink switch of one group.
 * ``"nic"``: ``host`` (str).
 * ``"switch"``: ``level`` (``"leaf"`` or ``"spine"``).
@@ -299,6 +301,9 @@ def validate(G: nx.Graph, source: str | None = None, *, connected: bool = True) 
                 fail(f"{where}: field 'level' = {attrs['level']!r}; expected 'leaf' or 'spine'")
             if kind == "gpu" and attrs["memory_bytes"] <= 0:
                 fail(f"{where}: field 'memory_bytes' = {attrs['memory_bytes']}; expected > 0")
+            cores = attrs.get("cores", 1) if kind == "host" else 1
+            if isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0:
+                fail(f"{where}: field 'cores' = {cores!r}; expected an integer > 0")
         for u, v, attrs in G.edges(data=True):
             where = f"edge {u!r}-{v!r}"
             if "kind" not in attrs:

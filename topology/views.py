@@ -7,6 +7,7 @@ The planner never walks the graph itself; it reads a :class:`ClusterView`.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ class ClusterView:
     memory_bytes: np.ndarray  # int64[N], device memory
     collective_latency_us: LatencyPoints | None = None  # measured/published figures (topology.latency)
     collective_latency_source: str = ""
+    ranks_per_core: float = 1.0  # the most ranks per CPU core on any host (hosts' ``cores``); 1: not known
 
     def __post_init__(self) -> None:
         if self.layout.num_groups == 1:  # no inter-group link class (see the class docstring)
@@ -199,6 +201,8 @@ def cluster_view(G: nx.Graph) -> ClusterView:
     * ``collective_latency_us``: the graph's collective latencies (:mod:`topology.latency`), if any.
     * ``inter_latency_s``: twice the one-way latency up that path (sum over hops of the hop's largest edge
       latency): up to the top of the fabric and back down to a GPU of the same shape.
+    * ``ranks_per_core``: the most GPUs (ranks) per CPU core over the hosts whose node has ``cores`` (1
+      where none has).
 
     A single group has no inter-group link class: ``inter_bw_Bps = 0`` and ``inter_latency_s = 0`` for every
     rank, with or without NICs (no traffic leaves the group). With several groups a GPU with no path to the
@@ -254,7 +258,19 @@ def cluster_view(G: nx.Graph) -> ClusterView:
         memory_bytes=np.array([attrs["memory_bytes"] for _, attrs in gpus], dtype=np.int64),
         collective_latency_us=latency,
         collective_latency_source=latency_source,
+        ranks_per_core=_ranks_per_core(G, [attrs["host"] for _, attrs in gpus]),
     )
+
+
+def _ranks_per_core(G: nx.Graph, host_of_rank: list[str]) -> float:
+    """The most ranks per CPU core over the hosts whose node says its ``cores``; 1.0 where none does."""
+    ranks_on = Counter(host_of_rank)
+    ratios = [
+        ranks_on[host] / attrs["cores"]
+        for host, attrs in G.nodes(data=True)
+        if attrs.get("kind") == "host" and attrs.get("cores")
+    ]
+    return max(ratios, default=1.0)
 
 
 def _edge_class(G: nx.Graph, u: Any, v: Any) -> tuple[str, tuple[str, ...]]:
@@ -302,9 +318,12 @@ def summary(G: nx.Graph, max_slow: int = 10, slow: bool = True) -> str:
     view = cluster_view(G)
     sizes = sorted({len(g) for g in view.groups})
     size_text = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]}"
+    busy = view.ranks_per_core
+    up_to = "up to " if len(set(view.host_of_rank)) > 1 else ""
+    sharing = f", {up_to}{busy:g} ranks a CPU core" if busy > 1 else ""
     lines = [
         f"topology {G.graph.get('name', '?')!r}: {view.num_ranks} GPUs, {len(set(view.host_of_rank))} hosts, "
-        f"{view.num_groups} groups of {size_text}",
+        f"{view.num_groups} groups of {size_text}{sharing}",
         f"{'per rank':<18}{'min':>10}{'median':>10}{'max':>10}",
     ]
     for label, values in (

@@ -140,6 +140,13 @@ def test_local_rates_for_a_view_say_where_they_come_from():
     assert LocalRates.for_view(gpus, "measured").source.startswith("H100: value work at the HBM roofline")
     assert LocalRates.for_view(VIEW) == LocalRates.for_view(VIEW, "measured") == LocalRates.default()
     assert LocalRates.default().source.startswith("experiments/calibrate_local.py")
+    # a probed host where 4 ranks share each core: every rate 4x this machine's, and it says so
+    crowded = LocalRates.for_view(replace(VIEW, ranks_per_core=4.0))
+    default = LocalRates.default()
+    assert all(getattr(crowded, f) == 4 * getattr(default, f) for f in LocalRates.FIELDS)
+    assert crowded.source.endswith("x4 (4 ranks per core)")
+    assert LocalRates.for_view(replace(VIEW, ranks_per_core=0.25)) == default  # idle cores: as is
+    assert LocalRates.for_view(replace(gpus, ranks_per_core=4.0)).source.startswith("assumed: H100")
     with pytest.raises(ConfigError, match="gpu host work 'slow': unknown; expected one of fused, measured"):
         LocalRates.for_view(gpus, "slow")
 

@@ -40,7 +40,9 @@ from topology.probe import (
     slow_parts,
 )
 from topology.probe.results import collective_latency
+from topology.probe.session import usable_cores
 from topology.probe.timing import bus_factors, collectives_to_time
+from topology.views import summary as topology_summary
 
 GB = 1e9
 SIZES = (8 * 1024, 256 * 1024, 2 * 1024 * 1024)
@@ -297,6 +299,29 @@ def test_single_group_has_no_network_and_groups_of_one_get_defaults():
     assert rank_links(lone)[0].intra_GBps is None
 
 
+def test_hosts_cores_reach_the_graph_the_view_and_the_report(tmp_path):
+    """4 ranks on host a (2 cores; one rank saw 3: the fewest counts), 2 on host b (8 cores): a's host node
+    says 2 cores, the view 4 / 2 = 2 ranks a core (b's 0.25 is not the most), both reports say so; a file
+    keeps it; ranks that said nothing leave the hosts without ``cores`` and the view at 1."""
+    hosts = ["a"] * 4 + ["b"] * 2
+    m = _measurements(hosts, [[0, 1, 2, 3], [4, 5]], {"intra": 40.0, "inter": 10.0})
+    cores = [3, 2, 2, 2, 8, 8]
+    m = dataclasses.replace(
+        m, ranks=tuple(dataclasses.replace(i, host_cores=c) for i, c in zip(m.ranks, cores, strict=True))
+    )
+    G = measured_graph(m)
+    assert (G.nodes["a"]["cores"], G.nodes["b"]["cores"]) == (2, 8)
+    assert cluster_view(G).ranks_per_core == 2.0
+    assert "6 ranks on 2 hosts (up to 2 ranks a CPU core)" in probe_report(m)
+    assert "up to 2 ranks a CPU core" in topology_summary(G)
+    write_json(G, tmp_path / "t.json")
+    assert cluster_view(read_json(tmp_path / "t.json")).ranks_per_core == 2.0
+    quiet = _measurements(hosts, [[0, 1, 2, 3], [4, 5]], {"intra": 40.0, "inter": 10.0})
+    G = measured_graph(quiet)
+    assert "cores" not in G.nodes["a"] and cluster_view(G).ranks_per_core == 1.0
+    assert "a CPU core" not in probe_report(quiet) and "a CPU core" not in topology_summary(G)
+
+
 def test_nvml_graph_restricted_to_the_job_then_measured():
     probes = [probe_host(fake_nvswitch_node(4, tag=t), host=h) for t, h in (("1", "a"), ("2", "b"))]
     base = merge_hosts(probes)
@@ -458,3 +483,6 @@ def test_sampled_pairs_probe_on_six_real_ranks():
     view = cluster_view(G)
     assert view.groups == ((0, 1), (2, 3), (4, 5))
     assert (view.intra_bw_Bps > 0).all() and (view.inter_bw_Bps > 0).all()
+    # each rank said the cores it may run on (every rank's local rank numbered on this one host)
+    assert [(i.local_rank, i.host_cores) for i in m.ranks] == [(r, usable_cores()) for r in range(6)]
+    assert view.ranks_per_core == pytest.approx(6 / usable_cores())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -314,6 +315,17 @@ def test_missing_attribute(tmp_path, where, field):
     del item[field]
     with pytest.raises(TopologyError, match=field):
         read_json(write_data(tmp_path, data))
+
+
+@pytest.mark.parametrize("cores", [0, -2, "2", 1.5, True])
+def test_a_hosts_cores_must_be_a_positive_integer(tmp_path, cores):
+    data = node_link(h100_cluster(1, 2))
+    next(x for x in data["nodes"] if x["kind"] == "host")["cores"] = cores
+    expected = f"node 'node0': field 'cores' = {cores!r}; expected an integer > 0"
+    with pytest.raises(TopologyError, match=re.escape(expected)):
+        read_json(write_data(tmp_path, data))
+    next(x for x in data["nodes"] if x["kind"] == "host")["cores"] = 4
+    assert cluster_view(read_json(write_data(tmp_path, data))).ranks_per_core == 0.5  # 2 GPUs, 4 cores
 
 
 def test_edge_to_unknown_node(tmp_path):

@@ -272,12 +272,25 @@ def measured_graph(m: Measurements, base: nx.Graph | None = None, name: str = "p
     else:
         G = _graph_of(m, links, name)
     G.graph["probe"] = _metadata(m)
+    for host, cores in host_cores(m).items():
+        if G.nodes.get(host, {}).get("kind") == "host":
+            G.nodes[host]["cores"] = cores
     latency = collective_latency(m)
     if latency:
         G.graph[LATENCY_KEY] = latency
         G.graph[SOURCE_KEY] = f"flexshard probe ({m.ranks[0].device.split(':')[0]}, {len(m.ranks)} ranks)"
     _mark_slow(G)
     return validate(G)
+
+
+def host_cores(m: Measurements) -> dict[str, int]:
+    """Each host's CPU cores its ranks may run on (the fewest any of its ranks saw), for the hosts whose
+    ranks said (:attr:`RankInfo.host_cores`)."""
+    out: dict[str, int] = {}
+    for info in m.ranks:
+        if info.host_cores > 0:
+            out[info.host] = min(out.get(info.host, info.host_cores), info.host_cores)
+    return out
 
 
 # probe collective name -> (kind, scope) of topology.latency
@@ -349,9 +362,13 @@ def report(m: Measurements, max_slow: int = 10) -> str:
     sizes = sorted({len(g) for g in m.groups})
     named = "; ".join(f"{m.group_names[k]}: {', '.join(map(str, g))}" for k, g in enumerate(m.groups[:8]))
     slow = slow_parts(m)
+    cores = host_cores(m)
+    sharing = max((sum(i.host == h for i in m.ranks) / c for h, c in cores.items()), default=0.0)
+    on_cores = f" ({'up to ' if len(cores) > 1 else ''}{sharing:g} ranks a CPU core)" if sharing > 1 else ""
     lines = [
-        f"probe: {len(m.ranks)} ranks on {_plural(len(hosts), 'host')}, {_plural(len(m.groups), 'group')} of "
-        f"{'/'.join(map(str, sizes))}, {len(m.pairs)} pairs, {m.seconds:.1f} s",
+        f"probe: {len(m.ranks)} ranks on {_plural(len(hosts), 'host')}{on_cores}, "
+        f"{_plural(len(m.groups), 'group')} of {'/'.join(map(str, sizes))}, {len(m.pairs)} pairs, "
+        f"{m.seconds:.1f} s",
         f"groups: {named}{' ...' if len(m.groups) > 8 else ''}",
         f"{'link class':<27}{'n':>5}{'GB/s min':>10}{'median':>10}{'max':>10}{'lat us':>10}",
         *_table_rows(m),

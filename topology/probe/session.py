@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from core.errors import ProbeError
@@ -153,25 +154,35 @@ def probe_device() -> Any:
     return torch.device("cpu")
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask where the OS has one, else the host's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 0
+
+
 def local_info(rank: int) -> RankInfo:
-    """This rank's :class:`RankInfo` (host name, device, memory); ``local_rank`` -1 without LOCAL_RANK."""
+    """This rank's :class:`RankInfo` (host name, device, memory, usable cores); ``local_rank`` -1 without
+    LOCAL_RANK."""
     import torch
 
     device = probe_device()
     host = socket.gethostname()
     local = int(os.environ.get("LOCAL_RANK", -1))
+    cores = usable_cores()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         bus = None
         if hasattr(props, "pci_bus_id"):
             domain = getattr(props, "pci_domain_id", 0)
             bus = normalize_bus_id(f"{domain:x}:{props.pci_bus_id:x}:{props.pci_device_id:x}.0")
-        return RankInfo(rank, host, local, str(device), bus, int(props.total_memory), str(props.name))
+        return RankInfo(rank, host, local, str(device), bus, int(props.total_memory), str(props.name), cores)
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = CPU_MEMORY_FALLBACK_BYTES
-    return RankInfo(rank, host, local, "cpu", None, max(int(total), 1), "cpu")  # split by host later
+    return RankInfo(rank, host, local, "cpu", None, max(int(total), 1), "cpu", cores)  # memory: split later
 
 
 # --- bounded waits ----------------------------------------------------------------------------------
@@ -276,14 +287,12 @@ def _numbered_by_host(infos: Sequence[RankInfo]) -> list[RankInfo]:
         local = info.local_rank if info.local_rank >= 0 else index
         hosts_ranks = sum(1 for i in infos if i.host == info.host)
         memory = info.memory_bytes // hosts_ranks if info.device == "cpu" else info.memory_bytes
-        out.append(
-            RankInfo(info.rank, info.host, local, info.device, info.bus_id, max(int(memory), 1), info.model)
-        )
+        out.append(replace(info, local_rank=local, memory_bytes=max(int(memory), 1)))
     if len({(i.host, i.local_rank) for i in out}) != len(out):  # LOCAL_RANK repeated: number by rank
         seen.clear()
         fixed = []
         for info in out:
-            fixed.append(RankInfo(**{**info.__dict__, "local_rank": seen.get(info.host, 0)}))
+            fixed.append(replace(info, local_rank=seen.get(info.host, 0)))
             seen[info.host] = seen.get(info.host, 0) + 1
         out = fixed
     return out
