@@ -5,12 +5,10 @@ contract. Each collective phase is one stage of :func:`solvers.schedule.step_sch
 *column* per table and kind, zero-size blocks for the peers a column does not reach).
 
 ``input_dist``
-    :meth:`ExchangeProtocol.route` (local): each table's remote lookups sorted by destination, in four
-    id columns: warm slots to their owner in the group, flat cold slots to their owner, group-fetch keys
-    (:meth:`~flexshard.runtime.group_dedup.GroupDedup.key`: table, owner and slot in one int64) to the
-    *rail peer* (the rank of this group at the owner's position) and, for
-    owners in other groups, the same lookups' slots straight to the owner. An all-cold group-fetched
-    table deduplicated in :attr:`~ExchangeProtocol.owner_key` order needs no sort for either.
+    :meth:`ExchangeProtocol.route` (local, :mod:`~flexshard.runtime.route`): each table's remote lookups
+    sorted by destination, in four id columns: warm slots to their owner in the group, flat cold slots to
+    their owner, group-fetch keys to the *rail peer* (the rank of this group at the owner's position)
+    and, for owners in other groups, the same lookups' slots straight to the owner.
     :meth:`~ExchangeProtocol.meta` (``meta``, world all-to-all, int64): every rank's input error code
     (to every rank) and the split sizes of every column to the peers it reaches (warm and group ids: the
     group; flat: everyone; group slots: the other groups). :meth:`~ExchangeProtocol.ids` (``ids``, world
@@ -48,8 +46,6 @@ a sent one. Bytes: :mod:`~flexshard.runtime.exchange_bytes`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
@@ -60,7 +56,6 @@ from flexshard.runtime.exchange_bytes import ProtocolBytes
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
-from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import (
     add_owned_gradients,
@@ -75,7 +70,6 @@ from flexshard.runtime.placing import (
 from flexshard.runtime.relay import (
     RelayRows,
     RelaySums,
-    WireRows,
     exchange_sums,
     grads_flat,
     grads_wire,
@@ -87,9 +81,9 @@ from flexshard.runtime.relay import (
     wire_order,
     wire_rows,
 )
+from flexshard.runtime.route import KINDS, Routed, Router
 from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import (
-    count_per_peer,
     exchange_columns_async,
     exchange_gathered_async,
     exchange_vectors,
@@ -97,32 +91,8 @@ from flexshard.runtime.transfer import (
 )
 from solvers.schedule import Scope, lookup_scopes
 
-KINDS = 4  # the id columns of a table: WARM, FLAT, GIDS, GSLOTS
 ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's distinct rows in GIDS)
 ROW_TIERS = (Tier.WARM, Tier.COLD, Tier.COLD)  # the shard each of ROW_KINDS' rows is read from
-
-
-@dataclass
-class Routed:
-    """This rank's remote lookups (``input_dist``'s local part). Per table and kind: positions among
-    the table's unique ids, and what is sent (slots, or the rows' keys for ``GIDS``), sorted by
-    destination."""
-
-    lookups: list[TableLookup]
-    index: list[list[torch.Tensor]]
-    send: list[list[torch.Tensor]]
-    counts: np.ndarray  # int64[world, tables, KINDS]: entries sent to each rank
-    # (table, kind) of the columns that are every unique id in order (FLAT of an all-cold by-owner table,
-    # GIDS of a by-rail one: the index is arange): rows and gradients travel without a gather or scatter
-    in_order: set[tuple[int, int]] = field(default_factory=set)
-    # every table's rows in the exchange's wire order (set by ``scatter`` where every table is by rail, by
-    # ``rows`` where every table is flat and by owner; the lookups' ``rows`` are then unused)
-    joint: WireRows | None = None
-
-    def outputs(self) -> tuple[torch.Tensor, ...]:
-        """Every table's rows in input order."""
-        joint = self.joint
-        return tuple(lk.output() if joint is None else joint.output(t) for t, lk in enumerate(self.lookups))
 
 
 class ExchangeProtocol:
@@ -146,31 +116,16 @@ class ExchangeProtocol:
         layout, me = pg.layout, pg.rank
         self.me, self.world = me, layout.num_ranks
         group_of, pos_of = layout.group_of_rank, layout.position_of_rank
-        mine = np.asarray(layout.group_of(me), dtype=np.int64)
         same = group_of == group_of[me]
-        # rank -> the rank of this group at its position (a warm owner's / cold owner's rail peer)
-        self.warm_rank = torch.as_tensor(mine, device=device)
-        rail_peer = np.full(self.world, -1, dtype=np.int64)
-        ok = pos_of < mine.size
-        rail_peer[ok] = mine[pos_of[ok]]
-        self.rail_peer_of_owner = torch.as_tensor(rail_peer, device=device)
         # requester rank -> the rank of its group at this rank's position (where its group's rows go)
         my_pos = int(pos_of[me])
         peer_of = np.array(
             [layout.groups[k][my_pos] if my_pos < len(layout.groups[k]) else -1 for k in group_of]
         )
-        self.rail_peer_of_requester = torch.as_tensor(peer_of, device=device)
-        self.same_group = torch.as_tensor(same, device=device)
-        # owner_key[o]: owner o's place in the order (rail peer of o, o). Lookups sorted by (owner_key,
-        # slot) send GIDS in destination order; GSLOTS too (its owners ascending) where ``gslots_sorted``
-        by_rail = np.lexsort((np.arange(self.world), rail_peer))
-        self.owner_key = torch.as_tensor(np.argsort(by_rail), device=device)
-        self.key_owner = torch.as_tensor(by_rail, device=device)  # its inverse: the owner at each key
-        away = by_rail[~same[by_rail]]
-        self.gslots_sorted = bool(np.all(np.diff(away) > 0))
-        self._rail_owners = torch.as_tensor(np.flatnonzero(ok), device=device)  # owners with a rail peer
-        self._rail_dest = torch.as_tensor(rail_peer[ok], device=device)
-        self._away = torch.as_tensor(~same, dtype=torch.int64, device=device)
+        self.dedup = GroupDedup(me, pos_of, peer_of, routing, self.group_fetch, device)
+        self.router = Router(layout, me, routing, self.group_fetch, self.dedup, device)
+        # the order in which a by-rail table's lookups arrive sorted (Router.owner_key) and its inverse
+        self.owner_key, self.key_owner = self.router.owner_key, self.router.key_owner
         warm, flat, group = uses
         # active[p, k]: column k reaches rank p (its split sizes travel in ``meta``)
         self.active = np.zeros((self.world, KINDS), dtype=bool)
@@ -198,11 +153,7 @@ class ExchangeProtocol:
         # (ranks in group order, process group) of ``rows`` and of ``grads``
         self.rows_scope, self.grads_scope = (members[s] for s in scopes)
         self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
-        self.dedup = GroupDedup(me, pos_of, peer_of, routing, self.group_fetch, device)
-        # read-only stand-ins for a column a table does not use (no tensor made per step)
-        self._none = torch.zeros(0, dtype=torch.int64, device=device)
         self._meta_masks: dict[int, np.ndarray] = {}  # tables -> _meta_mask
-        self._no_bins = torch.zeros(self.world, dtype=torch.int64, device=device)
         # one dim and an fp32 wire: rows gathered into the send buffer, the relay from its receive buffer
         self.one_dim_fp32 = wire_dtype is WireDtype.FP32 and np.unique(self.dims).size == 1
         # ``grads`` on the group: a requester's gradients in wire order can be sent as they lie
@@ -212,77 +163,9 @@ class ExchangeProtocol:
     # --- input_dist ----------------------------------------------------------------------------------
 
     def route(self, lookups: list[TableLookup]) -> Routed:
-        """Every remote lookup in its column, sorted by destination rank. No collective. A column a
-        table cannot use (no warm rows; the other fetch mode) is empty without work."""
-        none, no_bins = self._none, self._no_bins
-        index, send, bins, in_order = [], [], [], set()
-        for t, lk in enumerate(lookups):
-            if lk.by_rail:  # already in the group fetch's destination order
-                index.append([none, none])
-                send.append([none, none])
-                bins += [no_bins, no_bins]
-                self._route_by_rail(t, lk, index[t], send[t], bins)
-                in_order.add((t, GIDS))
-                continue
-            grouped = bool(self.group_fetch[t])
-            cold = lk.positions(Tier.COLD)  # None: every lookup
-            owner = lk.owner if cold is None else lk.owner.index_select(0, cold)
-            columns: list = [None] * KINDS  # (positions or None for all, destination rank, keys or slots)
-            key = None
-            if lk.tier is not None and self.routing[t].warm_rows:
-                warm = lk.positions(Tier.WARM)
-                dest = self.warm_rank.index_select(0, lk.owner.index_select(0, warm))
-                columns[WARM] = (warm, dest, lk.slot)
-            if not grouped:
-                columns[FLAT] = (cold, owner, lk.slot)
-            else:
-                # GIDS: the row's key (the rail peer looks up nothing)
-                key = self.dedup.key(t, owner, lk.slot if cold is None else lk.slot.index_select(0, cold))
-                dest = self.rail_peer_of_owner.index_select(0, owner)
-                columns[GIDS] = (cold, dest, key)
-                away = ~self.same_group.index_select(0, owner)
-                other = flat_nonzero(away) if cold is None else cold[away]
-                columns[GSLOTS] = (other, lk.owner.index_select(0, other), lk.slot)
-            index.append([])
-            send.append([])
-            for column in columns:
-                if column is None:
-                    index[t].append(none)
-                    send[t].append(none)
-                    bins.append(no_bins)
-                    continue
-                sel, dest, values = column
-                if sel is None and lk.by_owner and values is lk.slot:  # already in destination order
-                    index[t].append(torch.arange(dest.numel(), device=self.device))
-                    in_order.add((t, FLAT))  # the only column taking every unique id
-                    send[t].append(values)
-                    bins.append(count_per_peer(dest, self.world))
-                    continue
-                order = torch.argsort(dest, stable=True)
-                index[t].append(order if sel is None else sel.index_select(0, order))
-                # GIDS's key is already one per selected lookup (others: one per unique id)
-                send[t].append(values.index_select(0, order if values is key else index[t][-1]))
-                bins.append(count_per_peer(dest, self.world))
-        n_t = len(lookups)
-        counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
-        return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), in_order)
-
-    def _route_by_rail(self, t: int, lk: TableLookup, index: list, send: list, bins: list) -> None:
-        """:meth:`route`'s GIDS and GSLOTS columns of an all-cold table whose lookups are sorted by
-        (:attr:`owner_key` of the owner, slot): GIDS is every lookup in order, GSLOTS the lookups owned
-        in other groups in order (a stable sort by owner of these alone where not ``gslots_sorted``)."""
-        n = lk.owner.numel()
-        per_owner = count_per_peer(lk.owner, self.world)
-        index.append(torch.arange(n, device=self.device))
-        send.append(self.dedup.key(t, lk.owner, lk.slot))
-        per_owner_rail = per_owner.index_select(0, self._rail_owners)
-        bins.append(torch.zeros_like(per_owner).index_add_(0, self._rail_dest, per_owner_rail))
-        other = flat_nonzero(self._away.index_select(0, lk.owner))
-        if not self.gslots_sorted:
-            other = other.index_select(0, torch.argsort(lk.owner.index_select(0, other), stable=True))
-        index.append(other)
-        send.append(lk.slot.index_select(0, other))
-        bins.append(per_owner * self._away)
+        """Every remote lookup in its column, sorted by destination rank (:meth:`Router.route
+        <flexshard.runtime.route.Router.route>`). No collective."""
+        return self.router.route(lookups)
 
     def empty_counts(self, num_tables: int) -> np.ndarray:
         """The split sizes of a rank whose batch failed its checks (it asks for nothing)."""

@@ -17,8 +17,9 @@ import numpy as np
 import torch
 
 from flexshard.runtime.awaitable import Pending
-from flexshard.runtime.exchange_protocol import ExchangeProtocol, Routed
+from flexshard.runtime.exchange_protocol import ExchangeProtocol
 from flexshard.runtime.features import raise_input_error
+from flexshard.runtime.route import Routed
 
 
 @dataclass

@@ -52,7 +52,7 @@ from flexshard.plan_file import PlanFile
 from flexshard.runtime import dcp_state
 from flexshard.runtime.agreement import agreed_message
 from flexshard.runtime.awaitable import Pending
-from flexshard.runtime.exchange_protocol import Asked, ExchangeProtocol, Routed
+from flexshard.runtime.exchange_protocol import Asked, ExchangeProtocol
 from flexshard.runtime.features import check_features, features_from_kjt, to_padded
 from flexshard.runtime.groups import ProcessGroups, make_process_groups
 from flexshard.runtime.initializer import Initializer, seeded_initializer
@@ -60,6 +60,7 @@ from flexshard.runtime.input_dist import PendingInput, Prepared
 from flexshard.runtime.lookups import TableLookup, local_lookups
 from flexshard.runtime.optimizers import Hyper, canonical, row_optimizer
 from flexshard.runtime.replicas import ReplicaSync
+from flexshard.runtime.route import Routed
 from flexshard.runtime.routing import (
     LAYOUTS,
     CompactTableRouting,

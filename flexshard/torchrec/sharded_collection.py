@@ -56,9 +56,10 @@ from core.vocabulary import Tier
 from flexshard.plan_file import PlanFile
 from flexshard.runtime import ShardedSequenceEmbedding, dcp_state, features_from_kjt, seeded_initializer
 from flexshard.runtime.awaitable import Pending
-from flexshard.runtime.exchange_protocol import Asked, Routed
+from flexshard.runtime.exchange_protocol import Asked
 from flexshard.runtime.initializer import Initializer
 from flexshard.runtime.input_dist import PendingInput, Prepared
+from flexshard.runtime.route import Routed
 from flexshard.torchrec.fused_params import OptimizerSettings
 from flexshard.torchrec.optimizer import FlexShardFusedOptimizer
 
