@@ -40,7 +40,7 @@ from topology.probe import (
     slow_parts,
 )
 from topology.probe.results import collective_latency
-from topology.probe.session import usable_cores
+from topology.probe.session import usable_cpus
 from topology.probe.timing import bus_factors, collectives_to_time
 from topology.views import summary as topology_summary
 
@@ -300,14 +300,15 @@ def test_single_group_has_no_network_and_groups_of_one_get_defaults():
 
 
 def test_hosts_cores_reach_the_graph_the_view_and_the_report(tmp_path):
-    """4 ranks on host a (2 cores; one rank saw 3: the fewest counts), 2 on host b (8 cores): a's host node
-    says 2 cores, the view 4 / 2 = 2 ranks a core (b's 0.25 is not the most), both reports say so; a file
-    keeps it; ranks that said nothing leave the hosts without ``cores`` and the view at 1."""
+    """4 ranks on host a, each free to run on cores {0, 1} but one only on {1}: a's host node says 2 cores
+    (the union of its ranks' masks), the view 4 / 2 = 2 ranks a core; 2 ranks on host b pinned to 4 cores
+    each, {0-3} and {4-7}: 8 cores (0.25 ranks a core is not the most). Both reports say so; a file keeps
+    it; ranks that said nothing leave the hosts without ``cores`` and the view at 1."""
     hosts = ["a"] * 4 + ["b"] * 2
     m = _measurements(hosts, [[0, 1, 2, 3], [4, 5]], {"intra": 40.0, "inter": 10.0})
-    cores = [3, 2, 2, 2, 8, 8]
+    cpus = [(0, 1), (1,), (0, 1), (0, 1), (0, 1, 2, 3), (4, 5, 6, 7)]
     m = dataclasses.replace(
-        m, ranks=tuple(dataclasses.replace(i, host_cores=c) for i, c in zip(m.ranks, cores, strict=True))
+        m, ranks=tuple(dataclasses.replace(i, cpus=c) for i, c in zip(m.ranks, cpus, strict=True))
     )
     G = measured_graph(m)
     assert (G.nodes["a"]["cores"], G.nodes["b"]["cores"]) == (2, 8)
@@ -483,6 +484,6 @@ def test_sampled_pairs_probe_on_six_real_ranks():
     view = cluster_view(G)
     assert view.groups == ((0, 1), (2, 3), (4, 5))
     assert (view.intra_bw_Bps > 0).all() and (view.inter_bw_Bps > 0).all()
-    # each rank said the cores it may run on (every rank's local rank numbered on this one host)
-    assert [(i.local_rank, i.host_cores) for i in m.ranks] == [(r, usable_cores()) for r in range(6)]
-    assert view.ranks_per_core == pytest.approx(6 / usable_cores())
+    # each rank said the CPUs it may run on (every rank's local rank numbered on this one host)
+    assert [(i.local_rank, i.cpus) for i in m.ranks] == [(r, usable_cpus()) for r in range(6)]
+    assert view.ranks_per_core == pytest.approx(6 / len(usable_cpus()))

@@ -33,7 +33,7 @@ class RankInfo:
     bus_id: str | None  # PCI bus id of the GPU (NVML spelling), None on CPU
     memory_bytes: int  # the GPU's memory; on CPU the host's memory split among its ranks
     model: str
-    host_cores: int = 0  # CPU cores the rank's process may run on (its affinity); 0: not known
+    cpus: tuple[int, ...] = ()  # the CPU ids the rank's process may run on (its affinity mask); (): not known
 
 
 @dataclass(frozen=True)

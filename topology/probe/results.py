@@ -284,13 +284,14 @@ def measured_graph(m: Measurements, base: nx.Graph | None = None, name: str = "p
 
 
 def host_cores(m: Measurements) -> dict[str, int]:
-    """Each host's CPU cores its ranks may run on (the fewest any of its ranks saw), for the hosts whose
-    ranks said (:attr:`RankInfo.host_cores`)."""
-    out: dict[str, int] = {}
+    """Each host's CPU cores its ranks may run on: the union of their affinity masks
+    (:attr:`RankInfo.cpus`; ranks pinned to cores of their own add up, ranks sharing a mask do not), for
+    the hosts whose ranks said."""
+    cpus: dict[str, set[int]] = {}
     for info in m.ranks:
-        if info.host_cores > 0:
-            out[info.host] = min(out.get(info.host, info.host_cores), info.host_cores)
-    return out
+        if info.cpus:
+            cpus.setdefault(info.host, set()).update(info.cpus)
+    return {host: len(ids) for host, ids in cpus.items()}
 
 
 # probe collective name -> (kind, scope) of topology.latency

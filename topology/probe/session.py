@@ -154,35 +154,36 @@ def probe_device() -> Any:
     return torch.device("cpu")
 
 
-def usable_cores() -> int:
-    """The CPU cores this process may run on: its affinity mask where the OS has one, else the host's."""
+def usable_cpus() -> tuple[int, ...]:
+    """The CPU ids this process may run on: its affinity mask where the OS has one, else every CPU of the
+    host (ascending)."""
     try:
-        return len(os.sched_getaffinity(0))
+        return tuple(sorted(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return os.cpu_count() or 0
+        return tuple(range(os.cpu_count() or 0))
 
 
 def local_info(rank: int) -> RankInfo:
-    """This rank's :class:`RankInfo` (host name, device, memory, usable cores); ``local_rank`` -1 without
-    LOCAL_RANK."""
+    """This rank's :class:`RankInfo` (host name, device, memory, the CPUs it may run on); ``local_rank`` -1
+    without LOCAL_RANK."""
     import torch
 
     device = probe_device()
     host = socket.gethostname()
     local = int(os.environ.get("LOCAL_RANK", -1))
-    cores = usable_cores()
+    cpus = usable_cpus()
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         bus = None
         if hasattr(props, "pci_bus_id"):
             domain = getattr(props, "pci_domain_id", 0)
             bus = normalize_bus_id(f"{domain:x}:{props.pci_bus_id:x}:{props.pci_device_id:x}.0")
-        return RankInfo(rank, host, local, str(device), bus, int(props.total_memory), str(props.name), cores)
+        return RankInfo(rank, host, local, str(device), bus, int(props.total_memory), str(props.name), cpus)
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = CPU_MEMORY_FALLBACK_BYTES
-    return RankInfo(rank, host, local, "cpu", None, max(int(total), 1), "cpu", cores)  # memory: split later
+    return RankInfo(rank, host, local, "cpu", None, max(int(total), 1), "cpu", cpus)  # memory: split later
 
 
 # --- bounded waits ----------------------------------------------------------------------------------
