@@ -13,6 +13,7 @@ direction (1 GB = 1e9 B), latencies microseconds one way. No ``torch`` here.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -363,8 +364,8 @@ def report(m: Measurements, max_slow: int = 10) -> str:
     sizes = sorted({len(g) for g in m.groups})
     named = "; ".join(f"{m.group_names[k]}: {', '.join(map(str, g))}" for k, g in enumerate(m.groups[:8]))
     slow = slow_parts(m)
-    cores = host_cores(m)
-    sharing = max((sum(i.host == h for i in m.ranks) / c for h, c in cores.items()), default=0.0)
+    cores, ranks_on = host_cores(m), Counter(i.host for i in m.ranks)
+    sharing = max((ranks_on[h] / c for h, c in cores.items()), default=0.0)
     on_cores = f" ({'up to ' if len(cores) > 1 else ''}{sharing:g} ranks a CPU core)" if sharing > 1 else ""
     lines = [
         f"probe: {len(m.ranks)} ranks on {_plural(len(hosts), 'host')}{on_cores}, "
