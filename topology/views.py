@@ -264,13 +264,23 @@ def cluster_view(G: nx.Graph) -> ClusterView:
 
 def _ranks_per_core(G: nx.Graph, host_of_rank: list[str]) -> float:
     """The most ranks per CPU core over the hosts whose node says its ``cores``; 1.0 where none does."""
+    cores = {h: a["cores"] for h, a in G.nodes(data=True) if a.get("kind") == "host" and a.get("cores")}
+    return ranks_per_core(host_of_rank, cores)
+
+
+def ranks_per_core(host_of_rank: list[str], cores: dict[str, int]) -> float:
+    """The most ranks per CPU core over the hosts in ``cores`` (host -> its cores; ``host_of_rank``: every
+    rank's host); 1.0 where ``cores`` is empty."""
     ranks_on = Counter(host_of_rank)
-    ratios = [
-        ranks_on[host] / attrs["cores"]
-        for host, attrs in G.nodes(data=True)
-        if attrs.get("kind") == "host" and attrs.get("cores")
-    ]
-    return max(ratios, default=1.0)
+    return max((ranks_on[host] / n for host, n in cores.items()), default=1.0)
+
+
+def sharing_text(ranks_per_core: float, hosts: int) -> str:
+    """``'2 ranks a CPU core'`` (``'up to ...'`` over several ``hosts``) where ranks outnumber cores;
+    else ''."""
+    if ranks_per_core <= 1:
+        return ""
+    return f"{'up to ' if hosts > 1 else ''}{ranks_per_core:g} ranks a CPU core"
 
 
 def _edge_class(G: nx.Graph, u: Any, v: Any) -> tuple[str, tuple[str, ...]]:
@@ -318,9 +328,8 @@ def summary(G: nx.Graph, max_slow: int = 10, slow: bool = True) -> str:
     view = cluster_view(G)
     sizes = sorted({len(g) for g in view.groups})
     size_text = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]}"
-    busy = view.ranks_per_core
-    up_to = "up to " if len(set(view.host_of_rank)) > 1 else ""
-    sharing = f", {up_to}{busy:g} ranks a CPU core" if busy > 1 else ""
+    sharing = sharing_text(view.ranks_per_core, len(set(view.host_of_rank)))
+    sharing = f", {sharing}" if sharing else ""
     lines = [
         f"topology {G.graph.get('name', '?')!r}: {view.num_ranks} GPUs, {len(set(view.host_of_rank))} hosts, "
         f"{view.num_groups} groups of {size_text}{sharing}",

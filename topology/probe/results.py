@@ -13,7 +13,6 @@ direction (1 GB = 1e9 B), latencies microseconds one way. No ``torch`` here.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 from topology.graph import add_link, gpu_id, new_topology, nic_id, nvswitch_id, validate
 from topology.latency import LATENCY_KEY, SOURCE_KEY
 from topology.probe.measurements import Measurements, RankInfo
+from topology.views import ranks_per_core, sharing_text
 
 MEASURED_BY = "collective"
 LINK_CLASSES = ("p2p/intra", "p2p/inter")
@@ -364,9 +364,9 @@ def report(m: Measurements, max_slow: int = 10) -> str:
     sizes = sorted({len(g) for g in m.groups})
     named = "; ".join(f"{m.group_names[k]}: {', '.join(map(str, g))}" for k, g in enumerate(m.groups[:8]))
     slow = slow_parts(m)
-    cores, ranks_on = host_cores(m), Counter(i.host for i in m.ranks)
-    sharing = max((ranks_on[h] / c for h, c in cores.items()), default=0.0)
-    on_cores = f" ({'up to ' if len(cores) > 1 else ''}{sharing:g} ranks a CPU core)" if sharing > 1 else ""
+    cores = host_cores(m)
+    sharing = sharing_text(ranks_per_core([i.host for i in m.ranks], cores), len(cores))
+    on_cores = f" ({sharing})" if sharing else ""
     lines = [
         f"probe: {len(m.ranks)} ranks on {_plural(len(hosts), 'host')}{on_cores}, "
         f"{_plural(len(m.groups), 'group')} of {'/'.join(map(str, sizes))}, {len(m.pairs)} pairs, "
