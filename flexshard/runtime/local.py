@@ -94,10 +94,14 @@ def run_on_ranks(
 
 
 def port_taken(errors: str) -> bool:
-    """Whether the ranks' tracebacks say that rank 0's rendezvous could not listen on its port (another
-    process bound it between :func:`free_port` and the listen): the job never started, and may be
-    started again on another port."""
-    return "EADDRINUSE" in errors and "init_process_group" in errors
+    """Whether the ranks' tracebacks say that the job never started and may be started again on another
+    port: rank 0's rendezvous could not listen on its port (another process bound it between
+    :func:`free_port` and the listen), or gloo's mesh of connections between the ranks failed while
+    ``init_process_group`` formed it (``connectFullMesh``: a peer's connection closed on loopback, a
+    known gloo start-up flake; no collective had run)."""
+    if "init_process_group" not in errors:
+        return False
+    return "EADDRINUSE" in errors or "connectFullMesh" in errors
 
 
 def wait_for_ranks(ctx: Any, timeout_s: float, outdir: str | Path, label: str) -> None:

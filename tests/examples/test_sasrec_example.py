@@ -20,12 +20,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from torchrun_jobs import run_torchrun
 
 pytest.importorskip("torchrec", reason="torchrec is an optional peer (scripts/setup_torchrec.sh)")
 
@@ -43,7 +43,7 @@ def launch(sharding: str, out: Path, *extra: str, steps: int = STEPS, world: int
     cmd += ["--json", str(out), *extra]
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_torchrun(cmd, cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return (json.loads(out.read_text()) if out.exists() else {}), proc.stdout
 

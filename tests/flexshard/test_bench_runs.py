@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from torchrun_jobs import run_torchrun
+
 from flexshard.bench.data import default_data
 from flexshard.bench.plans import h100_view, make_plans
 from flexshard.bench.worker import INTERRUPTED_LINE
@@ -65,7 +67,7 @@ def test_under_torchrun_rank_0_prints_the_records():
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "flexshard.cli", "bench", "--groups", "1", "--steps", "1", "--rounds", "1", "--warmup", "0",
             "--batch", "8", "--no-torchrec", "--json"]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+    done = run_torchrun(argv, timeout=300, env=_env(), cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     recs = json.loads(done.stdout)  # rank 0 only: one JSON document
     assert [r["strategy"] for r in recs[:3]] == ["flexshard", "row_wise", "row_wise_group_dedup"]

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torchrun_jobs import run_torchrun
 
 from flexshard import cli_common
 
@@ -88,9 +89,7 @@ def _torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]), OMP_NUM_THREADS="1")
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    return subprocess.run(
-        [*argv, str(entry), *args], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
-    )
+    return run_torchrun([*argv, str(entry), *args], timeout=300, env=env, cwd=tmp_path)
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from cli_helpers import run
+from torchrun_jobs import run_torchrun
 
 from core.errors import ConfigError, PlannerError
 from flexshard.training import limits
@@ -190,14 +191,13 @@ def test_the_memory_refusal_is_one_line_under_torchrun(tmp_path):
     """Two workers (LOCAL_WORLD_SIZE 2: each gets half the machine): rank 0 prints the one line, both
     exit 2 (torchrun's summary), before any batch exists; torchrun itself exits 1."""
     import os
-    import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + env.get("PYTHONPATH", "")
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "flexshard.train", "--negatives", str(10**9)]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    done = run_torchrun(argv, timeout=120, cwd=tmp_path, env=env)
     err = done.stderr
     assert done.returncode == 1
     ours = [ln for ln in err.splitlines() if ln.startswith("flexshard train")]

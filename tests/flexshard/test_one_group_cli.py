@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from cli_helpers import fails, run
+from torchrun_jobs import run_torchrun
 
 from flexshard.plan_file import write_plan
 from flexshard.report import human_bytes
@@ -208,7 +208,7 @@ def test_probe_under_torchrun_on_one_host_then_plan(tmp_path, capsys):
     topo = tmp_path / "topo.json"
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "flexshard.probe", "--quick", "--timeout", "60", "--out", str(topo)]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    done = run_torchrun(argv, timeout=180, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     view = cluster_view(read_json(topo))
     assert view.num_ranks == 2 and view.num_groups == 1

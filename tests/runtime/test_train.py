@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torchrun_jobs import run_torchrun
 from train_workers import run_main
 
 from flexshard import checkpoint
@@ -628,12 +629,11 @@ def test_plan_contract_under_torchrun(tmp_path):
 def test_one_error_line_under_torchrun(tmp_path, flags, line):
     """Under the real launcher, an error every rank meets is printed once (by rank 0) and every worker
     exits 2; torchrun itself exits 1 and summarises the failed workers."""
-    import subprocess
     import sys
 
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "flexshard.train", *flags]  # fmt: skip
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    done = run_torchrun(argv, timeout=120, cwd=tmp_path)
     err = done.stderr
     assert done.returncode == 1
     assert err.count("flexshard train: error:") == 1, err
