@@ -75,12 +75,12 @@ def place_around_own(
 
 
 def add_owned_gradients(shards: Shards, asked: Asked, got: list[Column]) -> None:
-    """``grads``' warm and flat gradients added into the owner's shards, one add per column (a row's
-    terms added in peer order)."""
+    """``grads``' warm and flat gradients added into the owner's shards, block by block as received (a
+    row's terms added in peer order; no join of the blocks)."""
     for t in range(len(got) // 3):
         for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):
             if asked.slots[t][k].numel():
-                shards[(t, tier)].add_gradient(asked.slots[t][k], joined(got[3 * t + k]))
+                shards[(t, tier)].add_gradient(asked.slots[t][k], got[3 * t + k])
 
 
 def rail_peer_sums(

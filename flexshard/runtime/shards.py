@@ -9,6 +9,7 @@ import torch
 
 from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.optimizers import OPTIMIZERS, Hyper, RowOptimizer
+from flexshard.runtime.transfer import add_blocks
 
 __all__ = ["OPTIMIZERS", "Shard"]
 
@@ -48,9 +49,11 @@ class Shard:
     def dim(self) -> int:
         return int(self.weights.shape[1])
 
-    def add_gradient(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
-        """Add ``grads[i]`` to row ``slots[i]`` (repeated slots add up) and mark the rows touched."""
-        self.grads.index_add_(0, slots, grads)
+    def add_gradient(self, slots: torch.Tensor, grads: torch.Tensor | list[torch.Tensor]) -> None:
+        """Add ``grads[i]`` to row ``slots[i]`` (repeated slots add up) and mark the rows touched. ``grads``:
+        one tensor, or blocks in order (per-peer views of a receive buffer), added block by block without
+        joining them (the same sums bit for bit: each row's terms in the same order)."""
+        add_blocks(self.grads, slots, grads)
         self.touched.index_fill_(0, slots, 1)
 
     def touched_rows(self) -> torch.Tensor:
