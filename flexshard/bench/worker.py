@@ -58,7 +58,7 @@ from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_loc
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
 from flexshard.runtime.host_memory import keep_freed_memory
-from flexshard.runtime.local import end_rank, port_taken, wait_for_ranks
+from flexshard.runtime.local import end_rank, never_started, wait_for_ranks
 from flexshard.training.garbage import StepGarbageCollection
 from solvers.time_types import LocalRates
 from topology.views import ClusterView
@@ -388,9 +388,10 @@ def _rank_main(rank: int, cfg: BenchConfig, port: int, outdir: str) -> None:
 def spawn_local(cfg: BenchConfig) -> list[dict[str, Any]]:
     """Run the benchmark on ``cfg.nproc`` spawned gloo ranks; rank 0's records. ``RuntimeError`` with the
     ranks' tracebacks when one fails or the run passes ``cfg.timeout_s``; :class:`Interrupted` on
-    Ctrl-C (the ranks are killed either way). A run whose rendezvous port was taken before rank 0
-    listened (:func:`flexshard.runtime.local.port_taken`: nothing ran) starts again on another port, up
-    to ``RENDEZVOUS_TRIES`` times (:func:`core.osutil.on_a_free_port`)."""
+    Ctrl-C (the ranks are killed either way). A run that never started
+    (:func:`flexshard.runtime.local.never_started`: its rendezvous port was taken, or gloo's mesh failed to
+    form; nothing ran) starts again on another port, up to ``RENDEZVOUS_TRIES`` times
+    (:func:`core.osutil.on_a_free_port`)."""
 
     def once(port: int) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as outdir:
@@ -408,4 +409,4 @@ def spawn_local(cfg: BenchConfig) -> list[dict[str, Any]]:
                 raise Interrupted from None
             return torch.load(Path(outdir) / "records.pt", weights_only=False)
 
-    return on_a_free_port(once, lambda err: isinstance(err, RuntimeError) and port_taken(str(err)))
+    return on_a_free_port(once, lambda err: isinstance(err, RuntimeError) and never_started(str(err)))

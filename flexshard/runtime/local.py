@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 from core.osutil import free_port, on_a_free_port
 from flexshard.runtime.host_memory import keep_freed_memory
 
-__all__ = ["end_rank", "free_port", "port_taken", "run_on_ranks", "wait_for_ranks"]
+__all__ = ["end_rank", "free_port", "never_started", "run_on_ranks", "wait_for_ranks"]
 
 
 def end_rank() -> NoReturn:
@@ -76,9 +76,9 @@ def run_on_ranks(
     """Spawn ``world`` ranks that each run ``fn(rank, world, *args)`` (a module-level function) inside
     an initialised process group (``backend``, one thread per rank), and return what they returned, in
     rank order. Raises ``RuntimeError`` with every failed rank's traceback when a rank fails, or after
-    ``timeout_s`` seconds when one hangs; the remaining ranks are killed either way. A job whose
-    rendezvous port was taken before rank 0 listened (:func:`port_taken`) is started again on another
-    port, up to ``RENDEZVOUS_TRIES`` times."""
+    ``timeout_s`` seconds when one hangs; the remaining ranks are killed either way. A job that never
+    started (:func:`never_started`: its rendezvous port was taken, or gloo's mesh failed to form) is
+    started again on another port, up to ``RENDEZVOUS_TRIES`` times."""
     label = label or getattr(fn, "__name__", "ranks")
 
     def once(port: int) -> list[Any]:
@@ -90,10 +90,10 @@ def run_on_ranks(
             wait_for_ranks(ctx, timeout_s, outdir, label)
             return [torch.load(Path(outdir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
-    return on_a_free_port(once, lambda err: isinstance(err, RuntimeError) and port_taken(str(err)))
+    return on_a_free_port(once, lambda err: isinstance(err, RuntimeError) and never_started(str(err)))
 
 
-def port_taken(errors: str) -> bool:
+def never_started(errors: str) -> bool:
     """Whether the ranks' tracebacks say that the job never started and may be started again on another
     port: rank 0's rendezvous could not listen on its port (another process bound it between
     :func:`free_port` and the listen), or gloo's mesh of connections between the ranks failed while
