@@ -275,12 +275,12 @@ def ranks_per_core(host_of_rank: list[str], cores: dict[str, int]) -> float:
     return max((ranks_on[host] / n for host, n in cores.items()), default=1.0)
 
 
-def sharing_text(ranks_per_core: float, hosts: int) -> str:
-    """``'2 ranks a CPU core'`` (``'up to ...'`` over several ``hosts``) where ranks outnumber cores;
-    else ''."""
-    if ranks_per_core <= 1:
+def sharing_text(per_core: float, hosts: int) -> str:
+    """``'2 ranks a CPU core'`` (``per_core`` ranks a core; ``'up to ...'`` over several ``hosts``) where
+    ranks outnumber cores; else ''."""
+    if per_core <= 1:
         return ""
-    return f"{'up to ' if hosts > 1 else ''}{ranks_per_core:g} ranks a CPU core"
+    return f"{'up to ' if hosts > 1 else ''}{per_core:g} ranks a CPU core"
 
 
 def _edge_class(G: nx.Graph, u: Any, v: Any) -> tuple[str, tuple[str, ...]]:
