@@ -13,3 +13,14 @@ def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     if mask.device.type != "cpu":
         return torch.nonzero(mask).flatten()
     return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()).astype(np.int64, copy=False))
+
+
+def block_rows(sizes: np.ndarray, first: np.ndarray, device: torch.device) -> torch.Tensor:
+    """int64[sum(sizes)]: rows ``first[i]`` to ``first[i] + sizes[i] - 1`` of every block ``i``, blocks
+    in order; one repeat of each block's shift plus one range (no op per block)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    total = int(sizes.sum())
+    delta = np.asarray(first, dtype=np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    delta_t, sizes_t = torch.as_tensor(np.stack([delta, sizes]), device=device)  # one host copy
+    shift = torch.repeat_interleave(delta_t, sizes_t, output_size=total)
+    return shift + torch.arange(total, device=device)

@@ -30,6 +30,7 @@ import torch
 
 from flexshard.runtime.awaitable import Pending, all_to_all
 from flexshard.runtime.group_dedup import FLAT, GIDS
+from flexshard.runtime.indexing import block_rows
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import place_around_own, place_rows, place_scattered
 from flexshard.runtime.transfer import add_blocks, exchange_gathered_async
@@ -60,17 +61,6 @@ def distinct_rows_at(
     start = np.asarray(first_row, dtype=np.int64)
     sizes, first = (x[:, distinct_column].T.reshape(-1) for x in (counts, start))  # table-major
     return block_rows(sizes, first, device)
-
-
-def block_rows(sizes: np.ndarray, first: np.ndarray, device: torch.device) -> torch.Tensor:
-    """int64[sum(sizes)]: rows ``first[i]`` to ``first[i] + sizes[i] - 1`` of every block ``i``, blocks
-    in order; one repeat of each block's shift plus one range (no op per block)."""
-    sizes = np.asarray(sizes, dtype=np.int64)
-    total = int(sizes.sum())
-    delta = np.asarray(first, dtype=np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    delta_t, sizes_t = torch.as_tensor(np.stack([delta, sizes]), device=device)  # one host copy
-    shift = torch.repeat_interleave(delta_t, sizes_t, output_size=total)
-    return shift + torch.arange(total, device=device)
 
 
 def wire_order(ids_per_peer: np.ndarray, to: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from core.vocabulary import WireDtype
 from flexshard.runtime.awaitable import Pending, all_to_all, ready
+from flexshard.runtime.indexing import block_rows
 
 TORCH_WIRE_DTYPES = {
     WireDtype.FP32: torch.float32,
@@ -70,6 +71,8 @@ def exchange_columns_async(
     counts, recv_counts, widths = counts[:, used], recv_counts[:, used], widths[used]
     recv_sizes = recv_counts * widths[None, :]
     per_peer_recv = (recv_sizes.sum(axis=1) + hw).tolist()
+    if len(used) > 1 and not hw and peers > 1 and all(columns[c].dim() == 1 for c in used):
+        return _exchange_flat_columns(name, columns, used, counts, recv_counts, group)
     if len(used) == 1 and not hw and peers > 1:  # one column: already in peer order
         send = columns[used[0]].reshape(-1)
     else:
@@ -104,6 +107,50 @@ def exchange_columns_async(
         return out, headers
 
     return Pending(works, finish)
+
+
+def _exchange_flat_columns(
+    name: str,
+    columns: list[torch.Tensor],
+    used: list[int],
+    counts: np.ndarray,
+    recv_counts: np.ndarray,
+    group,
+) -> Pending[tuple[list[torch.Tensor], None]]:
+    """:func:`exchange_columns_async` of several 1-D columns (``used``; ``counts[p, i]``,
+    ``recv_counts[p, i]`` elements of column ``used[i]`` to and from peer p): the columns joined, put in
+    (peer, column) order by one gather, and the receive buffer put back in (column, peer) order by
+    another, each column a view of it: a fixed number of ops, none per peer or column."""
+    device = columns[used[0]].device
+    to_send, received = transposed_blocks([counts.T, recv_counts], device)
+    send = torch.cat([columns[c] for c in used]).index_select(0, to_send)
+    recv = send.new_empty(int(recv_counts.sum()))
+    sizes = [recv_counts.sum(axis=1).tolist(), counts.sum(axis=1).tolist()]
+    work = all_to_all(name, recv, send, *sizes, group)
+
+    def finish() -> tuple[list[torch.Tensor], None]:
+        by_column = recv.index_select(0, received)
+        out = list(columns)  # a column outside ``used`` has no rows: it is its own (empty) result
+        for c, got in zip(used, by_column.split(recv_counts.sum(axis=0).tolist()), strict=True):
+            out[c] = got
+        return out, None
+
+    return Pending([work], finish)
+
+
+def transposed_blocks(layouts: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Per layout ``sizes`` (a buffer of blocks in (a, b) order, ``sizes[a, b]`` elements each), int64:
+    the position of each of its elements in (b, a) block order (``buffer.index_select(0, it)`` is the
+    buffer with its blocks transposed). Every layout's in one host copy and a fixed number of ops."""
+    lengths, firsts, totals = [], [], []
+    for sizes in layouts:
+        sizes = np.asarray(sizes, dtype=np.int64)
+        start = np.concatenate([[0], np.cumsum(sizes.reshape(-1))[:-1]]).reshape(sizes.shape)
+        lengths.append(sizes.T.reshape(-1))
+        firsts.append(start.T.reshape(-1))
+        totals.append(int(sizes.sum()))
+    # blocks of every layout in one index: each block's shift from its place there holds within its layout
+    return list(block_rows(np.concatenate(lengths), np.concatenate(firsts), device).split(totals))
 
 
 def exchange_columns(
