@@ -5,10 +5,12 @@ the local dedup and routing, ``lookups``) is clocked in thread CPU and, with ``-
 and their self time are listed per phase; ``--clock-only`` leaves the profiler out (undistorted clocks).
 ``--ops`` (no profiler either) clocks every aten op of rank 0's steps in thread CPU (a dispatch mode; the
 autograd backward's ops included) and prints a table of ms per step by op, one column per strategy,
-largest difference first: which ops one strategy spends more on than another.
+largest difference first: which ops one strategy spends more on than another; with ``--sites``, also
+the ops per step by the line of the project's code that issued them (the innermost frame under
+``flexshard/``, ``solvers/`` or ``core/``): where a step's host work (its op count) comes from.
 
     nice .venv/bin/python experiments/profile_step.py [--nproc 4] [--groups 2] [--batch 128] [--steps 10]
-        [--only flexshard,row_wise] [--counts | --clock-only | --ops]
+        [--only flexshard,row_wise] [--counts | --clock-only | --ops [--sites]]
 """
 
 from __future__ import annotations
@@ -63,13 +65,28 @@ def _piece(name: str) -> str:
 _PHASE = ["model"]  # the exchange-protocol phase running now (innermost last; ``_time_protocol`` sets it)
 
 
+_ROOT = str(Path(__file__).resolve().parents[1])
+_SITE_DIRS = tuple(f"{_ROOT}/{d}/" for d in ("flexshard", "solvers", "core"))
+
+
+def _site() -> str:
+    """``path:line`` of the innermost frame of the project's own code (outside it: ``elsewhere``)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_SITE_DIRS):
+            return f"{name[len(_ROOT) + 1 :]}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "elsewhere"
+
+
 class _OpClock(TorchDispatchMode):
     """Thread CPU seconds and calls per aten op (overload packet name) while active; ``by_phase``: the
-    same keyed ``phase:op``."""
+    same keyed ``phase:op``; ``by_site``: keyed by the project's line that issued it (:func:`_site`)."""
 
-    def __init__(self, by_phase: bool = False) -> None:
+    def __init__(self, by_phase: bool = False, by_site: bool = False) -> None:
         super().__init__()
-        self.by_phase = by_phase
+        self.by_phase, self.by_site = by_phase, by_site
         self.cpu: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
 
@@ -79,6 +96,8 @@ class _OpClock(TorchDispatchMode):
         name = func.overloadpacket.__name__
         if self.by_phase:
             name = f"{_PHASE[-1]}:{name}"
+        if self.by_site:
+            name = _site()
         self.cpu[name] += time.thread_time() - t0
         self.calls[name] += 1
         return out
@@ -100,6 +119,22 @@ def _ops_table(by_key: dict[str, _OpClock], steps: int, top: int = 25) -> str:
         rows.append(f"{n:<34}" + "".join(f"{v:>{width}.2f}" for v in per[n]) + f"   calls {calls}")
     totals = [sum(c.cpu.values()) * 1e3 / steps for c in by_key.values()]
     rows.append(f"{'all ops':<34}" + "".join(f"{v:>{width}.2f}" for v in totals))
+    return "\n".join(rows)
+
+
+def _sites_table(by_key: dict[str, _OpClock], steps: int, top: int = 60) -> str:
+    """Ops per step by issuing line, a column per strategy, the most calls first (then the totals)."""
+    keys = list(by_key)
+    sites = {n for c in by_key.values() for n in c.calls}
+    per = {n: [by_key[k].calls.get(n, 0) / steps for k in keys] for n in sites}
+    order = sorted(sites, key=lambda n: -max(per[n]))[:top]
+    width = max(12, *(len(k) + 2 for k in keys))
+    head = f"{'line':<52}" + "".join(f"{k:>{width}}" for k in keys)
+    rows = [head, "-" * len(head)]
+    rows += [f"{n:<52}" + "".join(f"{v:>{width}g}" for v in per[n]) for n in order]
+    rows.append(
+        f"{'all lines':<52}" + "".join(f"{sum(c.calls.values()) / steps:>{width}g}" for c in by_key.values())
+    )
     return "\n".join(rows)
 
 
@@ -238,6 +273,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
     lines = []
     op_clocks: dict[str, _OpClock] = {}
     phase_clocks: dict[str, _OpClock] = {}
+    site_clocks: dict[str, _OpClock] = {}
     profiled = [s for s in systems if not args.only or s.key in args.only.split(",")]
 
     def one_pass(i: int) -> None:  # every profiled strategy once: none pays the heap's growth alone
@@ -273,11 +309,14 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         cpu0, proc0 = time.thread_time(), time.process_time()
         ops = _OpClock() if args.ops and rank == 0 else None
         phased = _OpClock(by_phase=True) if args.ops and rank == 0 else None
+        sited = _OpClock(by_site=True) if args.sites and rank == 0 else None
         for b in batches[args.warmup :]:
             dist.barrier()
             if ops is not None:
                 ops.__enter__()
                 phased.__enter__()
+            if sited is not None:
+                sited.__enter__()
             t0 = time.perf_counter()
             embedded = s.model(b)
             t1 = time.perf_counter()
@@ -288,6 +327,8 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             s.model.step()
             t4 = time.perf_counter()
             clock["opt_step (thread cpu)"] += time.thread_time() - c3
+            if sited is not None:
+                sited.__exit__(None, None, None)
             if ops is not None:
                 phased.__exit__(None, None, None)
                 ops.__exit__(None, None, None)
@@ -312,6 +353,8 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             lines.append(f"== {s.key}: Python self time over {args.steps} steps\n{text.getvalue()}")
         if ops is not None:
             op_clocks[s.key], phase_clocks[s.key] = ops, phased
+        if sited is not None:
+            site_clocks[s.key] = sited
         if (args.clock_only or args.ops) and rank == 0:
             lines.append(
                 f"== {s.key} (no profiler): step median {sorted(times)[len(times) // 2] * 1e3:.1f} ms; "
@@ -360,6 +403,9 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             total = sum(by.values()) / args.steps
             parts = ", ".join(f"{k} {v / args.steps:g}" for k, v in sorted(by.items()))
             lines.append(f"  {key}: {total:g} ({parts})")
+    if site_clocks:
+        lines.append(f"== aten ops per step by the line that issued them, rank 0, over {args.steps} steps")
+        lines.append(_sites_table(site_clocks, args.steps))
     if rank == 0:
         for key, sp in plans.items():
             if sp.document:
@@ -401,6 +447,7 @@ def main() -> None:
         "--clock-only", action="store_true", help="no torch profiler: the phases' thread CPU undistorted"
     )
     ap.add_argument("--ops", action="store_true", help="thread CPU by aten op, a column per strategy")
+    ap.add_argument("--sites", action="store_true", help="aten ops per step by the project line issuing them")
     ap.add_argument("--only", default="", help="comma-separated strategy keys to profile (default: all)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:
