@@ -54,7 +54,7 @@ from core.vocabulary import Tier, WireDtype
 from flexshard.runtime.awaitable import Pending
 from flexshard.runtime.exchange_bytes import ProtocolBytes
 from flexshard.runtime.features import ERROR_WORDS
-from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, Asked, GroupDedup
+from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, ROW_COLUMNS, ROW_KINDS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import (
@@ -91,7 +91,6 @@ from flexshard.runtime.transfer import (
 )
 from solvers.schedule import Scope, lookup_scopes
 
-ROW_KINDS = (WARM, FLAT, GIDS)  # vectors back (WARM, FLAT rows; the group's distinct rows in GIDS)
 ROW_TIERS = (Tier.WARM, Tier.COLD, Tier.COLD)  # the shard each of ROW_KINDS' rows is read from
 
 
@@ -267,7 +266,7 @@ class ExchangeProtocol:
             got = pending.wait()
             place_rows(routed.lookups, routed.index, routed.in_order, got)
             # per table every distinct row in order (its own sent to itself; empty for a flat table)
-            return [got[3 * t + 2] for t in range(n_t)]
+            return [got[ROW_COLUMNS * t + GIDS] for t in range(n_t)]
 
         return Pending([pending], finish)
 
@@ -334,7 +333,10 @@ class ExchangeProtocol:
             got = pending.wait()
             add_owned_gradients(self.shards, asked, got)
             if self.one_dim_fp32 and asked.joined_inverse is not None:  # summed in rail_grads' send order
-                ids, rows = asked.recv_counts[:, :, GIDS].sum(axis=0), [got[3 * t + 2] for t in range(n_t)]
+                ids, rows = (
+                    asked.recv_counts[:, :, GIDS].sum(axis=0),
+                    [got[ROW_COLUMNS * t + GIDS] for t in range(n_t)],
+                )
                 fetch, dim = asked.fetch_counts[self.rail], int(self.dims[0])
                 return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.rail_me, self.device)
             return rail_peer_sums(asked, got, self.dims, self.device)

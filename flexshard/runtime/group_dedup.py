@@ -33,6 +33,10 @@ from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.transfer import joined_blocks
 
 WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
+# the kinds whose vectors come back (WARM, FLAT rows; the group's distinct rows in GIDS): a stage's row
+# columns are numbered ``ROW_COLUMNS * t + k`` for table t and k in ROW_KINDS (each kind is its own place)
+ROW_KINDS = (WARM, FLAT, GIDS)
+ROW_COLUMNS = len(ROW_KINDS)
 DENSE_PER_KEY = 8  # a mark over the key range when the range is at most this many times the keys
 
 

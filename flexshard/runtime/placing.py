@@ -4,9 +4,9 @@ that keeps every row's float sums the same whichever rank owns it.
 
 A received column is one tensor, or per-peer views of a receive buffer in peer order (what
 :func:`~flexshard.runtime.transfer.exchange_gathered_async` gives): every function here takes either and
-copies or adds block by block, never joining blocks it does not have to. Columns are numbered ``3 * t +
-k`` for table ``t`` and ``k`` in ``(WARM, FLAT, GIDS)``. The one-dim float32 relay, which works in the
-stages' own buffers, is :mod:`~flexshard.runtime.relay`.
+copies or adds block by block, never joining blocks it does not have to. Columns are numbered
+``ROW_COLUMNS * t + k`` for table ``t`` and ``k`` in ``ROW_KINDS`` (WARM, FLAT, GIDS). The one-dim
+float32 relay, which works in the stages' own buffers, is :mod:`~flexshard.runtime.relay`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from core.vocabulary import Tier, WireDtype
-from flexshard.runtime.group_dedup import FLAT, GIDS, WARM, Asked
+from flexshard.runtime.group_dedup import FLAT, GIDS, ROW_COLUMNS, WARM, Asked
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import add_blocks, copy_blocks, joined_blocks, round_like_wire
@@ -43,10 +43,10 @@ def place_rows(
     positions (``index[t][k]``)."""
     for t, lk in enumerate(lookups):
         if (t, FLAT) in in_order:
-            lk.rows = joined(got[3 * t + FLAT])
+            lk.rows = joined(got[ROW_COLUMNS * t + FLAT])
             continue
         for k in (WARM, FLAT):
-            copy_blocks(lk.rows, index[t][k], blocks(got[3 * t + k]))
+            copy_blocks(lk.rows, index[t][k], blocks(got[ROW_COLUMNS * t + k]))
 
 
 def place_scattered(
@@ -77,10 +77,10 @@ def place_around_own(
 def add_owned_gradients(shards: Shards, asked: Asked, got: list[Column]) -> None:
     """``grads``' warm and flat gradients added into the owner's shards, block by block as received (a
     row's terms added in peer order; no join of the blocks)."""
-    for t in range(len(got) // 3):
+    for t in range(len(got) // ROW_COLUMNS):
         for k, tier in ((WARM, Tier.WARM), (FLAT, Tier.COLD)):
             if asked.slots[t][k].numel():
-                shards[(t, tier)].add_gradient(asked.slots[t][k], got[3 * t + k])
+                shards[(t, tier)].add_gradient(asked.slots[t][k], got[ROW_COLUMNS * t + k])
 
 
 def rail_peer_sums(
@@ -92,7 +92,7 @@ def rail_peer_sums(
     for t in range(len(dims)):
         total = torch.zeros(int(asked.num_distinct[t]), int(dims[t]), device=device)
         if asked.inverse[t].numel():
-            add_blocks(total, asked.inverse[t], got[3 * t + 2])
+            add_blocks(total, asked.inverse[t], got[ROW_COLUMNS * t + GIDS])
         out.append(total)
     return out
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from flexshard.runtime.awaitable import Pending, all_to_all
-from flexshard.runtime.group_dedup import FLAT, GIDS
+from flexshard.runtime.group_dedup import FLAT, GIDS, ROW_COLUMNS
 from flexshard.runtime.indexing import block_rows
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import place_around_own, place_rows, place_scattered
@@ -151,10 +151,12 @@ def received_rows(
     rows = buffer.view(-1, dim) if rc.shape[1] else buffer.view(0, 0)
     if joint:
         inverse = [lk.inverse for lk in routed.lookups]
-        routed.joint = wire_rows(inverse, rc[:, FLAT::3], me, dim, rows.device, rows)
+        routed.joint = wire_rows(inverse, rc[:, FLAT::ROW_COLUMNS], me, dim, rows.device, rows)
     else:
         place_rows(routed.lookups, routed.index, routed.in_order, views)
-    distinct = np.arange(rc.shape[1] // 3) * 3 + GIDS  # the group fetch's column of every table
+    distinct = (
+        np.arange(rc.shape[1] // ROW_COLUMNS) * ROW_COLUMNS + GIDS
+    )  # the group fetch's column of every table
     if not rc[:, distinct].any():  # no group fetch: no distinct row to find
         return RelayRows(rows, torch.zeros(0, dtype=torch.int64, device=rows.device))
     return RelayRows(rows, distinct_rows_at(rc, distinct, rows.device, first // dim))
