@@ -109,6 +109,10 @@ class RankLayout:
         """The ranks of ``rank``'s group."""
         return self.groups[int(self.group_of_rank[rank])]
 
+    def same_group(self, rank: int) -> np.ndarray:
+        """bool[N]: which ranks are in ``rank``'s group (``rank`` included)."""
+        return self.group_of_rank == self.group_of_rank[rank]
+
     def replica_groups(self, min_size: int = 2) -> list[list[int]]:
         """The ranks at each position of every group that has it (those of at least ``min_size`` ranks):
         the copies of one warm shard, all-reduced together."""

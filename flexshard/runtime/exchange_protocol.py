@@ -115,7 +115,7 @@ class ExchangeProtocol:
         layout, me = pg.layout, pg.rank
         self.me, self.world = me, layout.num_ranks
         group_of, pos_of = layout.group_of_rank, layout.position_of_rank
-        same = group_of == group_of[me]
+        same = layout.same_group(me)
         # requester rank -> the rank of its group at this rank's position (where its group's rows go)
         my_pos = int(pos_of[me])
         peer_of = np.array(

@@ -66,9 +66,9 @@ class Router:
     ) -> None:
         self.routing, self.group_fetch, self.dedup, self.device = routing, group_fetch, dedup, device
         self.world = layout.num_ranks
-        group_of, pos_of = layout.group_of_rank, layout.position_of_rank
+        pos_of = layout.position_of_rank
         mine = np.asarray(layout.group_of(me), dtype=np.int64)
-        same = group_of == group_of[me]
+        same = layout.same_group(me)
         # rank -> the rank of this group at its position (a warm owner's / cold owner's rail peer)
         self.warm_rank = torch.as_tensor(mine, device=device)
         rail_peer = np.full(self.world, -1, dtype=np.int64)
