@@ -333,10 +333,8 @@ class ExchangeProtocol:
             got = pending.wait()
             add_owned_gradients(self.shards, asked, got)
             if self.one_dim_fp32 and asked.joined_inverse is not None:  # summed in rail_grads' send order
-                ids, rows = (
-                    asked.recv_counts[:, :, GIDS].sum(axis=0),
-                    [got[ROW_COLUMNS * t + GIDS] for t in range(n_t)],
-                )
+                ids = asked.recv_counts[:, :, GIDS].sum(axis=0)
+                rows = [got[ROW_COLUMNS * t + GIDS] for t in range(n_t)]
                 fetch, dim = asked.fetch_counts[self.rail], int(self.dims[0])
                 return rail_sums(fetch, asked.joined_inverse, ids, rows, dim, self.rail_me, self.device)
             return rail_peer_sums(asked, got, self.dims, self.device)

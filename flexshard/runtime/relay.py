@@ -154,9 +154,8 @@ def received_rows(
         routed.joint = wire_rows(inverse, rc[:, FLAT::ROW_COLUMNS], me, dim, rows.device, rows)
     else:
         place_rows(routed.lookups, routed.index, routed.in_order, views)
-    distinct = (
-        np.arange(rc.shape[1] // ROW_COLUMNS) * ROW_COLUMNS + GIDS
-    )  # the group fetch's column of every table
+    # the group fetch's column of every table
+    distinct = np.arange(rc.shape[1] // ROW_COLUMNS) * ROW_COLUMNS + GIDS
     if not rc[:, distinct].any():  # no group fetch: no distinct row to find
         return RelayRows(rows, torch.zeros(0, dtype=torch.int64, device=rows.device))
     return RelayRows(rows, distinct_rows_at(rc, distinct, rows.device, first // dim))
