@@ -9,8 +9,11 @@ median step, collectives per step and the time model's prediction on the probed 
 embedded default at 64 GPUs (8 H100 nodes) and 512 GPUs (64 nodes), the step split into collective
 latency, bandwidth and local work, unpipelined and pipelined, against the FlexShard paper's headline of
 about 6x lower communication latency than TorchRec's default. Writes docs/results/step_time.md (and, with
-part 1, step_time.json: its bench records, with each plan's tiers and cold shares and each rank's step). Run:
-    .venv/bin/python experiments/step_time.py [--quick] [--no-measure (part 2 only, not written)]
+part 1, step_time.json: its bench records, with each plan's tiers and cold shares and each rank's step).
+Part 1 can run several times (``--runs N``: medians over runs, the marks judged per run and on them; see
+``step_runs``) or be read back from earlier runs' records (``--from``). Run:
+    .venv/bin/python experiments/step_time.py [--quick] [--runs N | --from JSON ...]
+        [--no-measure (part 2 only, not written)]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import step_runs
 import study
 
 from core.vocabulary import FetchMode
@@ -76,7 +80,12 @@ is modeled over measured, minus one. Smaller batches run more timed steps per ro
 noisier): 4x as many at batch 64 and 256, 2x at 512. CPU timings on 2 shared cores are not GPU timings, and
 loopback has no slower link between groups, so plans that save inter-group bytes cannot gain here. FlexShard's
 plans are the planner's under the step objective: where they equal the ablation's plan, the two rows measure
-the same work.
+the same work. With several runs (`--runs N`, or earlier runs' records read back with `--from`; each record
+in step_time.json carries its run, its start and its commit), each run is one pass over every row, one run
+after the other, and a row's figures are the medians over the runs, each run's ratios taken within that run,
+with the lowest and highest run in brackets: on these 2 shared cores the same code's step moves by up to 20%
+between runs minutes apart (35% at 8 ranks, batch 64), more than within a run. The marks table judges the
+issue's marks in each run and on those medians.
 
 Part 2 prices the embedded default with the model alone, on the h100 presets (8 GPUs per node, their
 NCCL latency figures and the HBM-roofline rates of the value work of docs/cost_model.md section 10;
@@ -104,9 +113,10 @@ def _bench(nproc: int, batch: int, plan_for: str, steps: str, rounds: str, flags
     return [r for r in json.loads(out.stdout) if "skipped" not in r]
 
 
-def measured(batches: tuple[int, ...], steps: int, rounds: int) -> tuple[str, list[dict]]:
-    """Part 1's table and its rows (one per configuration and strategy)."""
-    rows, table = [], []
+def measure_run(batches: tuple[int, ...], steps: int, rounds: int) -> list[dict]:
+    """One run of part 1: the bench records of every configuration (ranks, batch, plan), each with its
+    ``nproc``, ``batch`` and ``planned_for``."""
+    records = []
     with tempfile.TemporaryDirectory() as tmp:
         for nproc in RANKS:
             topo = str(Path(tmp) / f"probe{nproc}.json")
@@ -118,26 +128,43 @@ def measured(batches: tuple[int, ...], steps: int, rounds: int) -> tuple[str, li
             for batch in batches:
                 for plan_for, label, flags in ((topo, "probed", ()), *H100_PLANS):
                     recs = _bench(nproc, batch, plan_for, str(steps_at(batch, steps)), str(rounds), flags)
-                    medians = {r["strategy"]: r["step_ms_median"] for r in recs}
-                    torchrec = medians.get("torchrec_row_wise")
-                    for r in recs:
-                        error = r["predicted_step_ms"] / r["step_ms_median"] - 1
-                        rows.append({**r, "nproc": nproc, "batch": batch, "planned_for": label})
-                        table.append(
-                            [nproc, batch, label, r["label"], f"{r['step_ms_median']:.1f}"]
-                            + [f"{r['vs_ablation']:.2f}"]
-                            + [f"{r['step_ms_median'] / torchrec:.2f}" if torchrec else "-"]
-                            + [
-                                f"{r['collectives_per_step']:g}",
-                                f"{r['predicted_step_ms']:.1f}",
-                                f"{local_ms(r):.1f}",
-                                f"{error:+.0%}",
-                            ]
-                        )
+                    records += [{**r, "nproc": nproc, "batch": batch, "planned_for": label} for r in recs]
                     print(f"measured {nproc} ranks, batch {batch}, plans for {label}", file=sys.stderr)
+    return records
+
+
+def measured_table(records: list[dict]) -> str:
+    """Part 1's table (one row per configuration and strategy; over several runs the medians, with the
+    lowest and highest run in brackets), the model's error per strategy, and the issue's marks in each
+    run and on the medians."""
+    several = len(step_runs.runs(records)) > 1
+    table = []
+    for r in step_runs.rows(records):
+        table.append(
+            [r.nproc, r.batch, r.planned_for, r.label, f"{r.median('step_ms'):.1f}"]
+            + [step_runs.spread(r.vs_ablation, ".2f")]
+            + [step_runs.spread(r.vs_torchrec, ".2f") if r.vs_torchrec else "-"]
+            + [f"{r.collectives:g}", f"{r.median('predicted_ms'):.1f}", f"{r.median('local_ms'):.1f}"]
+            + [step_runs.spread(r.errors, "+.0%")]
+        )
     header = ["ranks", "batch", "planned for", "strategy", "median step ms", "vs ablation", "vs TorchRec"]
     header += ["collectives", "modeled ms", "of which local", "model error"]
-    return study.md_table(header, table, "rrllrrrrrrr") + "\n\n" + error_summary(rows), rows
+    runs_text = ""
+    if several:
+        runs_text = (
+            f"{len(step_runs.runs(records))} runs (one pass over every row each, in turn); each figure is "
+            "the median over the runs, each run's ratio taken within the run, the lowest and highest run "
+            "in brackets.\n\n"
+        )
+    marks = "The issue's marks in each run" + (" and on the medians:" if several else ":")
+    return "\n\n".join(
+        [
+            runs_text + study.md_table(header, table, "rrllrrrrrrr"),
+            error_summary(step_runs.rows(records)),
+            marks,
+            step_runs.marks_table(records),
+        ]
+    )
 
 
 def steps_at(batch: int, steps: int) -> int:
@@ -146,18 +173,13 @@ def steps_at(batch: int, steps: int) -> int:
     return max(steps, min(4 * steps, round(steps * 1024 / batch)))
 
 
-def local_ms(record: dict) -> float:
-    """The modeled local work in a record's prediction, ms."""
-    return float(record.get("predicted_parts_ms", {}).get("local", 0.0))
-
-
-def error_summary(rows: list[dict]) -> str:
-    """One line per strategy: the model's error range over the rows, and how many are within 20%; then
-    the count over every row."""
+def error_summary(rows: list[step_runs.Row]) -> str:
+    """One line per strategy: the model's error range over the rows (each row's median over runs), and
+    how many are within 20%; then the count over every row."""
     lines, every = [], 0
-    for label in dict.fromkeys(r["label"] for r in rows):
-        errors = [r["predicted_step_ms"] / r["step_ms_median"] - 1 for r in rows if r["label"] == label]
-        within = sum(abs(e) <= 0.2 for e in errors)
+    for label in dict.fromkeys(r.label for r in rows):
+        errors = [r.median("errors") for r in rows if r.label == label]
+        within = sum(abs(e) <= step_runs.WITHIN for e in errors)
         every += within
         lines.append(
             f"- {label}: model error {min(errors):+.0%} to {max(errors):+.0%}; within 20% in {within} of "
@@ -227,17 +249,37 @@ def main() -> None:
         help="timed steps per round at batch 1024, up to 4x more at smaller ones (default 8; --quick 4)",
     )
     args.add_argument("--rounds", type=int, help="rounds (default 3; --quick 2)")
+    args.add_argument(
+        "--runs", type=int, default=1, help="passes over every configuration, one after the other (default 1)"
+    )
+    args.add_argument(
+        "--from",
+        dest="sources",
+        nargs="+",
+        metavar="JSON",
+        help="part 1 from these files' records (step_time.json of earlier runs, each file's runs after the "
+        "previous file's) instead of measuring",
+    )
     args = args.parse_args()
+    if args.runs < 1:
+        raise SystemExit(f"step_time: --runs {args.runs}: expected at least 1")
     default = QUICK_BATCHES if args.quick else BATCHES
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else default
     steps = args.steps or (4 if args.quick else 8)
     rounds = args.rounds or (2 if args.quick else 3)
     start = time.time()
     parts = ["## 2. The model at scale (embedded default, NCCL presets)\n", modeled()]
-    rows: list[dict] = []
-    if not args.no_measure:
-        table, rows = measured(batches, steps, rounds)
-        parts = ["## 1. Measured against modeled (gloo over loopback)\n", table, "", *parts]
+    records: list[dict] = []
+    if args.sources:
+        records = read_runs(args.sources)
+    elif not args.no_measure:
+        commit = study.commit()
+        for run in range(args.runs):
+            started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            print(f"run {run + 1} of {args.runs}", file=sys.stderr)
+            records += step_runs.tagged(measure_run(batches, steps, rounds), run, started, commit)
+    if records:
+        parts = ["## 1. Measured against modeled (gloo over loopback)\n", measured_table(records), "", *parts]
     text = "\n".join(parts)
     print(text)
     if not (args.no_write or args.no_measure):  # the file holds both parts
@@ -245,11 +287,38 @@ def main() -> None:
         flags += [f"--batches {args.batches}"] if args.batches else []
         flags += [f"--steps {args.steps}"] if args.steps else []
         flags += [f"--rounds {args.rounds}"] if args.rounds else []
+        flags += [f"--runs {args.runs}"] if args.runs > 1 else []
+        flags += ["--from", *args.sources] if args.sources else []
         cmd = study.command(__file__, *flags)
-        head = f"# Step time\n\n{study.generated(cmd, time.time() - start)}\n\n{METHOD}\n\n"
+        detail = ""
+        if args.sources:  # the time is the reading's; the runs are named by their start and commit
+            names = [step_runs.run_name(r) for r in step_runs.runs(records)]
+            detail = f"part 1 read back from the records of {len(names)} run(s) started {', '.join(names)}"
+        head = f"# Step time\n\n{study.generated(cmd, time.time() - start, detail)}\n\n{METHOD}\n\n"
         study.write_markdown(study.RESULTS / "step_time.md", head + text)
-        if rows:  # every bench record of part 1 (plans' tiers and cold shares, each rank's step), to diagnose
-            study.write_markdown(study.RESULTS / "step_time.json", json.dumps(rows, indent=1))
+        if records and not args.sources:  # every bench record of part 1 (tiers, shares, each rank's step)
+            study.write_markdown(study.RESULTS / "step_time.json", records_json(records))
+
+
+def records_json(records: list[dict]) -> str:
+    """Part 1's records as a JSON list, one record a line."""
+    return "[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]"
+
+
+def read_runs(paths: list[str]) -> list[dict]:
+    """The records of the files ``paths`` (each a JSON list of part 1's records), each file's runs
+    numbered after the previous file's. A file that is not such a list is a SystemExit naming it."""
+    records: list[dict] = []
+    for path in paths:
+        try:
+            got = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"step_time: --from {path}: {e}") from None
+        if not isinstance(got, list) or not all(isinstance(r, dict) and "step_ms_median" in r for r in got):
+            raise SystemExit(f"step_time: --from {path}: expected a list of step_time.json records")
+        first = len(step_runs.runs(records)) if records else 0
+        records += [{**r, "run": first + int(r.get("run", 0))} for r in got]
+    return records
 
 
 if __name__ == "__main__":

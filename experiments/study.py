@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -44,6 +45,19 @@ def arguments(doc: str | None, quick: str | None = None, write: bool = True) -> 
 def command(script: str | os.PathLike, *flags: str) -> str:
     """The command line that runs ``script`` (a path or a name under experiments/) with ``flags``."""
     return " ".join([PYTHON, f"experiments/{Path(script).stem}.py", *flags])
+
+
+def commit() -> str:
+    """The checkout's commit (short hash), ``+changes`` where tracked files differ from it; ``unknown``
+    outside a git checkout."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return "unknown"
+    changed = subprocess.run(
+        [*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=False
+    )
+    return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
 def generated(cmd: str, seconds: float, detail: str = "") -> str:

@@ -7,17 +7,37 @@ from experiment_module import load_experiment
 
 def test_the_error_summary_gives_each_strategys_range_and_count_within_20_percent():
     summary = load_experiment("step_time").error_summary
-    rows = [
-        {"label": "FlexShard", "predicted_step_ms": 9.0, "step_ms_median": 10.0},  # -10%
-        {"label": "TorchRec row-wise", "predicted_step_ms": 5.0, "step_ms_median": 10.0},  # -50%
-        {"label": "FlexShard", "predicted_step_ms": 12.5, "step_ms_median": 10.0},  # +25%
-        {"label": "TorchRec row-wise", "predicted_step_ms": 8.0, "step_ms_median": 10.0},  # -20%
+    rows = load_experiment("step_runs").rows
+
+    def rec(batch, label, predicted, step=10.0):
+        return {
+            "nproc": 4,
+            "batch": batch,
+            "planned_for": "h100",
+            "label": label,
+            "step_ms_median": step,
+            "vs_ablation": 1.0,
+            "predicted_step_ms": predicted,
+            "collectives_per_step": 4.0,
+        }
+
+    records = [
+        rec(64, "FlexShard", 9.0),  # -10%
+        rec(64, "TorchRec row-wise", 5.0),  # -50%
+        rec(256, "FlexShard", 12.5),  # +25%
+        rec(256, "TorchRec row-wise", 8.0),  # -20%
     ]
-    assert summary(rows).splitlines() == [
+    assert summary(rows(records)).splitlines() == [
         "- FlexShard: model error -10% to +25%; within 20% in 1 of 2 rows",
         "- TorchRec row-wise: model error -50% to -20%; within 20% in 1 of 2 rows",
         "- every strategy: within 20% in 2 of 4 rows",
     ]
+    # over runs, each row's median error: FlexShard at batch 64 -10%, +30%, -5% -> -5%
+    runs = [{**rec(64, "FlexShard", p), "run": i} for i, p in enumerate((9.0, 13.0, 9.5))]
+    assert (
+        summary(rows(runs)).splitlines()[0]
+        == "- FlexShard: model error -5% to -5%; within 20% in 1 of 1 rows"
+    )
 
 
 def test_smaller_batches_time_more_steps_up_to_four_times():
