@@ -125,9 +125,10 @@ def _build(cfg: BenchConfig, data: BenchData, plans: dict, tmp: Path) -> tuple[l
     return [s for s in systems if s.key not in failed], failed
 
 
-def ranks_per_core(cfg: BenchConfig) -> float:
-    """This host's ranks (torchrun's LOCAL_WORLD_SIZE, else ``--nproc``) times ``--threads`` over its
-    cores: more than 1 where the ranks share cores."""
+def threads_per_core(cfg: BenchConfig) -> float:
+    """This host's torch threads per core: its ranks (torchrun's LOCAL_WORLD_SIZE, else ``--nproc``) times
+    ``--threads`` over its cores; more than 1 where the ranks share cores. (Not the topology's
+    ``ranks_per_core``, which counts ranks over the cores a probe recorded per host.)"""
     here = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
     return here * cfg.threads / (os.cpu_count() or 1)
 
@@ -142,7 +143,7 @@ def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates
     file: :meth:`LocalRates.load`, as written."""
     if cfg.rates not in RATES_CHOICES:
         return LocalRates.load(cfg.rates)
-    stored = LocalRates.default().shared(ranks_per_core(cfg))
+    stored = LocalRates.default().shared(threads_per_core(cfg))
     if cfg.rates == "stored" or data is None:
         return stored
     batch = data.make_batch(cfg.warmup + cfg.timed_steps, dist.get_rank())  # one past the timed batches
@@ -211,7 +212,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     probes = [probe_ranks(cfg.groups, probe_s) for _ in range(PLAN_MEASUREMENTS)]
     # on gloo every rank's exchange shares the host's cores: its bandwidth with every rank at once
     shared_host = dist.get_backend() == "gloo"
-    sharing = ranks_per_core(cfg) if shared_host else 1.0  # the predictions' ranks per core
+    sharing = threads_per_core(cfg) if shared_host else 1.0  # the predictions' ranks per core
     exchange_bytes = row_bytes(data, 0)  # rank 0's batch, the same size on every rank
     concurrent = (
         [concurrent_all_to_all_Bps(exchange_bytes) for _ in range(PLAN_MEASUREMENTS)] if shared_host else []
