@@ -11,6 +11,7 @@ A record is one ``flexshard bench --json`` record with the study's ``nproc``, ``
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,7 +119,14 @@ class Mark:
         return f"{self.value}{at}: {'met' if self.met else 'missed'}"
 
 
-def _worst(rows_: list[Row], pick, name: str, planned: tuple[str, ...], bound: float, fmt: str) -> Mark:
+def _worst(
+    rows_: list[Row],
+    pick: Callable[[Row], float | None],
+    name: str,
+    planned: tuple[str, ...],
+    bound: float,
+    fmt: str,
+) -> Mark:
     """The largest ``pick(row)`` over FlexShard's rows planned for ``planned``, against ``bound``."""
     found = [(pick(r), r) for r in rows_ if r.label == FLEXSHARD and r.planned_for in planned]
     found = [(v, r) for v, r in found if v is not None]

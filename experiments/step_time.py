@@ -137,9 +137,9 @@ def measured_table(records: list[dict]) -> str:
     """Part 1's table (one row per configuration and strategy; over several runs the medians, with the
     lowest and highest run in brackets), the model's error per strategy, and the issue's marks in each
     run and on the medians."""
-    several = len(step_runs.runs(records)) > 1
+    rows, runs = step_runs.rows(records), len(step_runs.runs(records))
     table = []
-    for r in step_runs.rows(records):
+    for r in rows:
         table.append(
             [r.nproc, r.batch, r.planned_for, r.label, f"{r.median('step_ms'):.1f}"]
             + [step_runs.spread(r.vs_ablation, ".2f")]
@@ -150,17 +150,16 @@ def measured_table(records: list[dict]) -> str:
     header = ["ranks", "batch", "planned for", "strategy", "median step ms", "vs ablation", "vs TorchRec"]
     header += ["collectives", "modeled ms", "of which local", "model error"]
     runs_text = ""
-    if several:
+    if runs > 1:
         runs_text = (
-            f"{len(step_runs.runs(records))} runs (one pass over every row each, in turn); each figure is "
-            "the median over the runs, each run's ratio taken within the run, the lowest and highest run "
-            "in brackets.\n\n"
+            f"{runs} runs (one pass over every row each, in turn); each figure is the median over the runs, "
+            "each run's ratio taken within the run, the lowest and highest run in brackets.\n\n"
         )
-    marks = "The issue's marks in each run" + (" and on the medians:" if several else ":")
+    marks = "The issue's marks in each run" + (" and on the medians:" if runs > 1 else ":")
     return "\n\n".join(
         [
             runs_text + study.md_table(header, table, "rrllrrrrrrr"),
-            error_summary(step_runs.rows(records)),
+            error_summary(rows),
             marks,
             step_runs.marks_table(records),
         ]
