@@ -285,9 +285,8 @@ def exchange_gathered_async(
     first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_recv.reshape(-1))[:-1]])
     send_first = np.zeros((peers, n_c), dtype=np.int64)  # where block (p, c) starts in ``send``
     send_first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_send.reshape(-1))[:-1]])
-    if one_dim and staged_gathers(
-        device, counts, me, with_buffer
-    ):  # one gather per column, one to wire order
+    # one gather per column, then one into wire order, where a GPU issues fewer ops that way
+    if one_dim and staged_gathers(device, counts, me, with_buffer):
         tail = buffer_rows[received // int(dims[0]) :] if with_buffer else None
         own = _gather_staged(sources, indices, counts, start, me, send_rows, tail, received, first)
     else:
@@ -338,9 +337,8 @@ def exchange_gathered_async(
     return Pending(works, finish)
 
 
-STAGED_INDEX_OPS = (
-    5  # ops of one wire-order index and its gather (block_rows' copy and three ops, one gather)
-)
+# ops of one wire-order index and its gather: block_rows' host copy and three ops, then the gather
+STAGED_INDEX_OPS = 5
 
 
 def staged_gathers(device: torch.device, counts: np.ndarray, me: int, with_buffer: bool) -> bool:
@@ -393,8 +391,8 @@ def _gather_staged(
     at = column_start[None, :] + start  # [peer, column]: each block's first row in the staging buffer
     others = np.arange(peers) != me
     if send_rows.shape[0]:
-        torch.index_select(stage, 0, block_rows(counts[others].reshape(-1), at[others].reshape(-1), device),
-                           out=send_rows)  # fmt: skip
+        wire = block_rows(counts[others].reshape(-1), at[others].reshape(-1), device)
+        torch.index_select(stage, 0, wire, out=send_rows)
     own_n = counts[me]
     if tail is None:
         return [stage[int(a) : int(a) + int(n)] for a, n in zip(at[me], own_n, strict=True)]
