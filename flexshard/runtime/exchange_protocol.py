@@ -320,7 +320,9 @@ class ExchangeProtocol:
             # every column gathered straight into the send buffer and received as per-peer views (the
             # all_to_all of one column in order takes no copy either way)
             sources = [unique_grads[t] for t in range(n_t) for _k in ROW_KINDS]
-            pending = exchange_gathered_async("grads", sources, indices, sc, rc, group)
+            pending = exchange_gathered_async(
+                "grads", sources, indices, sc, rc, group, joined_in=range(len(sc))
+            )
         else:
             cols = [
                 unique_grads[t] if i is None else rows_at(unique_grads[t], i)
@@ -364,10 +366,10 @@ class ExchangeProtocol:
         peers = own_group_first(self.rail.size, self.rail_me)
         gathered = None  # fp32: received as per-peer views, each added as it lies
         if isinstance(sums, RelaySums):  # the relay's joined sums are the send buffer
-            gathered = exchange_sums("rail_grads", sums, rc, self.pg.replica)
+            gathered = exchange_sums("rail_grads", sums, rc, self.pg.replica, peers)
         elif self.wire_dtype is WireDtype.FP32:
             gathered = exchange_gathered_async(
-                "rail_grads", sums, [None] * len(sums), sc, rc, self.pg.replica
+                "rail_grads", sums, [None] * len(sums), sc, rc, self.pg.replica, joined_in=peers
             )
         if gathered is not None:
             return Pending([gathered], lambda: add_rail_views(self.shards, slots, rc, peers, gathered.wait()))

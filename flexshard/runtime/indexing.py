@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+# ops of one index of blocks (block_rows: its host copy and three ops) and the copy that reads it
+STAGED_INDEX_OPS = 5
+
 
 def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     """int64: the positions of ``mask``'s non-zero elements, ascending (``torch.nonzero(mask).flatten()``

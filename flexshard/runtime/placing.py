@@ -103,6 +103,18 @@ def own_group_first(peers: int, own_at: int) -> list[int]:
     return [own_at, *(j for j in range(peers) if j != own_at)]
 
 
+def peer_runs(peers: list[int]) -> list[tuple[int, int]]:
+    """``peers`` as runs of consecutive peers, ``(first, last + 1)`` each, in order: ``[2, 0, 1, 3]``
+    is ``[(2, 3), (0, 2), (3, 4)]`` (an own-group-first order is at most three runs)."""
+    out: list[tuple[int, int]] = []
+    for j in peers:
+        if out and out[-1][1] == j:
+            out[-1] = (out[-1][0], j + 1)
+        else:
+            out.append((j, j + 1))
+    return out
+
+
 def add_rail_views(
     shards: Shards,
     slots: list[torch.Tensor],
@@ -111,9 +123,17 @@ def add_rail_views(
     per_table: list[list],
 ) -> None:
     """``rail_grads``' sums received as per-peer views (``recv_counts[p, t]`` rows from rail peer ``p``),
-    each block added into the owner's cold shard where it lies, peers in the order ``peers``."""
+    each block added into the owner's cold shard where it lies, peers in the order ``peers``; or per
+    table one tensor, its blocks joined in that order (:mod:`~flexshard.runtime.column_joins`), added
+    at once with its slots in the same order."""
     for t, views in enumerate(per_table):
         ends = np.cumsum(recv_counts[:, t])
+        if isinstance(views, torch.Tensor):
+            if views.shape[0]:  # the slots of each run of consecutive peers at once
+                starts = ends - recv_counts[:, t]
+                parts = [slots[t][int(starts[a]) : int(ends[b - 1])] for a, b in peer_runs(peers)]
+                shards[(t, Tier.COLD)].add_gradient(parts[0] if len(parts) == 1 else torch.cat(parts), views)
+            continue
         for j in peers:
             if views[j].shape[0]:
                 lo, hi = int(ends[j] - recv_counts[j, t]), int(ends[j])

@@ -22,6 +22,7 @@ Distinct rows are numbered as ``compute`` numbers them (:class:`~flexshard.runti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from flexshard.runtime.awaitable import Pending, all_to_all
+from flexshard.runtime.column_joins import join_columns, joins_columns
 from flexshard.runtime.group_dedup import FLAT, GIDS, ROW_COLUMNS
 from flexshard.runtime.indexing import block_rows
 from flexshard.runtime.lookups import TableLookup
@@ -215,20 +217,21 @@ def rail_sums(
 
 
 def exchange_sums(
-    name: str, sums: RelaySums, recv: np.ndarray, group: Any
+    name: str, sums: RelaySums, recv: np.ndarray, group: Any, order: Sequence[int] | None = None
 ) -> Pending[list[list[torch.Tensor]]]:
     """``rail_grads`` of :func:`rail_sums`: the head of the joined sums is the send buffer (no copy), its
     tail (this rank's own rows) stays where it lies; ``recv[j, t]`` rows of table t come from rail peer j
     (``recv[me]`` equals ``sums.fetch[me]``). Waits to the sums as views, per table a list over rail peers
     (what :func:`~flexshard.runtime.transfer.exchange_gathered_async` gives): the received ones in the
-    receive buffer, this rank's own in the joined sums."""
+    receive buffer, this rank's own in the joined sums; or, with ``order``, per table one tensor where
+    :func:`per_table_views` joins them."""
     recv = np.asarray(recv, dtype=np.int64)
     me = sums.me
     work, received = send_head(
         name, sums.joined[: sums.sent], sums.fetch.sum(axis=1), recv.sum(axis=1), me, group
     )
     own = sums.joined[sums.sent :]
-    return Pending([work], lambda: per_table_views(received, own, recv, me))
+    return Pending([work], lambda: per_table_views(received, own, recv, me, order))
 
 
 def send_head(
@@ -246,10 +249,14 @@ def send_head(
 
 
 def per_table_views(
-    received: torch.Tensor, own: torch.Tensor, recv: np.ndarray, me: int
-) -> list[list[torch.Tensor]]:
+    received: torch.Tensor, own: torch.Tensor, recv: np.ndarray, me: int, order: Sequence[int] | None = None
+) -> list[list[torch.Tensor]] | list[torch.Tensor]:
     """Per table, a list over peers of its rows: ``received`` holds the other peers' blocks in (peer,
-    table) order, ``own`` this rank's (``me``) by table; ``recv[p, t]`` rows of table t from peer p."""
+    table) order, ``own`` this rank's (``me``) by table; ``recv[p, t]`` rows of table t from peer p.
+    With ``order`` (a peer order), per table one tensor of its blocks in that order where
+    :func:`~flexshard.runtime.column_joins.joins_columns` finds that fewer ops (a GPU)."""
+    if order is not None and joins_columns(received.device, recv, me):
+        return join_columns(received, own, recv, me, order)
     peers, tables = recv.shape
     others = [p for p in range(peers) if p != me]
     blocks = received.split(recv[others].reshape(-1).tolist())
@@ -362,12 +369,12 @@ def grads_flat(
     """``grads`` of a flat fetch whose rows are a :class:`WireRows` (every table flat, its lookups by
     owner): :func:`grads_wire` to the owners; ``recv[p, t]`` gradients of table t come from rank p.
     Waits to ``grads``' columns (warm, flat, group ids per table; only flat ones hold rows), each a list
-    over peers of views."""
+    over peers of views, or one tensor in peer order where :func:`per_table_views` joins them."""
     recv = np.asarray(recv, dtype=np.int64)
     pending = grads_wire(rows, gradient, recv.sum(axis=1), me, group)
 
     def columns() -> list[torch.Tensor | list[torch.Tensor]]:
-        flat = per_table_views(*pending.wait(), recv, me)
+        flat = per_table_views(*pending.wait(), recv, me, range(recv.shape[0]))
         return [column for views in flat for column in ([], views, [])]
 
     return Pending([pending], columns)

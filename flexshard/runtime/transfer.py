@@ -21,7 +21,7 @@ collective is spent on the scale.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -29,7 +29,8 @@ import torch.distributed as dist
 
 from core.vocabulary import WireDtype
 from flexshard.runtime.awaitable import Pending, all_to_all, ready
-from flexshard.runtime.indexing import block_rows
+from flexshard.runtime.column_joins import join_columns, joins_columns
+from flexshard.runtime.indexing import STAGED_INDEX_OPS, block_rows
 
 TORCH_WIRE_DTYPES = {
     WireDtype.FP32: torch.float32,
@@ -248,6 +249,7 @@ def exchange_gathered_async(
     recv_counts: np.ndarray,
     group=None,
     with_buffer: bool = False,
+    joined_in: Sequence[int] | None = None,
 ) -> Pending[list[list[torch.Tensor]]]:
     """:func:`exchange_columns_async` of float32 rows (an fp32 wire) whose column ``c`` is
     ``sources[c].index_select(0, indices[c])`` (``sources[c]`` itself where ``indices[c]`` is None),
@@ -260,7 +262,11 @@ def exchange_gathered_async(
     source, not a copy, for a column without an index: read it, do not write it) and given back as
     its own view. ``with_buffer``: waits to ``(views, buffer, first)``, the flat float32 buffer every
     view lies in (the peers' blocks in (peer, column) order as received, then this rank's own, gathered
-    there) and ``first[p, c]``, the element of the buffer where block ``(p, c)`` starts."""
+    there) and ``first[p, c]``, the element of the buffer where block ``(p, c)`` starts. ``joined_in`` (a
+    peer order; not with ``with_buffer``): where :func:`~flexshard.runtime.column_joins.joins_columns`
+    finds it fewer ops (a GPU), waits instead to one tensor per column, its peers' blocks in that order
+    (:func:`~flexshard.runtime.column_joins.join_columns`; this rank's own gathered into the buffer's
+    tail first)."""
     peers, n_c = counts.shape
     if not n_c:
         return ready(([], torch.zeros(0), np.zeros((peers, 0), np.int64)) if with_buffer else [])
@@ -271,11 +277,13 @@ def exchange_gathered_async(
     own_size = int(wire_recv[me].sum())
     wire_send[me], wire_recv[me] = 0, 0
     device = sources[0].device
-    send = torch.empty(int(wire_send.sum()), dtype=torch.float32, device=device)
-    received = int(wire_recv.sum())
-    buffer = torch.empty(received + (own_size if with_buffer else 0), dtype=torch.float32, device=device)
     # one dim for every column: both buffers seen once as rows, so that no block needs a view of its own
     one_dim = bool((dims == dims[0]).all())
+    join = joined_in is not None and one_dim and joins_columns(device, recv_counts, me)
+    tail_own = with_buffer or join  # this rank's own blocks gathered into the buffer's tail
+    send = torch.empty(int(wire_send.sum()), dtype=torch.float32, device=device)
+    received = int(wire_recv.sum())
+    buffer = torch.empty(received + (own_size if tail_own else 0), dtype=torch.float32, device=device)
     send_rows = send.view(-1, int(dims[0])) if one_dim else send
     buffer_rows = buffer.view(-1, int(dims[0])) if one_dim else buffer
     start = np.zeros((peers, n_c), dtype=np.int64)  # each column's first row for each peer
@@ -286,8 +294,8 @@ def exchange_gathered_async(
     send_first = np.zeros((peers, n_c), dtype=np.int64)  # where block (p, c) starts in ``send``
     send_first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_send.reshape(-1))[:-1]])
     # one gather per column, then one into wire order, where a GPU issues fewer ops that way
-    if one_dim and staged_gathers(device, counts, me, with_buffer):
-        tail = buffer_rows[received // int(dims[0]) :] if with_buffer else None
+    if one_dim and staged_gathers(device, counts, me, tail_own):
+        tail = buffer_rows[received // int(dims[0]) :] if tail_own else None
         own = _gather_staged(sources, indices, counts, start, me, send_rows, tail, received, first)
     else:
         own_off = received
@@ -301,7 +309,7 @@ def exchange_gathered_async(
                 n, lo = int(counts[p, c]), int(start[p, c])
                 if not n:
                     continue
-                if p == me and not with_buffer:
+                if p == me and not tail_own:
                     own[c] = sources[c][lo : lo + n] if ids is None else sources[c].index_select(0, ids[p])
                     continue
                 at = own_off if p == me else int(send_first[p, c])
@@ -323,6 +331,9 @@ def exchange_gathered_async(
         works = [all_to_all(name, recv, send, per_peer_recv, wire_send.sum(axis=1).tolist(), group)]
 
     def finish() -> list[list[torch.Tensor]]:
+        if join:  # one tensor per column, in two copies
+            head = received // int(dims[0])
+            return join_columns(buffer_rows[:head], buffer_rows[head:], recv_counts, me, joined_in)
         if one_dim:  # blocks of rows, cut from the rows at once
             rows = (wire_recv.reshape(-1) // int(dims[0])).tolist()  # received rows per block, none from me
             got = buffer_rows[: received // int(dims[0])].split(rows)
@@ -335,10 +346,6 @@ def exchange_gathered_async(
         return (views, buffer, first) if with_buffer else views
 
     return Pending(works, finish)
-
-
-# ops of one wire-order index and its gather: block_rows' host copy and three ops, then the gather
-STAGED_INDEX_OPS = 5
 
 
 def staged_gathers(device: torch.device, counts: np.ndarray, me: int, with_buffer: bool) -> bool:
@@ -430,8 +437,8 @@ def copy_blocks(rows: torch.Tensor, index: torch.Tensor, views: list[torch.Tenso
 def add_blocks(total: torch.Tensor, index: torch.Tensor, got: torch.Tensor | list[torch.Tensor]) -> None:
     """``total.index_add_(0, index, joined_blocks(got))`` without joining: one add per peer's block, in peer
     order (each row's terms added in the same order, so the same float sums bit for bit)."""
-    if isinstance(got, torch.Tensor):
-        total.index_add_(0, index, got)
+    if isinstance(got, torch.Tensor):  # one block (e.g. a column's blocks joined): one add
+        total.index_add_(0, index if index.shape[0] == got.shape[0] else index[: got.shape[0]], got)
         return
     _per_block(total.index_add_, index, got)
 
