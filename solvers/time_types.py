@@ -261,17 +261,20 @@ GPU_ROOFLINE_RATES = LocalRates(
 # H100 (16-core Xeon host, torch 2.11.0+cu130) ran a one-rank runtime step at batch 2, where the values
 # cost nothing, in 6.32 and 5.92 ms for 236 aten ops (experiments/local_path_gpu.py --host-batch 2, two
 # runs in one lease, 2026-11-26): 26.8 and 25.1 us per op (Python, dispatch, kernel launches and the
-# step's waits for the card), their mean below. Ops: the runtime's own count (the same on every device),
-# counted again on 2026-11-27 after the ids stage's columns crossed in one gather each way (commit
-# 0537e20): 230 a step on one rank (local_path_gpu.py --host-batch 2 on the CPU; no collectives), and
-# with profile_step.py --ops at batch 2 on the bench's 3 tables 287 and 323 at 4 and 8 ranks on the
-# row-wise plan (4 collectives), 404 and 404 with the group fetch (6); a least-squares fit of ops = step
-# + table_stage x tables x collectives over the five gives 213.6 and 9.67 (residuals -43..+16 ops: the
-# rows' and gradients' stages still grow with the peers, which the fit averages over 4 and 8 ranks).
-# Earlier counts: 236, 321, 381, 454, 502 (2026-11-26, after commit 0697ed2 cut the per-block ops) gave
-# 217.5 and 13.4; 401, 569, 513, 651 before it, 243.3 and 19.2.
+# step's waits for the card), their mean below. Ops: the runtime's own count as a GPU issues them (the
+# same ops on every device but for the GPU-only two-pass gathers and column joins, which the CPU counts
+# were taken with: their device test lifted), counted on 2026-11-27 at 23:10 UTC: 230 a step on one rank
+# (local_path_gpu.py --host-batch 2 on the CPU; no collectives), and with profile_step.py --ops at batch
+# 2 on the bench's 3 tables 287 and 293 at 4 and 8 ranks on the row-wise plan (4 collectives), 404 and
+# 404 with the group fetch (6); a least-squares fit of ops = step + table_stage x tables x collectives
+# over the five gives 207.6 and 9.67 (residuals -37..+22 ops). The counts no longer grow with the peers:
+# row-wise 293 at 16 ranks too, the group fetch 404 at 16 ranks in 2 groups and 443, 439 and 434 at 8
+# ranks in 4 and 8 groups and 16 in 8 (+35..+57 on the fit: its stages issue more ops per table than a
+# flat fetch's, which one slope averages). Earlier fits: 213.6 and 9.67 (230, 287, 323, 404, 404, before
+# the GPU's column joins and two-pass gathers; 395 and 508 at 16 ranks and at 8 groups), 217.5 and 13.4
+# (236, 321, 381, 454, 502, 2026-11-26), 243.3 and 19.2 (401, 569, 513, 651, before commit 0697ed2).
 H100_HOST_S_PER_OP = 25.95e-6  # seconds of host time per aten op of the runtime's step
-RUNTIME_STEP_OPS = 213.6  # aten ops per step outside the per-table work around collectives
+RUNTIME_STEP_OPS = 207.6  # aten ops per step outside the per-table work around collectives
 RUNTIME_TABLE_STAGE_OPS = 9.67  # aten ops per table per collective
 H100_RUNTIME_RATES = replace(
     GPU_ROOFLINE_RATES,
