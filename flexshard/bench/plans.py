@@ -71,11 +71,11 @@ def repriced(
     machine_view: ClusterView,
     rates: LocalRates,
     torchrec_local_s: float | None = None,
-    ranks_per_core: float = 1.0,
+    threads_per_core: float = 1.0,
 ) -> dict[str, StrategyPlan]:
     """``plans`` with their predictions on ``machine_view`` priced again with ``rates`` (and TorchRec's
     with its measured local step ``torchrec_local_s``), e.g. with the rates measured between the
-    rounds; a plan without its :class:`Plan` keeps its prediction. ``ranks_per_core``: as
+    rounds; a plan without its :class:`Plan` keeps its prediction. ``threads_per_core``: as
     :func:`~flexshard.bench.predict.predicted_parts_ms` takes it."""
     out = {}
     for key, sp in plans.items():
@@ -84,7 +84,7 @@ def repriced(
             continue
         local_s = torchrec_local_s if key == TORCHREC else None
         parts = predicted_parts_ms(
-            workload, machine_view, sp.plan, rates=rates, local_s=local_s, ranks_per_core=ranks_per_core
+            workload, machine_view, sp.plan, rates=rates, local_s=local_s, threads_per_core=threads_per_core
         )
         out[key] = replace(sp, predicted_ms=parts["total"], predicted_parts_ms=parts)
     return out
@@ -189,7 +189,7 @@ def make_plans(
     rates: LocalRates | None = None,
     torchrec_local_s: float | None = None,
     gpu_host: str = "fused",
-    ranks_per_core: float = 1.0,
+    threads_per_core: float = 1.0,
 ) -> dict[str, StrategyPlan]:
     """Every strategy's plan for ``plan_view``, priced on ``machine_view`` (the running machine), in
     :data:`RUNTIME_STRATEGIES` order then TorchRec's; FlexShard's planner minimises ``objective`` (``step``
@@ -198,8 +198,8 @@ def make_plans(
     (None: the view's), which the plans for the running machine (``plan_view`` is ``machine_view``) are
     also made with, so that the planner picks by the step the prediction prices; ``torchrec_local_s``:
     TorchRec's own local work per step, measured (:func:`~flexshard.bench.systems.torchrec_local_step_s`),
-    priced in its prediction instead of the runtime's local rates (None: those rates); ``ranks_per_core``:
-    the job's ranks on this host per core (:func:`~flexshard.bench.predict.predicted_parts_ms`)."""
+    priced in its prediction instead of the runtime's local rates (None: those rates); ``threads_per_core``:
+    the job's torch threads on this host per core (:func:`~flexshard.bench.predict.predicted_parts_ms`)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
     here = plan_view is machine_view  # --plan-for probed: priced as the running machine's rates price it
@@ -220,7 +220,7 @@ def make_plans(
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
         local_s = torchrec_local_s if key == TORCHREC else None
         parts = predicted_parts_ms(
-            w, machine_view, planned.plan, rates=rates, local_s=local_s, ranks_per_core=ranks_per_core
+            w, machine_view, planned.plan, rates=rates, local_s=local_s, threads_per_core=threads_per_core
         )
         out[key] = StrategyPlan(
             key,

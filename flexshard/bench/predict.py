@@ -6,10 +6,11 @@ machine's own figures: the collective latencies the quick probe measured (the vi
 ``collective_latency_us``) and the local-work rates measured on a CPU machine
 (:meth:`solvers.time_types.LocalRates.for_view`).
 
-Where the job's ranks outnumber the host's cores (``ranks_per_core`` > 1, gloo on a CPU machine), the
+Where the job's torch threads outnumber the host's cores (``threads_per_core`` > 1: its ranks times
+their threads over the cores, :func:`flexshard.bench.worker.threads_per_core`; gloo on a CPU machine), the
 cores work through every rank's share in turn: the work of a step (bandwidth and local work, priced
 at the ranks' share of the cores) takes about the larger of the ranks' mean and the busiest rank's on
-a core of its own (its priced work over ``ranks_per_core``), not the busiest rank's at its share
+a core of its own (its priced work over ``threads_per_core``), not the busiest rank's at its share
 (:func:`shared_core_factor`). A plan whose owners' shares are even is priced as before.
 """
 
@@ -28,7 +29,7 @@ def predicted_parts_ms(
     latency: LatencyTable | None = None,
     rates: LocalRates | None = None,
     local_s: float | None = None,
-    ranks_per_core: float = 1.0,
+    threads_per_core: float = 1.0,
 ) -> dict[str, float]:
     """The modeled step time of ``plan`` on ``view`` (slowest rank) and its parts, ms: ``total`` =
     ``latency`` + ``bandwidth`` + ``local``. ``latency`` and ``rates``: as
@@ -36,22 +37,23 @@ def predicted_parts_ms(
     step measured as a whole (another implementation's, e.g. TorchRec's, on a one-rank group), in place
     of the modeled local work but for the exchange's buffer copies, which a one-rank group makes none of:
     those are priced as the runtime's own (the ``pack`` piece, :class:`~solvers.time_types.BufferCopies`:
-    each value copied into a send buffer or out of a receive buffer). ``ranks_per_core``: the job's ranks
-    on this host per core (more than 1: :func:`shared_core_factor` scales bandwidth and local work)."""
+    each value copied into a send buffer or out of a receive buffer). ``threads_per_core``: the job's
+    torch threads on this host per core (more than 1: :func:`shared_core_factor` scales bandwidth and
+    local work)."""
     st = step_time(workload, view, plan, latency=latency, rates=rates)
     local = st.local_s if local_s is None else local_s + st.local_by_piece["pack"]
-    f = shared_core_factor(st, ranks_per_core)
+    f = shared_core_factor(st, threads_per_core)
     parts = {"latency": st.latency_s, "bandwidth": f * st.bandwidth_s, "local": f * local}
     return {"total": sum(parts.values()) * 1e3} | {k: v * 1e3 for k, v in parts.items()}
 
 
-def shared_core_factor(st: StepTime, ranks_per_core: float) -> float:
+def shared_core_factor(st: StepTime, threads_per_core: float) -> float:
     """What share of the busiest rank's work (bandwidth and local, priced at its share of the cores) a
-    step takes on a host where ``ranks_per_core`` ranks share each core: ``max(mean, busiest /
-    ranks_per_core) / busiest`` over the ranks' work (:attr:`StepTime.per_rank_total_s` less the
+    step takes on a host where ``threads_per_core`` threads share each core: ``max(mean, busiest /
+    threads_per_core) / busiest`` over the ranks' work (:attr:`StepTime.per_rank_total_s` less the
     latency); 1 with a core per rank, or with even work."""
     work = st.per_rank_total_s - st.latency_s
     busiest = float(work.max()) if work.size else 0.0
-    if ranks_per_core <= 1 or busiest <= 0:
+    if threads_per_core <= 1 or busiest <= 0:
         return 1.0
-    return max(float(work.mean()), busiest / ranks_per_core) / busiest
+    return max(float(work.mean()), busiest / threads_per_core) / busiest

@@ -236,7 +236,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             rates,
             torchrec_local,
             gpu_host=cfg.gpu_host,
-            ranks_per_core=sharing,
+            threads_per_core=sharing,
         )
         shared = [made]
     dist.broadcast_object_list(shared, src=0)

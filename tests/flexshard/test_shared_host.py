@@ -82,7 +82,7 @@ def test_the_prediction_scales_bandwidth_and_local_work_by_the_shared_core_facto
     st = step_time(data.workload, view, uneven, rates=rates)
     f = shared_core_factor(st, 2.0)
     assert 0.5 <= f < 1.0
-    got = predicted_parts_ms(data.workload, view, uneven, rates=rates, ranks_per_core=2.0)
+    got = predicted_parts_ms(data.workload, view, uneven, rates=rates, threads_per_core=2.0)
     assert got["latency"] == pytest.approx(st.latency_s * 1e3, rel=1e-12)
     assert got["bandwidth"] == pytest.approx(f * st.bandwidth_s * 1e3, rel=1e-12)
     assert got["local"] == pytest.approx(f * st.local_s * 1e3, rel=1e-12)
