@@ -279,7 +279,7 @@ def exchange_gathered_async(
     device = sources[0].device
     # one dim for every column: both buffers seen once as rows, so that no block needs a view of its own
     one_dim = bool((dims == dims[0]).all())
-    join = joined_in is not None and one_dim and joins_columns(device, recv_counts, me)
+    join = joined_in is not None and not with_buffer and one_dim and joins_columns(device, recv_counts, me)
     tail_own = with_buffer or join  # this rank's own blocks gathered into the buffer's tail
     send = torch.empty(int(wire_send.sum()), dtype=torch.float32, device=device)
     received = int(wire_recv.sum())

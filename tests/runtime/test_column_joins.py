@@ -182,3 +182,16 @@ def test_rail_sums_joined_add_what_the_views_add_bit_for_bit(own_at):
         assert torch.equal(shard.grads, by_join[key].grads), key
         assert torch.equal(shard.touched, by_join[key].touched), key
     assert by_views[(0, Tier.COLD)].grads.abs().sum() > 0
+
+
+def test_with_the_buffer_the_exchange_never_joins(monkeypatch):
+    monkeypatch.setattr(transfer, "joins_columns", lambda *a: True)
+    counts = np.array([[2, 1]])
+    sources = [torch.randn(3, 4), torch.randn(3, 4)]
+    indices = [torch.tensor([2, 0]), torch.tensor([1])]
+    views, buffer, first = transfer.exchange_gathered_async(
+        "", sources, indices, counts, counts, with_buffer=True, joined_in=[0]
+    ).wait()
+    assert torch.equal(views[0][0], sources[0][[2, 0]]) and torch.equal(views[1][0], sources[1][[1]])
+    joined = transfer.exchange_gathered_async("", sources, indices, counts, counts, joined_in=[0]).wait()
+    assert torch.equal(joined[0], sources[0][[2, 0]]) and torch.equal(joined[1], sources[1][[1]])
