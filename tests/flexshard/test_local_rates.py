@@ -25,6 +25,7 @@ from flexshard.local_rates import (
     pack,
     rates_from_points,
     route,
+    time_in_turn,
     time_pieces,
 )
 from flexshard.runtime.local import run_on_ranks
@@ -61,6 +62,55 @@ def test_every_piece_is_timed_in_its_units():
                 "output": n * 16, "pack": 2 * n * 16}  # fmt: skip
     assert {k: p.units for k, p in points.items()} == expected
     assert all(p.seconds > 0 and p.dim == 16 for p in points.values())
+
+
+def test_runs_are_timed_in_turn_with_one_untimed_turn(monkeypatch):
+    """Each turn runs every run once in order; the first is untimed; turns go on until they took
+    ``min_s`` per run in all (at least 3); a point is a run's mean seconds (a fake clock: a takes 1 s,
+    b 3 s)."""
+    import flexshard.local_rates as lr
+
+    clock, order = [0.0], []
+
+    def run(name, seconds):
+        def fn():
+            order.append(name)
+            clock[0] += seconds
+
+        return fn
+
+    monkeypatch.setattr(lr.time, "perf_counter", lambda: clock[0])
+    runs = [(8, ("gather", 10, run("a", 1.0))), (4, ("dedup", 6, run("b", 3.0)))]
+    points = time_in_turn(runs, min_s=0.0)
+    assert order == ["a", "b"] * 4  # the untimed turn, then 3
+    assert points == [RatePoint("gather", 8, 10, 1.0), RatePoint("dedup", 4, 6, 3.0)]
+    order.clear()
+    time_in_turn(runs, min_s=10.0)  # 2 runs x 10 s: 4 turns take 16 s, 5 take 20
+    assert order == ["a", "b"] * 6
+    assert time_in_turn([], min_s=1.0) == []
+
+
+def test_the_job_times_each_piece_over_every_table_in_turn(monkeypatch):
+    import flexshard.local_rates as lr
+
+    seen = []
+
+    def fake(runs, min_s, sync):
+        seen.append([(piece, dim, units) for dim, (piece, units, _) in runs])
+        return [RatePoint(piece, dim, units, 1.0) for dim, (piece, units, _) in runs]
+
+    monkeypatch.setattr(lr, "time_in_turn", fake)
+    a, b = torch.arange(5) % 3, torch.arange(7) % 4
+    empty = torch.zeros(0, dtype=torch.int64)
+    got = measured_rates([(a, 2, 10), (empty, 8, 10), (b, 4, 10)], BASE, repeats=2)
+    expected = []
+    for piece in PIECES:  # piece-major, as a step runs them; a table without lookups has no runs
+        for ids, dim in ((a, 2), (b, 4)):
+            n, uniq = ids.numel(), int(torch.unique(ids).numel())
+            units = {"dedup": n, "route": n, "update": uniq * dim, "pack": 2 * n * dim}.get(piece, n * dim)
+            expected.append((piece, dim, units))
+    assert seen == [expected, expected]
+    assert got.dedup_s_per_lookup == pytest.approx(2 / 12)  # 1 s per run, 5 + 7 lookups
 
 
 def test_route_and_pack_do_what_the_runtime_does():

@@ -36,13 +36,14 @@ def test_a_rate_is_the_median_over_interleaved_repeats(monkeypatch):
     seconds = iter([1.0, 9.0, 2.0])
     calls = []
 
-    def fake(ids, dim, rows, min_s):
-        calls.append(int(ids.numel()))
-        return [lr.RatePoint("gather", dim, 10, next(seconds))]
+    def fake(runs, min_s, sync):
+        calls.append([(dim, piece, units) for dim, (piece, units, _) in runs])
+        return [lr.RatePoint("gather", 2, 10, next(seconds))]
 
-    monkeypatch.setattr(lr, "time_pieces", fake)
+    monkeypatch.setattr(lr, "time_in_turn", fake)
     got = lr.measured_rates([(torch.arange(5), 2, 10)], BASE, repeats=3)
-    assert calls == [5, 5, 5]
+    assert len(calls) == 3 and calls[0] == calls[1] == calls[2]  # the same runs, built once
+    assert [piece for _, piece, _ in calls[0]] == list(lr.PIECES)
     assert got.gather_s_per_value == pytest.approx(0.2)
     assert got.dedup_s_per_lookup == BASE.dedup_s_per_lookup  # no points: the base's
 
