@@ -68,7 +68,7 @@ from flexshard.runtime.routing import (
     build_compact_routing,
     build_routing,
 )
-from flexshard.runtime.shards import Shard
+from flexshard.runtime.shards import Shard, ShardBank, banked_shards
 
 
 class _Lookup(torch.autograd.Function):
@@ -154,7 +154,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             build(tp, plan_file.groups, (orders or {}).get(name), period or plan_file.owner_pattern_period)
             for tp, name in zip(plan_file.plan.tables, self.table_names, strict=True)
         ]
-        self.shards = self._init_shards(seeded_initializer(init) if isinstance(init, int) else init)
+        initializer = seeded_initializer(init) if isinstance(init, int) else init
+        self.shards, self.banks = self._init_shards(initializer)
         plan = plan_file.plan
         several = self.world_size > 1
         group_fetch = np.array([tp.fetch is FetchMode.GROUP for tp in plan.tables])
@@ -240,9 +241,10 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         if message:
             raise agreed(error(message))
 
-    def _init_shards(self, init: Initializer) -> dict[tuple[int, Tier], Shard]:
-        """This rank's rows of every table and tier, initialised by ``init`` (rows in slot order)."""
-        shards = {}
+    def _init_shards(self, init: Initializer) -> tuple[dict[tuple[int, Tier], Shard], list[ShardBank]]:
+        """This rank's rows of every table and tier, initialised by ``init`` (rows in slot order), and
+        their banks by dim (the optimizer step is one update per bank, :func:`banked_shards`)."""
+        parts = {}
         for t, (name, r) in enumerate(zip(self.table_names, self.routing, strict=True)):
             for tier, owner in ((Tier.HOT, -1), (Tier.WARM, self.pg.position), (Tier.COLD, self.rank)):
                 ids = r.ids_of(tier, owner)
@@ -252,9 +254,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
                         f"table {name!r}: initializer returned shape {tuple(w.shape)} for {ids.size} rows, "
                         f"expected {(ids.size, self.dims[t])}"
                     )
-                w = w.to(device=self.device, dtype=torch.float32).contiguous()
-                shards[(t, tier)] = Shard.of(ids, w, self.row_optimizer)
-        return shards
+                parts[(t, tier)] = (ids, w.to(device=self.device, dtype=torch.float32))
+        return banked_shards(parts, self.row_optimizer)
 
     # --- forward -----------------------------------------------------------------------------------
 
@@ -349,8 +350,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
     # --- replica sync and optimizer step ----------------------------------------------------------
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002
-        for shard in self.shards.values():
-            shard.clear_gradients()
+        for bank in self.banks:
+            bank.clear_gradients()
 
     def _tier_shards(self, tier: Tier) -> list[Shard]:
         return [self.shards[(t, tier)] for t in range(len(self.dims))]
@@ -362,8 +363,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
         self.replica_sync.step(self.traffic)
         self.optimizer_step += 1
         hyper = self.hyper
-        for shard in self.shards.values():
-            shard.apply(self.row_optimizer, hyper, self.optimizer_step)
+        for bank in self.banks:  # every table and tier of a dim at once
+            bank.apply(self.row_optimizer, hyper, self.optimizer_step)
         self.traffic_total += self.traffic
 
     # --- inspection ------------------------------------------------------------------------------

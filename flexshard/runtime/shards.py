@@ -1,8 +1,11 @@
-"""The rows a rank holds: one :class:`Shard` per (table, tier), with its gradients and optimizer state."""
+"""The rows a rank holds: one :class:`Shard` per (table, tier), with its gradients and optimizer state, and
+the :class:`ShardBank` that holds the shards of one dim as row ranges of one tensor per quantity, so that
+the optimizer step is one update over every table and tier (:func:`banked_shards`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -11,7 +14,9 @@ from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.optimizers import OPTIMIZERS, Hyper, RowOptimizer
 from flexshard.runtime.transfer import add_blocks
 
-__all__ = ["OPTIMIZERS", "Shard"]
+__all__ = ["OPTIMIZERS", "Shard", "ShardBank", "banked_shards"]
+
+K = TypeVar("K")  # a shard's key (the runtime's: (table, tier))
 
 
 @dataclass
@@ -62,19 +67,86 @@ class Shard:
     def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
         """``optimizer``'s update of the touched rows (``step``: the module's iteration, from 1), then
         clear their gradients and marks. Vectorised over the touched rows."""
-        if not self.num_rows:
-            return
-        rows = self.touched_rows()
-        if rows.numel():
-            g = self.grads.index_select(0, rows)
-            before = {n: s.index_select(0, rows) for n, s in self.states.items()}
-            w, after = optimizer.update(self.weights.index_select(0, rows), before, g, hyper, step)
-            self.weights.index_copy_(0, rows, w)
-            for n, s in after.items():
-                self.states[n].index_copy_(0, rows, s)
-            self.grads.index_fill_(0, rows, 0.0)  # gradients are non-zero only on touched rows
-        self.touched.zero_()
+        if self.num_rows:
+            update_touched(self, optimizer, hyper, step)
 
     def clear_gradients(self) -> None:
         self.grads.zero_()
         self.touched.zero_()
+
+
+@dataclass
+class ShardBank:
+    """The shards of one dim on one device as row ranges of one tensor per quantity: ``weights``,
+    ``grads``, ``touched`` and each optimizer state hold every banked shard's rows, shard after shard,
+    and each :class:`Shard` is views of its range. :meth:`apply` updates every touched row of every
+    shard at once: the same values bit for bit as each shard's own :meth:`Shard.apply` (a row's update
+    reads only that row's gradient, state and weights), in one set of ops instead of one per shard."""
+
+    weights: torch.Tensor  # float32[rows, dim]: every banked shard's rows
+    states: dict[str, torch.Tensor]
+    grads: torch.Tensor
+    touched: torch.Tensor  # uint8[rows]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.weights.shape[0])
+
+    def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
+        """:meth:`Shard.apply` over every banked row."""
+        if self.num_rows:
+            update_touched(self, optimizer, hyper, step)
+
+    def clear_gradients(self) -> None:
+        self.grads.zero_()
+        self.touched.zero_()
+
+
+def update_touched(rows_of: Shard | ShardBank, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
+    """``optimizer``'s update of the rows ``rows_of`` marks touched, written back in place; their
+    gradients and every mark cleared."""
+    rows = flat_nonzero(rows_of.touched)
+    if rows.numel():
+        g = rows_of.grads.index_select(0, rows)
+        before = {n: s.index_select(0, rows) for n, s in rows_of.states.items()}
+        w, after = optimizer.update(rows_of.weights.index_select(0, rows), before, g, hyper, step)
+        rows_of.weights.index_copy_(0, rows, w)
+        for n, s in after.items():
+            rows_of.states[n].index_copy_(0, rows, s)
+        rows_of.grads.index_fill_(0, rows, 0.0)  # gradients are non-zero only on touched rows
+    rows_of.touched.zero_()
+
+
+def banked_shards(
+    parts: dict[K, tuple[np.ndarray, torch.Tensor]], optimizer: RowOptimizer
+) -> tuple[dict[K, Shard], list[ShardBank]]:
+    """A :class:`Shard` for every ``key: (ids, weights)`` of ``parts`` (weights ``[len(ids), dim]``
+    float32, copied), banked by (dim, device) in the order given, and the banks, with ``optimizer``'s
+    zero state."""
+    by_bank: dict[tuple[int, torch.device], list[K]] = {}
+    for key, (_, w) in parts.items():
+        by_bank.setdefault((int(w.shape[1]), w.device), []).append(key)
+    shards: dict[K, Shard] = {}
+    banks = []
+    for (dim, device), keys in by_bank.items():
+        sizes = [int(parts[k][1].shape[0]) for k in keys]
+        weights = torch.empty(sum(sizes), dim, device=device)
+        bank = ShardBank(
+            weights,
+            optimizer.new_states(weights.shape[0], dim, device),
+            torch.zeros_like(weights),
+            torch.zeros(weights.shape[0], dtype=torch.uint8, device=device),
+        )
+        starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        for key, lo, hi in zip(keys, starts[:-1], starts[1:], strict=True):
+            ids, w = parts[key]
+            weights[lo:hi].copy_(w)
+            shards[key] = Shard(
+                ids,
+                weights[lo:hi],
+                {n: s[lo:hi] for n, s in bank.states.items()},
+                bank.grads[lo:hi],
+                bank.touched[lo:hi],
+            )
+        banks.append(bank)
+    return {k: shards[k] for k in parts}, banks
