@@ -270,18 +270,22 @@ GPU_ROOFLINE_RATES = LocalRates(
 # over the five gives 207.6 and 9.67 (residuals -37..+22 ops). The counts no longer grow with the peers:
 # row-wise 293 at 16 ranks too, the group fetch 404 at 16 ranks in 2 groups and 443, 439 and 434 at 8
 # ranks in 4 and 8 groups and 16 in 8 (+35..+57 on the fit: its stages issue more ops per table than a
-# flat fetch's, which one slope averages). Earlier fits: 213.6 and 9.67 (230, 287, 323, 404, 404, before
+# flat fetch's, which one slope averages). Counted again on 2026-11-28 at 02:35 UTC, after the optimizer
+# step became one update per bank of shards (flexshard.runtime.shards.banked_shards) instead of one per
+# table and tier: 190, 247, 253, 364 and 364, each 40 fewer, a fit of 167.6 and 9.67 (below; the counts
+# at 16 ranks and in 4 and 8 groups above were not taken again). Earlier
+# fits: 207.6 and 9.67 (230, 287, 293, 404, 404), 213.6 and 9.67 (230, 287, 323, 404, 404, before
 # the GPU's column joins and two-pass gathers; 395 and 508 at 16 ranks and at 8 groups), 217.5 and 13.4
 # (236, 321, 381, 454, 502, 2026-11-26), 243.3 and 19.2 (401, 569, 513, 651, before commit 0697ed2).
 H100_HOST_S_PER_OP = 25.95e-6  # seconds of host time per aten op of the runtime's step
-RUNTIME_STEP_OPS = 207.6  # aten ops per step outside the per-table work around collectives
+RUNTIME_STEP_OPS = 167.6  # aten ops per step outside the per-table work around collectives
 RUNTIME_TABLE_STAGE_OPS = 9.67  # aten ops per table per collective
 H100_RUNTIME_RATES = replace(
     GPU_ROOFLINE_RATES,
     step_s=RUNTIME_STEP_OPS * H100_HOST_S_PER_OP,
     table_stage_s=RUNTIME_TABLE_STAGE_OPS * H100_HOST_S_PER_OP,
     source="H100: value work at the HBM roofline (3.35 TB/s, assumed); host work measured (aten ops x "
-    "25.95 us per op, experiments/local_path_gpu.py --host-batch 2, 2026-11-26; ops counted 2026-11-27)",
+    "25.95 us per op, experiments/local_path_gpu.py --host-batch 2, 2026-11-26; ops counted 2026-11-28)",
 )
 
 
