@@ -250,7 +250,11 @@ def main() -> None:
     )
     args.add_argument("--rounds", type=int, help="rounds (default 3; --quick 2)")
     args.add_argument(
-        "--runs", type=int, default=1, help="passes over every configuration, one after the other (default 1)"
+        "--runs",
+        type=int,
+        default=1,
+        help="passes over every configuration, one after the other (default 1); step_time.json gets every "
+        "record of part 1 (tiers, shares, each rank's step) as each run ends",
     )
     args.add_argument(
         "--from",
@@ -278,6 +282,8 @@ def main() -> None:
             started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
             print(f"run {run + 1} of {args.runs}", file=sys.stderr)
             records += step_runs.tagged(measure_run(batches, steps, rounds), run, started, commit)
+            if not args.no_write:  # every finished run kept: a stopped study is read back with --from
+                study.write_markdown(study.RESULTS / "step_time.json", records_json(records))
     if records:
         parts = ["## 1. Measured against modeled (gloo over loopback)\n", measured_table(records), "", *parts]
     text = "\n".join(parts)
@@ -296,8 +302,6 @@ def main() -> None:
             detail = f"part 1 read back from the records of {len(names)} run(s) started {', '.join(names)}"
         head = f"# Step time\n\n{study.generated(cmd, time.time() - start, detail)}\n\n{METHOD}\n\n"
         study.write_markdown(study.RESULTS / "step_time.md", head + text)
-        if records and not args.sources:  # every bench record of part 1 (tiers, shares, each rank's step)
-            study.write_markdown(study.RESULTS / "step_time.json", records_json(records))
 
 
 def records_json(records: list[dict]) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from experiment_module import load_experiment
 
 
@@ -43,3 +46,28 @@ def test_the_error_summary_gives_each_strategys_range_and_count_within_20_percen
 def test_smaller_batches_time_more_steps_up_to_four_times():
     steps_at = load_experiment("step_time").steps_at
     assert [steps_at(b, 4) for b in (64, 256, 512, 1024, 2048)] == [16, 16, 8, 4, 4]
+
+
+def test_a_stopped_study_keeps_the_records_of_its_finished_runs(tmp_path, monkeypatch):
+    """step_time.json is written as each run ends: a study stopped in its second run leaves the first
+    run's records, tagged, for ``--from``."""
+    module = load_experiment("step_time")
+    calls = []
+
+    def measure_run(batches, steps, rounds):
+        calls.append(batches)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stopped during the second run
+        return [{"nproc": 4, "batch": 64, "strategy": "row_wise"}]
+
+    monkeypatch.setattr(module, "measure_run", measure_run)
+    monkeypatch.setattr(module, "modeled", lambda: "")
+    monkeypatch.setattr(module.study, "RESULTS", tmp_path)
+    monkeypatch.setattr(module.study, "commit", lambda: "abc1234")
+    monkeypatch.setattr("sys.argv", ["step_time.py", "--runs", "3", "--batches", "64"])
+    with pytest.raises(KeyboardInterrupt):
+        module.main()
+    assert calls == [(64,), (64,)]
+    got = json.loads((tmp_path / "step_time.json").read_text())
+    assert len(got) == 1 and got[0]["run"] == 0 and got[0]["run_commit"] == "abc1234"
+    assert not (tmp_path / "step_time.md").exists()  # the tables only when every run has ended
