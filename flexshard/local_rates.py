@@ -246,7 +246,7 @@ def measured_rates(
 
     several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     tables = [(dim, piece_runs(ids, dim, rows)) for ids, dim, rows in lookups if ids.numel()]
-    runs = [(dim, runs[i]) for i in range(len(PIECES)) for dim, runs in tables]  # piece-major, as a step
+    runs = [(dim, each[i]) for i in range(len(PIECES)) for dim, each in tables]  # piece-major, as a step
     sync = torch.cuda.synchronize if any(ids.is_cuda for ids, _, _ in lookups) else None
     if several:
         dist.barrier()

@@ -4,7 +4,7 @@ the optimizer step is one update over every table and tier (:func:`banked_shards
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -20,35 +20,65 @@ K = TypeVar("K")  # a shard's key (the runtime's: (table, tier))
 
 
 @dataclass
-class Shard:
-    """The rows of one table in one tier that this rank holds, in slot order.
+class HeldRows:
+    """Rows this rank holds in slot order, with what the optimizer step needs of them.
 
     ``grads`` and ``touched`` collect this step's gradient (summed over every lookup, from every rank)
     until :meth:`apply` uses and clears them. ``states``: the optimizer's state of each row, by name
     (:mod:`flexshard.runtime.optimizers`), each with a leading rows dimension in slot order.
     """
 
-    ids: np.ndarray  # int64[rows]: the row ids, slot order
     weights: torch.Tensor  # float32[rows, dim]
     states: dict[str, torch.Tensor]  # name -> float32[rows] or float32[rows, dim]
     grads: torch.Tensor  # float32[rows, dim]
     touched: torch.Tensor  # uint8[rows]: received gradient this step
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.weights.shape[0])
+
+    def touched_rows(self) -> torch.Tensor:
+        return flat_nonzero(self.touched)
+
+    def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
+        """``optimizer``'s update of the touched rows (``step``: the module's iteration, from 1), written
+        back in place, then clear their gradients and marks. Vectorised over the touched rows."""
+        if not self.num_rows:
+            return
+        rows = self.touched_rows()
+        if rows.numel():
+            g = self.grads.index_select(0, rows)
+            before = {n: s.index_select(0, rows) for n, s in self.states.items()}
+            w, after = optimizer.update(self.weights.index_select(0, rows), before, g, hyper, step)
+            self.weights.index_copy_(0, rows, w)
+            for n, s in after.items():
+                self.states[n].index_copy_(0, rows, s)
+            self.grads.index_fill_(0, rows, 0.0)  # gradients are non-zero only on touched rows
+        self.touched.zero_()
+
+    def clear_gradients(self) -> None:
+        self.grads.zero_()
+        self.touched.zero_()
+
+
+@dataclass
+class Shard(HeldRows):
+    """The rows of one table in one tier that this rank holds, in slot order (``ids``), with their
+    gradients and optimizer state (:class:`HeldRows`)."""
+
+    ids: np.ndarray = field(kw_only=True)  # int64[rows]: the row ids, slot order
 
     @classmethod
     def of(cls, ids: np.ndarray, weights: torch.Tensor, optimizer: RowOptimizer) -> Shard:
         """The rows ``ids`` with ``weights`` and ``optimizer``'s zero state."""
         rows, dim = weights.shape
         return cls(
-            ids,
             weights,
             optimizer.new_states(rows, dim, weights.device),
             torch.zeros_like(weights),
             torch.zeros(rows, dtype=torch.uint8, device=weights.device),
+            ids=ids,
         )
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.weights.shape[0])
 
     @property
     def dim(self) -> int:
@@ -61,60 +91,14 @@ class Shard:
         add_blocks(self.grads, slots, grads)
         self.touched.index_fill_(0, slots, 1)
 
-    def touched_rows(self) -> torch.Tensor:
-        return flat_nonzero(self.touched)
-
-    def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
-        """``optimizer``'s update of the touched rows (``step``: the module's iteration, from 1), then
-        clear their gradients and marks. Vectorised over the touched rows."""
-        if self.num_rows:
-            update_touched(self, optimizer, hyper, step)
-
-    def clear_gradients(self) -> None:
-        self.grads.zero_()
-        self.touched.zero_()
-
 
 @dataclass
-class ShardBank:
+class ShardBank(HeldRows):
     """The shards of one dim on one device as row ranges of one tensor per quantity: ``weights``,
     ``grads``, ``touched`` and each optimizer state hold every banked shard's rows, shard after shard,
     and each :class:`Shard` is views of its range. :meth:`apply` updates every touched row of every
-    shard at once: the same values bit for bit as each shard's own :meth:`Shard.apply` (a row's update
-    reads only that row's gradient, state and weights), in one set of ops instead of one per shard."""
-
-    weights: torch.Tensor  # float32[rows, dim]: every banked shard's rows
-    states: dict[str, torch.Tensor]
-    grads: torch.Tensor
-    touched: torch.Tensor  # uint8[rows]
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.weights.shape[0])
-
-    def apply(self, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
-        """:meth:`Shard.apply` over every banked row."""
-        if self.num_rows:
-            update_touched(self, optimizer, hyper, step)
-
-    def clear_gradients(self) -> None:
-        self.grads.zero_()
-        self.touched.zero_()
-
-
-def update_touched(rows_of: Shard | ShardBank, optimizer: RowOptimizer, hyper: Hyper, step: int) -> None:
-    """``optimizer``'s update of the rows ``rows_of`` marks touched, written back in place; their
-    gradients and every mark cleared."""
-    rows = flat_nonzero(rows_of.touched)
-    if rows.numel():
-        g = rows_of.grads.index_select(0, rows)
-        before = {n: s.index_select(0, rows) for n, s in rows_of.states.items()}
-        w, after = optimizer.update(rows_of.weights.index_select(0, rows), before, g, hyper, step)
-        rows_of.weights.index_copy_(0, rows, w)
-        for n, s in after.items():
-            rows_of.states[n].index_copy_(0, rows, s)
-        rows_of.grads.index_fill_(0, rows, 0.0)  # gradients are non-zero only on touched rows
-    rows_of.touched.zero_()
+    shard at once: the same values bit for bit as each shard's own (a row's update reads only that
+    row's gradient, state and weights), in one set of ops instead of one per shard."""
 
 
 def banked_shards(
@@ -142,11 +126,11 @@ def banked_shards(
             ids, w = parts[key]
             weights[lo:hi].copy_(w)
             shards[key] = Shard(
-                ids,
                 weights[lo:hi],
                 {n: s[lo:hi] for n, s in bank.states.items()},
                 bank.grads[lo:hi],
                 bank.touched[lo:hi],
+                ids=ids,
             )
         banks.append(bank)
     return {k: shards[k] for k in parts}, banks
