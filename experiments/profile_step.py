@@ -144,7 +144,26 @@ def _time_protocol(clock: dict) -> None:
     what this rank spent, not the time slices other ranks took from it on shared cores, nor a blocked
     wait); ``local_lookups`` as ``proto.lookups``. Each is also a ``record_function`` range, so the
     profile's ops can be counted per phase."""
-    from flexshard.runtime import awaitable, exchange_protocol
+    from flexshard.runtime import awaitable, exchange_protocol, headed_ids
+
+    def _in_phase(name, out, attr):
+        whole = getattr(out, attr)
+
+        def waited():
+            if _PHASE and _PHASE[-1] == name:  # called inside the phase's own wait: clocked there
+                return whole()
+            t1 = time.thread_time()  # a blocked wait takes no CPU of this thread
+            _PHASE.append(name)
+            try:
+                with torch.autograd.profiler.record_function(f"proto.{name}"):
+                    value = whole()
+            finally:
+                _PHASE.pop()
+            clock[f"proto.{name}"] += time.thread_time() - t1
+            vars(out).pop(attr, None)  # this closure holds out's own method: no cycle left
+            return value
+
+        return waited
 
     def timed(name, fn):
         def call(*a, **k):
@@ -156,28 +175,18 @@ def _time_protocol(clock: dict) -> None:
             finally:
                 _PHASE.pop()
             clock[f"proto.{name}"] += time.thread_time() - t0
-            if isinstance(out, awaitable.Pending):
-                whole = out.wait  # the inner stages' finish runs in the works' wait: it is the phase's work
-
-                def wait_in_phase():
-                    t1 = time.thread_time()  # a blocked wait takes no CPU of this thread
-                    _PHASE.append(name)
-                    try:
-                        with torch.autograd.profiler.record_function(f"proto.{name}"):
-                            value = whole()
-                    finally:
-                        _PHASE.pop()
-                    clock[f"proto.{name}"] += time.thread_time() - t1
-                    vars(out).pop("wait", None)  # this closure holds out's own wait: no cycle left
-                    return value
-
-                out.wait = wait_in_phase
+            # the inner stages' finish runs in the works' wait (and ids' headers in its advance): the
+            # phase's work
+            waits = ("advance", "wait") if isinstance(out, headed_ids.HeadedIds) else ("wait",)
+            if isinstance(out, (awaitable.Pending, headed_ids.HeadedIds)):
+                for attr in waits:
+                    setattr(out, attr, _in_phase(name, out, attr))
             return out
 
         return call
 
     cls = exchange_protocol.ExchangeProtocol
-    for name in ("route", "meta", "ids", "compute", "rows", "scatter", "grads", "rail_grads"):
+    for name in ("route", "input_ids", "compute", "rows", "scatter", "grads", "rail_grads"):
         setattr(cls, name, timed(name, getattr(cls, name)))
     from flexshard.runtime import sharded
 

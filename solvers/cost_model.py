@@ -290,10 +290,10 @@ def exchanges(plan: Plan) -> Exchanges:
 
 
 def split_bytes(view: ClusterView, num_tables: int, uses: Exchanges) -> np.ndarray:
-    """Per-rank bytes [N, 2 links] (each direction) of the split sizes sent before each exchange
-    (:func:`solvers.wire.split_bytes`, every table in every column of the one ``meta`` message): warm to
-    the peers of the group, flat cold to every peer, group cold ids to the peers of the group and its
-    slots to the ranks of the other groups."""
+    """Per-rank bytes [N, 2 links] (each direction) of the split sizes of every exchange
+    (:func:`solvers.wire.split_bytes`, every table in every column, in the headers of the ``ids``
+    all-to-all): warm to the peers of the group, flat cold to every peer, group cold ids to the peers of
+    the group and its slots to the ranks of the other groups."""
     peers = view.layout.peers_by_link().astype(np.float64)  # [N, 2]: in the group, outside it
     out = np.zeros((view.num_ranks, 2))
     if uses.warm:

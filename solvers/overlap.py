@@ -1,7 +1,7 @@
 """The pipelined step in the tier program's linear form (``OptimizerConfig.overlap``).
 
 :func:`solvers.time_model.step_time` with ``overlap`` prices the pipelined step: the next batch's input
-distribution (the ``meta`` and ``ids`` stages' latency, the ids bytes, dedup and routing) runs beside the
+distribution (the ``ids`` stage's latency, the ids bytes, dedup and routing) runs beside the
 replica sync (the sync stages' latency, the sync bytes, the synced rows' work), so the step pays
 
     step = other + max(input, sync)

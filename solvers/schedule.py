@@ -7,11 +7,12 @@ position of every group). The lookup exchange carries every table and every tier
 so the number of stages depends on which exchanges a plan uses, never on how many tables it has:
 
 forward
-    ``meta`` (world all-to-all): every rank's input check code and the split sizes of every later
-    lookup stage; ``ids`` (world all-to-all): warm and flat cold slots to their owners, group-fetch ids
-    to the rail peer and their slots to the owner; ``rows`` (all-to-all): warm and flat rows back to the
-    requesters and, for the group fetch, each distinct row once per group to that group's rail peer;
-    ``scatter`` (group all-to-all, group fetch only): the rail peer hands the rows to its group.
+    ``ids`` (world all-to-all): warm and flat cold slots to their owners, group-fetch ids to the rail
+    peer and their slots to the owner, each peer's block headed by the sender's input check code and
+    the split sizes of every later lookup stage (with nothing remote, the headers alone); ``rows``
+    (all-to-all): warm and flat rows back to the requesters and, for the group fetch, each distinct row
+    once per group to that group's rail peer; ``scatter`` (group all-to-all, group fetch only): the rail
+    peer hands the rows to its group.
 backward
     ``grads`` (all-to-all): warm and flat gradients to the owners, group-fetch gradients to the rail
     peer; ``rail_grads`` (rail all-to-all, group fetch only): the rail peer's per-row sums to the owners.
@@ -138,10 +139,10 @@ def shape_schedule(shape: StepShape, view: ClusterView) -> tuple[Stage, ...]:
     g, big_g = int(view.group_sizes.max()), view.num_groups
     a2a, ar = CollectiveKind.ALL_TO_ALL, CollectiveKind.ALL_REDUCE
     fwd, bwd, sync = Phase.FORWARD, Phase.BACKWARD, Phase.SYNC
-    stages = [Stage("meta", fwd, a2a, Scope.WORLD)]  # the input check travels even with nothing remote
+    stages = [Stage("ids", fwd, a2a, Scope.WORLD)]  # the input check travels even with nothing remote
     if shape.remote:
         rows, grads = shape_scopes(shape, view)
-        stages += [Stage("ids", fwd, a2a, Scope.WORLD), Stage("rows", fwd, a2a, rows)]
+        stages.append(Stage("rows", fwd, a2a, rows))
         if shape.group_fetch and g > 1:
             stages.append(Stage("scatter", fwd, a2a, Scope.GROUP))
         stages.append(Stage("grads", bwd, a2a, grads))

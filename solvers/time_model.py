@@ -7,7 +7,7 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   latency from a :class:`~solvers.time_types.LatencyTable` (kind, scope, participants). Every rank issues
   every stage, so latency is the same on every rank.
 * ``bandwidth_s``: bytes over bandwidth from the cost model's :class:`core.traffic.Traffic`, component by
-  component (ids, forward, backward, sync; the stages ``meta``+``ids``, ``rows``+``scatter``,
+  component (ids, forward, backward, sync; the stage ``ids``, ``rows``+``scatter``,
   ``grads``+``rail_grads``, the sync stages): ``sum over components and link classes of max(send, recv)
   / bandwidth``. A component travels in its own collectives, each a synchronisation point, so a rank's
   sends of one component do not overlap its receives of another.
@@ -34,7 +34,7 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
   pays.
 * ``total_s = latency_s + bandwidth_s + local_s``. With ``overlap`` (the pipelined step, off until the
-  runtime pipelines), the next batch's input distribution (``meta`` and ``ids``: latency, bytes, dedup
+  runtime pipelines), the next batch's input distribution (``ids``: latency, bytes, dedup
   and routing) runs beside the replica sync (sync stages, bytes and synced-row work), and the step pays
   ``max(input, sync)`` for the two instead of their sum.
 """
@@ -53,7 +53,7 @@ from topology.views import ClusterView
 
 __all__ = ["LatencyTable", "LocalRates", "StepTime", "local_work", "stage_latency_s", "step_time"]
 PIECES = ("dedup", "route", "gather", "scatter_add", "update", "calls", "pack", "output", "host")
-INPUT_STAGES = ("meta", "ids")
+INPUT_STAGES = ("ids",)
 
 
 def local_work(

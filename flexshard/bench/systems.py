@@ -54,8 +54,10 @@ class RuntimeSystem:
         self.model.step()
 
     def own_bytes_sent(self) -> np.ndarray:
-        """The runtime's own count of the last step's bytes sent, per link class (B)."""
-        return self.model.traffic.bytes[:, :, Direction.SEND].sum(axis=1).copy()
+        """The runtime's own count of the last step's bytes sent, per link class (B): what its byte
+        counts price, and what they leave out (``ids``' error codes, shared words and padding)."""
+        priced = self.model.traffic.bytes[:, :, Direction.SEND].sum(axis=1)
+        return priced + self.model.protocol.unpriced_bytes_sent()
 
 
 class TorchRecRowWise:

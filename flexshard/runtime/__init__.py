@@ -3,7 +3,8 @@
 * ``sharded``: :class:`ShardedSequenceEmbedding`, the module;
 * ``features``: input checks, KeyedJaggedTensor input, jagged-to-padded views;
 * ``lookups``: the local part of a lookup (dedup, routing, hot rows);
-* ``exchange_protocol``: the lookup exchange's phases (input_dist: meta, ids; compute; output_dist:
+* ``exchange_protocol``: the lookup exchange's phases (input_dist: ids, its blocks headed by the
+  error codes and split sizes (``headed_ids``); compute; output_dist:
   rows, scatter; backward: grads, rail_grads), every table, tier and fetch mode in the same
   collectives; ``exchange_bytes``: their bytes; ``transfer``: all-to-alls of per-table columns and the
   wire dtype; ``awaitable``: the stages' awaitable results; ``collective_count``: counting a step's

@@ -1,7 +1,7 @@
 """Awaitable collectives: a stage of the exchange protocol is issued with ``async_op=True`` and returns a
 :class:`Pending`, whose :meth:`Pending.wait` waits for the work and finishes the stage locally (splits,
 casts, scatters). A caller may overlap other work between issuing a stage and waiting for it; the plain
-forward waits at once. A pipelined step issues its next batch's ``meta`` and ``ids`` on a second process
+forward waits at once. A pipelined step issues its next batch's ``ids`` on a second process
 group of every rank (their ``group`` argument), so they never interleave with the current step's stages
 on the default group."""
 

@@ -3,8 +3,9 @@ from the realised counts with :mod:`solvers.wire`'s formulas (what :mod:`solvers
 
 * ids (``INDEX_BYTES`` each): every entry of every id column sent to another rank (warm and flat slots,
   group-fetch ids to the rail peer, group-fetch slots to owners in other groups), and the split sizes
-  in ``meta`` (:func:`solvers.wire.split_bytes`: one int64 per table per column a peer is reached by;
-  the error words are not counted);
+  in the blocks' headers (:func:`solvers.wire.split_bytes`: one int64 per table per column a peer is
+  reached by; the error code, the capacity words and the padding past the ids
+  (:mod:`~flexshard.runtime.headed_ids`) are not counted);
 * embeddings forward and gradients backward (``vector_bytes`` each): warm and flat lookups between
   requester and owner, group-fetch ids between requester and rail peer (``scatter`` / ``grads``), and
   each distinct row once per group between the owner and the rail peer (``rows`` / ``rail_grads``).
@@ -62,6 +63,11 @@ class ProtocolBytes:
             traffic.add(link, Component.IDS, float(ids_send[i]) + split, float(ids_recv[i]) + split)
             traffic.add(link, Component.FORWARD, float(served_b[i]), float(asked_b[i]))
             self._backward.add(link, Component.BACKWARD, float(asked_b[i]), float(served_b[i]))
+
+    def per_link(self, per_peer_bytes: np.ndarray) -> np.ndarray:
+        """float64[link classes]: ``per_peer_bytes`` (to each rank) summed over the other ranks of each
+        link class."""
+        return self._peers @ np.asarray(per_peer_bytes, dtype=np.float64)
 
     def backward(self, traffic: Traffic) -> None:
         """Add the kept backward bytes of the batch to ``traffic``."""

@@ -9,10 +9,11 @@ contract. Each collective phase is one stage of :func:`solvers.schedule.step_sch
     sorted by destination, in four id columns: warm slots to their owner in the group, flat cold slots to
     their owner, group-fetch keys to the *rail peer* (the rank of this group at the owner's position)
     and, for owners in other groups, the same lookups' slots straight to the owner.
-    :meth:`~ExchangeProtocol.meta` (``meta``, world all-to-all, int64): every rank's input error code
-    (to every rank) and the split sizes of every column to the peers it reaches (warm and group ids: the
-    group; flat: everyone; group slots: the other groups). :meth:`~ExchangeProtocol.ids` (``ids``, world
-    all-to-all): the columns.
+    :meth:`~ExchangeProtocol.input_ids` (``ids``, world all-to-all, int64;
+    :mod:`~flexshard.runtime.headed_ids`): the columns, each peer's block headed by the sender's input
+    error code (to every rank) and the split sizes of every column to the peers it reaches (warm and
+    group ids: the group; flat: everyone; group slots: the other groups), padded to a capacity every
+    rank agrees from earlier headers (``ids_overflow``, a second all-to-all, only in a batch past it).
 ``compute`` (local)
     :meth:`~ExchangeProtocol.compute` (:mod:`~flexshard.runtime.group_dedup`): owners list the warm and
     flat slots asked of them. For the group fetch the owner deduplicates the slots it received per
@@ -50,12 +51,13 @@ import numpy as np
 import torch
 
 from core.traffic import Traffic
-from core.vocabulary import Tier, WireDtype
+from core.vocabulary import INDEX_BYTES, Tier, WireDtype
 from flexshard.runtime.awaitable import Pending
 from flexshard.runtime.exchange_bytes import ProtocolBytes
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, ROW_COLUMNS, ROW_KINDS, WARM, Asked, GroupDedup
 from flexshard.runtime.groups import ProcessGroups
+from flexshard.runtime.headed_ids import HeadedIds, IdStage
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.placing import (
     add_owned_gradients,
@@ -84,7 +86,6 @@ from flexshard.runtime.relay import (
 from flexshard.runtime.route import KINDS, Routed, Router
 from flexshard.runtime.shards import Shard
 from flexshard.runtime.transfer import (
-    exchange_columns_async,
     exchange_gathered_async,
     exchange_vectors,
     rows_at,
@@ -126,7 +127,7 @@ class ExchangeProtocol:
         # the order in which a by-rail table's lookups arrive sorted (Router.owner_key) and its inverse
         self.owner_key, self.key_owner = self.router.owner_key, self.router.key_owner
         warm, flat, group = uses
-        # active[p, k]: column k reaches rank p (its split sizes travel in ``meta``)
+        # active[p, k]: column k reaches rank p (its split sizes travel in the headers of ``ids``)
         self.active = np.zeros((self.world, KINDS), dtype=bool)
         self.active[:, WARM] = same & warm
         self.active[:, FLAT] = flat
@@ -152,7 +153,8 @@ class ExchangeProtocol:
         # (ranks in group order, process group) of ``rows`` and of ``grads``
         self.rows_scope, self.grads_scope = (members[s] for s in scopes)
         self.bytes = ProtocolBytes(layout, me, self.dims, wire_dtype, self.active)
-        self._meta_masks: dict[int, np.ndarray] = {}  # tables -> _meta_mask
+        # ``ids``' headers: to every peer the error code and the split sizes of the columns that reach it
+        self.id_stage = IdStage(self._header_mask(len(self.dims)), same, device)
         # one dim and an fp32 wire: rows gathered into the send buffer, the relay from its receive buffer
         self.one_dim_fp32 = wire_dtype is WireDtype.FP32 and np.unique(self.dims).size == 1
         # ``grads`` on the group: a requester's gradients in wire order can be sent as they lie
@@ -166,52 +168,34 @@ class ExchangeProtocol:
         <flexshard.runtime.route.Router.route>`). No collective."""
         return self.router.route(lookups)
 
-    def empty_counts(self, num_tables: int) -> np.ndarray:
-        """The split sizes of a rank whose batch failed its checks (it asks for nothing)."""
-        return np.zeros((self.world, num_tables, KINDS), np.int64)
+    def input_ids(self, err: torch.Tensor, routed: Routed | None, group=None) -> HeadedIds:
+        """``ids``: every rank's error code ``err``, the split sizes of the active columns and the id
+        columns of ``routed`` (None: this rank's batch failed its checks and asks for nothing), on
+        ``group`` (a process group of every rank in rank order; None: the default group), in one
+        all-to-all (:mod:`~flexshard.runtime.headed_ids`; a second one only when some block is past the
+        agreed capacity). :meth:`HeadedIds.wait <flexshard.runtime.headed_ids.HeadedIds.wait>` gives the
+        received counts ``[peer, table * KINDS + kind]``, every rank's code and the columns."""
+        n_t = len(self.dims)
+        if routed is None:
+            counts, columns = np.zeros((self.world, n_t * KINDS), np.int64), None
+        else:
+            counts = routed.counts.reshape(self.world, -1)
+            columns = [routed.send[t][k] for t in range(n_t) for k in range(KINDS)]
+        return self.id_stage.issue(err, counts, columns, group)
 
-    def meta(
-        self, err: torch.Tensor, counts: np.ndarray, group=None
-    ) -> Pending[tuple[np.ndarray, list[np.ndarray]]]:
-        """``meta``: every rank's error code and the split sizes of the active columns, on ``group`` (a
-        process group of every rank in rank order; None: the default group). Waits to the received
-        counts ``[p, t, k]`` and every rank's error code (int64[ERROR_WORDS] each)."""
-        world, n_t, _ = counts.shape
-        mask = self._meta_mask(n_t)  # [p, word]: the words this rank sends p (and p sends it)
-        full = np.empty(mask.shape, dtype=np.int64)
-        full[:, :ERROR_WORDS] = err.cpu().numpy().reshape(-1)
-        full[:, ERROR_WORDS:] = counts.reshape(world, -1)
-        sizes = mask.sum(axis=1)[:, None]
-        sent = torch.from_numpy(full[mask]).to(self.device)
-        pending = exchange_columns_async("meta", [sent], sizes, sizes, np.ones(1), group)
+    def unpriced_bytes_sent(self) -> np.ndarray:
+        """float64[link classes]: bytes the last batch's ``ids`` sent the other ranks that the byte
+        counts (:mod:`~flexshard.runtime.exchange_bytes`) leave out: the error codes, the words every
+        peer gets and the padding (:mod:`~flexshard.runtime.headed_ids`)."""
+        return self.bytes.per_link(self.id_stage.unpriced_words * INDEX_BYTES)
 
-        def finish() -> tuple[np.ndarray, list[np.ndarray]]:
-            got = np.zeros(mask.shape, dtype=np.int64)
-            got[mask] = pending.wait()[0][0].cpu().numpy()
-            return got[:, ERROR_WORDS:].reshape(counts.shape), list(got[:, :ERROR_WORDS])
-
-        return Pending([pending], finish)
-
-    def _meta_mask(self, n_t: int) -> np.ndarray:
-        """bool[world, ERROR_WORDS + n_t * KINDS]: per peer the words of ``meta`` sent to it (the error
-        code, then the split sizes ``[t, k]`` of the columns that reach it), made once."""
-        cache = self._meta_masks
-        if n_t not in cache:
-            columns = np.broadcast_to(self.active[:, None, :], (self.world, n_t, KINDS))
-            cache[n_t] = np.concatenate(
-                [np.ones((self.world, ERROR_WORDS), dtype=bool), columns.reshape(self.world, -1)], axis=1
-            )
-        return cache[n_t]
-
-    def ids(self, routed: Routed, recv_counts: np.ndarray, group=None) -> Pending[list[list[torch.Tensor]]]:
-        """``ids``: every id column to its destination, on ``group`` (as :meth:`meta`). Waits to the
-        received columns per table and kind (peer order)."""
-        n_t = len(routed.send)
-        columns = [routed.send[t][k] for t in range(n_t) for k in range(KINDS)]
-        c, rc = routed.counts.reshape(self.world, -1), recv_counts.reshape(self.world, -1)
-        pending = exchange_columns_async("ids", columns, c, rc, np.ones(c.shape[1], np.int64), group)
-        return Pending(
-            [pending], lambda: [pending.wait()[0][t * KINDS : (t + 1) * KINDS] for t in range(n_t)]
+    def _header_mask(self, n_t: int) -> np.ndarray:
+        """bool[world, ERROR_WORDS + n_t * KINDS]: per peer the header words of ``ids`` sent to it (the
+        error code, then the split sizes ``[t, k]`` of the columns that reach it; the same words come
+        back from it)."""
+        columns = np.broadcast_to(self.active[:, None, :], (self.world, n_t, KINDS))
+        return np.concatenate(
+            [np.ones((self.world, ERROR_WORDS), dtype=bool), columns.reshape(self.world, -1)], axis=1
         )
 
     # --- compute ---------------------------------------------------------------------------------------

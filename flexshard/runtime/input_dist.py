@@ -1,12 +1,14 @@
 """A batch's ``input_dist`` in flight, for a step that overlaps it with other work (TorchRec's
 ``TrainPipelineSparseDist``): :meth:`ShardedSequenceEmbedding.input_dist
 <flexshard.runtime.sharded.ShardedSequenceEmbedding.input_dist>` checks the input, routes it locally and
-issues ``meta``; :meth:`PendingInput.advance` waits for ``meta`` and issues ``ids``; :meth:`PendingInput.wait`
-waits for ``ids`` and gives the :class:`Prepared` batch that ``forward`` takes. None of this reads a row
-that training changes: ``forward`` reads the hot rows again, and every remote row in its own stages.
+issues ``ids`` (the id columns, each block headed by the sender's error code and split sizes:
+:mod:`~flexshard.runtime.headed_ids`); :meth:`PendingInput.advance` waits for it and reads the headers
+(issuing ``ids_overflow`` in the rare batch that needs it); :meth:`PendingInput.wait` gives the
+:class:`Prepared` batch that ``forward`` takes. None of this reads a row that training changes:
+``forward`` reads the hot rows again, and every remote row in its own stages.
 
-A batch that fails its checks is one error on every rank: its code travels in ``meta``, no rank issues
-its ``ids``, and :meth:`PendingInput.wait` raises the same :class:`~core.errors.BatchError` everywhere.
+A batch that fails its checks is one error on every rank: its code travels in the headers, and
+:meth:`PendingInput.wait` raises the same :class:`~core.errors.BatchError` everywhere.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import numpy as np
 import torch
 
 from flexshard.runtime.awaitable import Pending
-from flexshard.runtime.exchange_protocol import ExchangeProtocol
 from flexshard.runtime.features import raise_input_error
+from flexshard.runtime.headed_ids import HeadedIds
 from flexshard.runtime.route import Routed
 
 
@@ -33,42 +35,34 @@ class Prepared:
 
 
 class PendingInput(Pending[Prepared]):
-    """``input_dist`` of one batch with ``meta`` issued (see the module docstring). ``group``: the
-    process group its stages go on (None: the default group); ``tables``: the table names and row counts
-    (for the error message). :meth:`wait` gives the :class:`Prepared` batch, or raises the batch's
-    input error (every rank the same) on every call."""
+    """``input_dist`` of one batch with ``ids`` issued (see the module docstring). ``tables``: the table
+    names and row counts (for the error message). :meth:`wait` gives the :class:`Prepared` batch, or
+    raises the batch's input error (every rank the same) on every call."""
 
     def __init__(
         self,
-        protocol: ExchangeProtocol,
         routed: Routed | None,
-        meta: Pending,
-        group,
+        ids: HeadedIds,
+        num_tables: int,
         remote: bool,
         tables: tuple[list[str], list[int]],
     ) -> None:
         super().__init__([], self._finish)
-        self._protocol, self._routed, self._meta, self._group = protocol, routed, meta, group
+        self._routed, self._ids, self._num_tables = routed, ids, num_tables
         self._remote, self._tables = remote, tables
-        self._ids: Pending | None = None
-        self._recv_counts: np.ndarray | None = None
-        self._codes: list[np.ndarray] | None = None
 
     def advance(self) -> None:
-        """Wait for ``meta`` and issue ``ids`` (once; nothing on a batch that failed on any rank)."""
-        if self._codes is not None:
-            return
-        self._recv_counts, self._codes = self._meta.wait()
-        if self._failed() or not self._remote:
-            return
-        self._ids = self._protocol.ids(self._routed, self._recv_counts, self._group)
-
-    def _failed(self) -> bool:
-        return any(int(code[0]) for code in self._codes or [])
+        """Wait for ``ids`` and read its headers (issuing ``ids_overflow`` where needed; once)."""
+        self._ids.advance()
 
     def _finish(self) -> Prepared:
-        self.advance()
-        if self._failed():
-            raise_input_error(self._codes, *self._tables)
-        received = self._ids.wait() if self._ids is not None else None
-        return Prepared(self._routed, self._recv_counts, received)
+        got = self._ids.wait()
+        if got.failed:
+            raise_input_error(got.codes, *self._tables)
+        n_t, world = self._num_tables, got.recv_counts.shape[0]
+        recv_counts = got.recv_counts.reshape(world, n_t, -1)
+        received = None
+        if self._remote:
+            kinds = recv_counts.shape[2]
+            received = [got.columns[t * kinds : (t + 1) * kinds] for t in range(n_t)]
+        return Prepared(self._routed, recv_counts, received)

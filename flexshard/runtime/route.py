@@ -1,6 +1,7 @@
 """``input_dist``'s local part (:class:`Router`): every remote lookup of a batch in its id column, sorted by
 destination rank, and what that gives (:class:`Routed`). No collective; the exchange protocol
-(:mod:`~flexshard.runtime.exchange_protocol`) sends the columns in ``meta`` and ``ids``.
+(:mod:`~flexshard.runtime.exchange_protocol`) sends the columns and their split sizes in ``ids``
+(:mod:`~flexshard.runtime.headed_ids`).
 
 A table's four id columns: ``WARM`` (warm slots to their owner in this rank's group), ``FLAT`` (flat cold
 slots to their owner), ``GIDS`` (group-fetch keys, :meth:`~flexshard.runtime.group_dedup.GroupDedup.key`,

@@ -4,11 +4,11 @@ Every rank holds all hot rows of every table, its share of its group's warm rows
 cluster's cold rows (plus their optimizer state, placed like the rows; :mod:`~flexshard.runtime.shards`).
 A forward pass checks its input (:mod:`~flexshard.runtime.features`), reads hot rows locally
 (:mod:`~flexshard.runtime.lookups`) and runs the exchange protocol
-(:mod:`~flexshard.runtime.exchange_protocol`): ``meta`` (error codes and every split size), ``ids``,
-the owners' and rail peers' local dedup and gathers, ``rows`` and, for cold rows fetched once per
-group, ``scatter``; every table and tier in the same collectives. Backward (through a
-``torch.autograd.Function``) runs ``grads`` and ``rail_grads``, summing per row at the rail peer and
-the owner. :meth:`ShardedSequenceEmbedding.step` then runs the ``sync`` phase
+(:mod:`~flexshard.runtime.exchange_protocol`): ``ids`` (every id, each peer's block headed by the
+sender's error code and split sizes), the owners' and rail peers' local dedup and gathers, ``rows``
+and, for cold rows fetched once per group, ``scatter``; every table and tier in the same collectives.
+Backward (through a ``torch.autograd.Function``) runs ``grads`` and ``rail_grads``, summing per row at
+the rail peer and the owner. :meth:`ShardedSequenceEmbedding.step` then runs the ``sync`` phase
 (:mod:`~flexshard.runtime.replicas`: one touched-mask all-reduce, the hot and warm gradients bucketed per
 level) and applies row-wise SGD or row-wise Adagrad to the rows that received gradient. The stages are
 exactly :func:`solvers.schedule.step_schedule` of the plan (tests/runtime/test_collective_count.py).
@@ -272,8 +272,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
 
     def input_dist(self, features, group=None) -> PendingInput:
         """The weight-free part of :meth:`forward` for ``features``: the input check, dedup and local
-        routing, then ``meta`` issued on ``group`` (a process group of every rank in rank order; None:
-        the default group); ``ids`` follows on :meth:`PendingInput.advance` or ``wait``. Collective:
+        routing, then ``ids`` issued on ``group`` (a process group of every rank in rank order; None:
+        the default group), its headers read on :meth:`PendingInput.advance` or ``wait``. Collective:
         every rank calls it, on the same group, in the same order as its other stages there."""
         if not isinstance(features, dict):
             features = features_from_kjt(features)
@@ -284,9 +284,8 @@ class ShardedSequenceEmbedding(torch.nn.Module):
             hot = self._tier_shards(Tier.HOT)
             lookups = local_lookups(parsed, self.routing, self.dedup, hot, self.device, self._unique_order)
             routed = self.protocol.route(lookups)
-        counts = routed.counts if routed is not None else self.protocol.empty_counts(len(self.dims))
-        meta = self.protocol.meta(err, counts, group)  # every rank's error code, too
-        return PendingInput(self.protocol, routed, meta, group, self.remote, (self.table_names, num_rows))
+        ids = self.protocol.input_ids(err, routed if self.remote else None, group)  # every rank's code, too
+        return PendingInput(routed, ids, len(self.dims), self.remote, (self.table_names, num_rows))
 
     def _read_hot(self, lookups: list[TableLookup]) -> None:
         """The hot rows of ``lookups`` read from the local replica (as they are now)."""

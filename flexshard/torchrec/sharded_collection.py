@@ -4,9 +4,10 @@ contract on the runtime's :class:`~flexshard.runtime.ShardedSequenceEmbedding` a
 =================  ====================================================================================
 TorchRec stage     FlexShard stages (:mod:`flexshard.runtime.exchange_protocol`)
 =================  ====================================================================================
-``input_dist``     input checks, dedup, routing, hot rows; ``meta`` issued. First wait: ``meta`` waited,
-                   ``ids`` issued; second wait: ``ids`` waited (a ``KJTList`` of one
-                   :class:`FlexShardInput`, the form TorchRec's train pipelines carry)
+``input_dist``     input checks, dedup, routing, hot rows; ``ids`` issued. First wait: its headers read
+                   (``ids_overflow`` issued in a batch that needs it); second wait: the ids (a
+                   ``KJTList`` of one :class:`FlexShardInput`, the form TorchRec's train pipelines
+                   carry)
 ``compute``        the hot rows read again (an update may have run since ``input_dist``), the owners' and
                    rail peers' gathers and dedup (local)
 ``output_dist``    ``rows`` issued; on wait ``scatter`` (group fetch) and ``Dict[str, JaggedTensor]``
@@ -112,7 +113,7 @@ class _Meta(Awaitable[Awaitable[FlexShardInput]]):
         self._pending = pending
 
     def _wait_impl(self) -> Awaitable[FlexShardInput]:
-        self._pending.advance()  # meta waited, ids issued
+        self._pending.advance()  # ids' headers read (the overflow issued where needed)
         return _Ids(self._pending)
 
 
@@ -198,7 +199,7 @@ class FlexShardEmbeddingCollection(
         return FlexShardContext()
 
     def input_dist(self, ctx: FlexShardContext, features: KeyedJaggedTensor) -> Awaitable[Awaitable[KJTList]]:
-        """Checks, dedup, routing and ``meta`` now; ``ids`` on the first wait (collective)."""
+        """Checks, dedup, routing and ``ids`` now; its headers read on the first wait (collective)."""
         if (
             callable(getattr(features, "variable_stride_per_key", None))
             and features.variable_stride_per_key()

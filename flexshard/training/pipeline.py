@@ -1,10 +1,11 @@
 """The train loop's batches through ``input_dist``, pipelined or not (``train --pipeline on|off``).
 
 Pipelined, the idea of TorchRec's ``TrainPipelineSparseDist``: step ``s`` issues batch ``s+1``'s
-``input_dist`` (input check, dedup, local routing and the ``meta`` all-to-all) right after its own
-embedding forward, so ``meta`` runs while step ``s``'s dense forward and backward run; after the backward
-it waits for ``meta`` and issues ``ids``, which runs while step ``s``'s replica sync and optimizer run;
-step ``s+1`` starts by waiting for ``ids``. Rows (``rows``, ``scatter``) are read in step ``s+1`` itself,
+``input_dist`` (input check, dedup, local routing and the ``ids`` all-to-all, its blocks headed by the
+error codes and split sizes) right after its own embedding forward, so ``ids`` runs while step ``s``'s
+dense forward and backward run; after the backward it reads the headers (and issues ``ids_overflow`` in a
+batch that needs it, which runs while step ``s``'s replica sync and optimizer run); step ``s+1`` starts by
+waiting for the ids. Rows (``rows``, ``scatter``) are read in step ``s+1`` itself,
 after step ``s``'s update, and the hot rows are read again there: the pipelined step computes exactly
 what the unpipelined one does (bit for bit; tests/runtime/test_pipeline.py).
 
@@ -85,6 +86,7 @@ class InputPipeline:
             self._next = self._issue(step, self.group)
 
     def advance(self) -> None:
-        """Wait for the prefetched batch's ``meta`` and issue its ``ids`` (pipelined only)."""
+        """Read the prefetched batch's ``ids`` headers (and issue its overflow where needed; pipelined
+        only)."""
         if self._next is not None:
             self._next.pending.advance()

@@ -18,6 +18,7 @@ from flexshard.bench.predict import predicted_parts_ms
 from flexshard.bench.recorder import recording
 from flexshard.bench.systems import RuntimeSystem
 from flexshard.runtime.features import ERROR_WORDS
+from flexshard.runtime.headed_ids import SHARED_WORDS
 from flexshard.runtime.local import run_on_ranks
 from solvers.time_model import step_time
 from solvers.time_types import LocalRates
@@ -60,7 +61,8 @@ def _runtime_steps(rank: int, world: int, docs: dict) -> dict:
         for step in range(2):
             with recording(2) as rec:
                 system.step(data.make_batch(step, rank))
-            rows.append((rec.bytes_sent.copy(), system.own_bytes_sent(), dict(rec.counts)))
+            unpriced = system.model.protocol.unpriced_bytes_sent()
+            rows.append((rec.bytes_sent.copy(), system.own_bytes_sent(), dict(rec.counts), unpriced))
         out[key] = rows
     return out
 
@@ -73,20 +75,25 @@ def runtime_steps() -> list[dict]:
     return run_on_ranks(_runtime_steps, 4, {k: p.document for k, p in plans.items()}, timeout_s=300)
 
 
-def test_recorded_bytes_are_the_runtime_counter_plus_the_error_words(runtime_steps):
-    meta = 8 * ERROR_WORDS * np.array([1, 2])  # per peer: 1 in the group, 2 outside
+def test_recorded_bytes_are_the_runtime_counter(runtime_steps):
+    """What the collectives carried = the runtime's own count: the bytes its model prices and the words
+    of ``ids`` it does not (error codes, shared words, padding: at least the error and shared words to
+    each peer, 1 in the group and 2 outside)."""
     for per_rank in runtime_steps:
         for key, rows in per_rank.items():
-            for sent, own, _counts in rows:
+            for sent, own, _counts, unpriced in rows:
                 tol = 0.5 if key == "flexshard" else 0.0  # an uneven split of an odd payload
-                assert np.abs(sent - own - meta).max() <= tol, (key, sent - own)
+                assert np.abs(sent - own).max() <= tol, (key, sent - own)
+                assert (unpriced >= 8 * (ERROR_WORDS + SHARED_WORDS) * np.array([1, 2])).all(), key
 
 
 def test_collectives_of_each_runtime_step(runtime_steps):
     for per_rank in runtime_steps:
-        assert [c for _s, _o, c in per_rank["row_wise"]] == [{"all_to_all_single": 4}] * 2
-        assert per_rank["flexshard"][0][2] == per_rank["flexshard"][1][2]
-        assert per_rank["flexshard"][0][2]["all_reduce"] > 0  # the replica sync
+        # ids, rows, grads; the first step's ids past the capacity agreed so far (none): ids_overflow
+        assert [c for _s, _o, c, _u in per_rank["row_wise"]] == [{"all_to_all_single": n} for n in (4, 3)]
+        first, second = per_rank["flexshard"][0][2], per_rank["flexshard"][1][2]
+        assert first == second | {"all_to_all_single": second["all_to_all_single"] + 1}
+        assert second["all_reduce"] > 0  # the replica sync
 
 
 def test_prediction_with_the_time_model():
@@ -117,7 +124,7 @@ def test_prediction_prices_the_work_around_the_exchange_at_the_ranks_share_of_a_
     view = h100_view(4, 2)
     planned = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0))
     without = replace(rates, table_stage_s=0.0, step_s=0.0)
-    host_ms = (rates.step_s + rates.table_stage_s * len(data.workload.tables) * 4) * 1e3  # 4 collectives
+    host_ms = (rates.step_s + rates.table_stage_s * len(data.workload.tables) * 3) * 1e3  # 3 collectives
     got = predicted_parts_ms(data.workload, view, planned.plan, rates=rates)["total"]
     bare = predicted_parts_ms(data.workload, view, planned.plan, rates=without)["total"]
     assert got - bare == pytest.approx(host_ms)

@@ -98,7 +98,7 @@ def test_plan_prints_the_step_split_and_the_tiers_line(capsys):
     rc, text, err = run(capsys, "plan", *SMALL, "--budget", "2")
     assert rc == 0, err
     step = next(line for line in text.splitlines() if line.startswith("Modeled step time: "))
-    assert "collective latency" in step and "collectives: meta" in step and "local work" in step
+    assert "collective latency" in step and "collectives: ids" in step and "local work" in step
     assert "latencies: NCCL figures" in text  # the h100 preset's figures
     assert "local work: assumed: H100 HBM roofline" in text
     assert any(line.startswith("Tiers: ") and "row_wise_group_dedup" in line for line in text.splitlines())

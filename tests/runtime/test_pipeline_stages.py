@@ -1,9 +1,10 @@
 """The module's split forward (``input_dist`` then ``forward`` of the prepared batch) in the pipelined
-order of :mod:`flexshard.training.pipeline`: batch s+1's ``meta`` issued after step s's forward on a side
-process group, its ``ids`` after the backward, waited at step s+1. On 4 gloo ranks in 2 groups, with a
+order of :mod:`flexshard.training.pipeline`: batch s+1's ``ids`` issued after step s's forward on a side
+process group, its headers read after the backward, waited at step s+1. On 4 gloo ranks in 2 groups, with a
 plan of hot + warm + group-fetched cold rows and a row-wise plan, dedup on and off: the outputs of every
 step and every row and optimizer state afterwards equal the plain forward's bit for bit; the side group
-carries exactly ``meta`` and ``ids`` and the default group the rest of the step's schedule, in order."""
+carries exactly ``ids`` (and batch 0's ``ids_overflow``: the first batch's ids are past the capacity
+agreed so far) and the default group the rest of the step's schedule, in order."""
 
 from __future__ import annotations
 
@@ -65,8 +66,8 @@ def _loss(outs: dict) -> torch.Tensor:
 
 
 def pipelined_steps(piped, rank: int, tables, side, each_step=None, outputs=None) -> None:
-    """``STEPS`` steps of ``piped`` in the pipelined order (batch s+1's ``meta`` after step s's forward on
-    ``side``, its ``ids`` after the backward); ``each_step(step)``: a context each step runs in;
+    """``STEPS`` steps of ``piped`` in the pipelined order (batch s+1's ``ids`` after step s's forward on
+    ``side``, its headers read after the backward); ``each_step(step)``: a context each step runs in;
     ``outputs(outs)``: called with each step's outputs."""
     ahead = piped.input_dist(_batch(rank, 0, tables), side)
     for step in range(STEPS):
@@ -124,7 +125,7 @@ def test_pipelined_order_equals_the_plain_forward_and_splits_the_groups(tmp_path
         schedules.append([s.name for s in step_schedule(plan, view)])
     got = run_function(_train, 4, paths, timeout_s=600.0)
     for c, (case, schedule) in enumerate(zip(CASES, schedules, strict=True)):
-        assert schedule[:2] == ["meta", "ids"], schedule
+        assert schedule[:1] == ["ids"], schedule
         for rank in range(4):
             res = got[rank][c]
             for a, b in zip(res["plain"], res["pipelined"], strict=True):
@@ -139,6 +140,6 @@ def test_pipelined_order_equals_the_plain_forward_and_splits_the_groups(tmp_path
             for step, calls in enumerate(res["calls"]):  # this step's stages; the next batch's on the side
                 main = [name for name, on_side in calls if not on_side]
                 ahead = [name for name, on_side in calls if on_side]
-                assert main == schedule[2:], (case, rank, step)
-                first = ["ids"] if step == 0 else []  # batch 0's ids: issued when it is waited for
-                assert ahead == first + (["meta", "ids"] if step + 1 < STEPS else []), (case, rank, step)
+                assert main == schedule[1:], (case, rank, step)
+                first = ["ids_overflow"] if step == 0 else []  # batch 0's: issued when it is waited for
+                assert ahead == first + (["ids"] if step + 1 < STEPS else []), (case, rank, step)

@@ -336,26 +336,27 @@ def test_latency_terms():
     figures: an all-to-all takes one link latency (a world one crosses the fabric), an all-reduce over k
     ranks 2 ceil(log2 k) of them."""
     view = uniform_view(2, 2, 100.0, 10.0, intra_latency_s=0.5, inter_latency_s=2.0)
-    # all cold: meta, ids, rows, grads, world all-to-alls: 4 * 2 = 8
+    # all cold: ids, rows, grads, world all-to-alls: 3 * 2 = 6
     r = evaluate(WORKLOAD, view, _plan(0, 0, dedup=False, view=view))
-    assert r.latency_s == pytest.approx(8.0)
+    assert r.latency_s == pytest.approx(6.0)
     np.testing.assert_allclose(r.time_s, 5.46, rtol=REL)  # latency is reported, not added
-    assert r.time_with_latency_s == pytest.approx(5.46 + 8.0)
-    # one hot row, sparse: 8 + the mask's world all-reduce (2 ceil(log2 4) * 2 = 8) + the group
+    assert r.time_with_latency_s == pytest.approx(5.46 + 6.0)
+    # one hot row, sparse: 6 + the mask's world all-reduce (2 ceil(log2 4) * 2 = 8) + the group
     # reduce-scatter (0.5) + the rail all-reduce (2 ceil(log2 2) * 2 = 4) + the group all-gather (0.5)
     r = evaluate(WORKLOAD, view, _plan(1, 0, dedup=False, sync="sparse", view=view))
-    assert r.latency_s == pytest.approx(21.0)
+    assert r.latency_s == pytest.approx(19.0)
     np.testing.assert_allclose(r.time_s, 4.48695514447872, rtol=1e-12)
-    # dense: no mask -> 8 + 0.5 + 4 + 0.5
+    # dense: no mask -> 6 + 0.5 + 4 + 0.5
     r = evaluate(WORKLOAD, view, _plan(1, 0, dedup=False, sync="dense", view=view))
-    assert r.latency_s == pytest.approx(13.0)
+    assert r.latency_s == pytest.approx(11.0)
     np.testing.assert_allclose(r.time_s, 4.428, rtol=REL)
-    # warm + cold, sparse: 8 + mask 8 + rail all-reduce 4 (no hot rows: no group stages)
+    # warm + cold, sparse: 6 + mask 8 + rail all-reduce 4 (no hot rows: no group stages)
     r = evaluate(WORKLOAD, view, _plan(0, 2, dedup=False, sync="sparse", view=view))
-    assert r.latency_s == pytest.approx(20.0)
+    assert r.latency_s == pytest.approx(18.0)
     r = evaluate(WORKLOAD, view, _plan(0, 2, dedup=False, sync="dense", view=view))
-    assert r.latency_s == pytest.approx(12.0)
-    # every row hot, dense: the meta all-to-all (2) and the hot sync, 0.5 + 4 + 0.5; no split sizes
+    assert r.latency_s == pytest.approx(10.0)
+    # every row hot, dense: the ids all-to-all, headers alone (2), and the hot sync, 0.5 + 4 + 0.5; no
+    # split sizes
     r = evaluate(WORKLOAD, view, _plan(4, 0, dedup=False, sync="dense", view=view))
     assert r.latency_s == pytest.approx(7.0)
     assert (r.traffic.bytes[:, :, COMPONENTS.index("ids")] == 0).all()

@@ -35,16 +35,15 @@ def _stages(plan, view):
     return {s.name: s for s in step_schedule(plan, view)}
 
 
-def test_row_wise_is_meta_ids_rows_grads():
+def test_row_wise_is_ids_rows_grads():
     view = _view(2, 4)
-    assert _names(_plan(view, 0, 0), view) == ["meta", "ids", "rows", "grads"]
+    assert _names(_plan(view, 0, 0), view) == ["ids", "rows", "grads"]
 
 
-def test_every_tier_and_the_group_fetch_at_eight_ranks_in_two_groups_is_ten():
+def test_every_tier_and_the_group_fetch_at_eight_ranks_in_two_groups_is_nine():
     view = _view(2, 4)
     plan = _plan(view, 10, 20, FetchMode.GROUP)
     assert _names(plan, view) == [
-        "meta",
         "ids",
         "rows",
         "scatter",
@@ -55,7 +54,7 @@ def test_every_tier_and_the_group_fetch_at_eight_ranks_in_two_groups_is_ten():
         "sync_rail",
         "sync_group_gather",
     ]
-    assert collectives_per_step(plan, view) == 10
+    assert collectives_per_step(plan, view) == 9
     kinds = [s.kind for s in step_schedule(plan, view)]
     assert kinds.count(CollectiveKind.ALL_REDUCE) == 2
 
@@ -63,7 +62,7 @@ def test_every_tier_and_the_group_fetch_at_eight_ranks_in_two_groups_is_ten():
 @pytest.mark.parametrize("tables", [1, 3, 26])
 def test_the_count_does_not_depend_on_the_number_of_tables(tables):
     view = _view(2, 4)
-    assert collectives_per_step(_plan(view, 10, 20, FetchMode.GROUP, tables=tables), view) == 10
+    assert collectives_per_step(_plan(view, 10, 20, FetchMode.GROUP, tables=tables), view) == 9
 
 
 def test_dense_sync_has_no_mask_and_half_precision_splits_the_rail_all_reduce():
@@ -77,7 +76,7 @@ def test_dense_sync_has_no_mask_and_half_precision_splits_the_rail_all_reduce():
 def test_one_group_has_no_rail_stage_and_one_rank_has_none():
     view = _view(1, 4)
     names = _names(_plan(view, 10, 20), view)
-    assert names == ["meta", "ids", "rows", "grads", "sync_mask", "sync_group_reduce", "sync_group_gather"]
+    assert names == ["ids", "rows", "grads", "sync_mask", "sync_group_reduce", "sync_group_gather"]
     assert all(s.scope is not Scope.RAIL for s in step_schedule(_plan(view, 10, 20), view))
     one = _view(1, 1)
     assert step_schedule(_plan(one, 10, 0), one) == ()
@@ -86,7 +85,7 @@ def test_one_group_has_no_rail_stage_and_one_rank_has_none():
 def test_participants_and_links_follow_the_scope():
     view = _view(4, 2)
     stages = _stages(_plan(view, 10, 20, FetchMode.GROUP), view)
-    assert stages["meta"].participants(view) == 8
+    assert stages["ids"].participants(view) == 8
     assert stages["scatter"].participants(view) == 2
     assert stages["rail_grads"].participants(view) == 4
     assert [lc.label for lc in stages["scatter"].link_classes(view)] == ["intra_group"]
@@ -121,7 +120,7 @@ def _unequal_view():
 def test_groups_of_unequal_size_sync_the_hot_rows_over_the_world(wire, sync_stages):
     view = _unequal_view()
     plan = _plan(view, 10, 0, wire=wire)
-    assert _names(plan, view) == ["meta", "ids", "rows", "grads", "sync_mask", *sync_stages]
+    assert _names(plan, view) == ["ids", "rows", "grads", "sync_mask", *sync_stages]
     kinds = {s.name: s.kind for s in step_schedule(plan, view)}
     want = CollectiveKind.ALL_REDUCE if wire is WireDtype.FP32 else CollectiveKind.ALL_TO_ALL
     assert all(kinds[name] is want for name in sync_stages)

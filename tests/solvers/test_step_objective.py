@@ -170,15 +170,15 @@ def test_pipelined_objective_matches_brute_force_and_bound_holds(dedup, factor):
 
 
 def test_the_pipelined_price_changes_the_best_plan_where_the_sync_hides():
-    """A case where the pipelined price matters: at 20 us per sync all-reduce (no dedup) the sync's latency
+    """A case where the pipelined price matters: at 15 us per sync all-reduce (no dedup) the sync's latency
     hides under the next batch's id exchange, so the hottest rows replicated pay pipelined and not
     unpipelined (brute force: every row cold, fetched per group), and the optimizer follows each price."""
     budget = _floor() * 8.0
-    plain = min(r for r in _brute(20.0, RATES, False) if r[1] <= budget * (1 + 1e-12))
-    piped = min(r for r in _brute(20.0, RATES, False, True) if r[1] <= budget * (1 + 1e-12))
+    plain = min(r for r in _brute(15.0, RATES, False) if r[1] <= budget * (1 + 1e-12))
+    piped = min(r for r in _brute(15.0, RATES, False, True) if r[1] <= budget * (1 + 1e-12))
     assert sum(h + w for h, w, _ in plain[2]) == 0 and sum(h + w for h, w, _ in piped[2]) > 0
     for overlap, best in ((False, plain), (True, piped)):
-        res = optimize_tiers(WORKLOAD, VIEW, budget, _config(_latency(20.0), RATES, False, overlap))
-        got = step_time(WORKLOAD, VIEW, res.plan, _latency(20.0), RATES, dealt=False, overlap=overlap)
+        res = optimize_tiers(WORKLOAD, VIEW, budget, _config(_latency(15.0), RATES, False, overlap))
+        got = step_time(WORKLOAD, VIEW, res.plan, _latency(15.0), RATES, dealt=False, overlap=overlap)
         assert got.total_s == pytest.approx(best[0], rel=1e-9)
         assert (_replicated(res.plan) > 0) is overlap

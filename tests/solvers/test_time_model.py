@@ -180,8 +180,8 @@ def test_with_the_measured_gpu_host_the_group_fetch_pays_its_two_stages_per_tabl
         make_plan("flexshard", w, view, budget, config=OptimizerConfig(gpu_host=host))
         for host in ("fused", "measured")
     )
-    assert fused.plan.cold_fetch(FetchMode.GROUP) and fused.step.collectives == 6
-    assert not measured.plan.cold_fetch(FetchMode.GROUP) and measured.step.collectives == 4
+    assert fused.plan.cold_fetch(FetchMode.GROUP) and fused.step.collectives == 5
+    assert not measured.plan.cold_fetch(FetchMode.GROUP) and measured.step.collectives == 3
     group = step_time(w, view, fused.plan, rates=R)  # the group-fetch plan, priced with the measured host
 
     def host_s(step) -> float:
@@ -211,9 +211,9 @@ def test_local_rates_round_trip_and_bad_fields(tmp_path):
 
 def test_all_cold_step_by_hand():
     st = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, RATES, dealt=False)
-    # stages meta, ids, rows, grads: world all-to-alls of 4 ranks, 1 s each
-    assert [s.name for s in st.stages] == ["meta", "ids", "rows", "grads"]
-    assert st.collectives == 4 and st.latency_s == pytest.approx(4.0, rel=REL)
+    # stages ids, rows, grads: world all-to-alls of 4 ranks, 1 s each
+    assert [s.name for s in st.stages] == ["ids", "rows", "grads"]
+    assert st.collectives == 3 and st.latency_s == pytest.approx(3.0, rel=REL)
     # bytes: tests/solvers/test_cost_model.py::test_all_cold_no_dedup, 5.46 s (send = recv per component)
     assert st.bandwidth_s == pytest.approx(5.46, rel=REL)
     # local: 3 lookups routed (2 s each); 3 rows served (share 1/4 of 3 lookups from 4 ranks);
@@ -223,10 +223,10 @@ def test_all_cold_step_by_hand():
     touched = sum(1 - (1 - p) ** 12 for p in (0.4, 0.3, 0.2, 0.1))  # 3.6328...
     update = 7.0 * 2 * touched / 4  # 12.71 s: not 42 (one update per served row)
     pieces = {"dedup": 0.0, "route": 6.0, "gather": 36.0, "scatter_add": 60.0, "update": update}
-    pieces |= {"calls": 44.0, "pack": 0.0, "output": 0.0, "host": 0.0}  # work around the exchange: 0 here
+    pieces |= {"calls": 33.0, "pack": 0.0, "output": 0.0, "host": 0.0}  # work around the exchange: 0 here
     assert st.local_by_piece == pytest.approx(pieces, rel=REL)
-    assert st.local_s == pytest.approx(146.0 + update, rel=REL)
-    assert st.total_s == pytest.approx(4.0 + 5.46 + 146.0 + update, rel=REL)
+    assert st.local_s == pytest.approx(135.0 + update, rel=REL)
+    assert st.total_s == pytest.approx(3.0 + 5.46 + 135.0 + update, rel=REL)
 
 
 def test_work_around_the_exchange_by_hand():
@@ -238,28 +238,27 @@ def test_work_around_the_exchange_by_hand():
     # all cold, no dedup: 3 lookups requested and 3 served (share 1/4 of 3 from 4 ranks), 2 values each;
     # one table, float32 wire: a requested value is copied twice (placed, its gradient packed), a served
     # one once (gathered straight into the send buffer; its gradient joined): 2 x (2 x 3 + 3); the loss
-    # over 3 x 2 output values; one table in 4 collectives (meta, ids, rows, grads)
+    # over 3 x 2 output values; one table in 3 collectives (ids, rows, grads)
     assert st.local_by_piece["pack"] == pytest.approx(18.0, rel=REL)
     assert st.local_by_piece["output"] == pytest.approx(60.0, rel=REL)
-    assert st.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 4, rel=REL)
-    assert st.local_s == pytest.approx(1478.0, rel=REL)
+    assert st.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 3, rel=REL)
+    assert st.local_s == pytest.approx(1378.0, rel=REL)
     # on a bf16 wire every value goes into and out of the buffers both ways: 2 x 2 x (3 + 3)
     bf16 = replace(_plan(0), wire=WireDtype.BF16)
     assert step_time(WORKLOAD, VIEW, bf16, TABLE_S, rates, dealt=False).local_by_piece[
         "pack"
     ] == pytest.approx(24.0, rel=REL)
-    # one hot row: its lookups (3 x 0.4) are neither requested nor served; 8 collectives
+    # one hot row: its lookups (3 x 0.4) are neither requested nor served; 7 collectives
     hot = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, rates, dealt=False)
     assert hot.local_by_piece["pack"] == pytest.approx(2 * (2 * 1.8 + 1.8), rel=REL)
     assert hot.local_by_piece["output"] == pytest.approx(60.0, rel=REL)
-    assert hot.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 8, rel=REL)
+    assert hot.local_by_piece["host"] == pytest.approx(1000.0 + 100.0 * 7, rel=REL)
 
 
 def test_one_hot_row_step_by_hand():
     st = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, RATES, dealt=False)
     names = [s.name for s in st.stages]
     assert names == [
-        "meta",
         "ids",
         "rows",
         "grads",
@@ -268,9 +267,9 @@ def test_one_hot_row_step_by_hand():
         "sync_rail",
         "sync_group_gather",
     ]
-    # 4 world all-to-alls (1 s), the mask's world all-reduce (2 s), two group all-to-alls (0.5 s), a rail
+    # 3 world all-to-alls (1 s), the mask's world all-reduce (2 s), two group all-to-alls (0.5 s), a rail
     # all-reduce (1.5 s)
-    assert st.latency_s == pytest.approx(8.5, rel=REL)
+    assert st.latency_s == pytest.approx(7.5, rel=REL)
     assert st.bandwidth_s == pytest.approx(
         4.48695514447872, rel=1e-12
     )  # test_one_hot_row_sparse_sync_no_dedup
@@ -282,12 +281,12 @@ def test_one_hot_row_step_by_hand():
     # updated once each: the owner's cold rows touched anywhere (rows 1-3, a quarter of them), the hot row
     cold_touched = sum(1 - (1 - p) ** 12 for p in (0.3, 0.2, 0.1)) / 4  # 0.6588
     assert st.local_by_piece["update"] == pytest.approx(7.0 * 2 * (cold_touched + touched), rel=REL)
-    local = 6.0 + 8.0 * 2 * rows + 14.0 * (cold_touched + touched) + 8 * 11.0
+    local = 6.0 + 8.0 * 2 * rows + 14.0 * (cold_touched + touched) + 7 * 11.0
     assert st.local_s == pytest.approx(local, rel=REL)
-    assert st.total_s == pytest.approx(8.5 + 4.48695514447872 + local, rel=REL)
-    # overlap: the sync (4.5 s latency, its bytes, 30 s per synced row) runs beside the next input (2 s
+    assert st.total_s == pytest.approx(7.5 + 4.48695514447872 + local, rel=REL)
+    # overlap: the sync (4.5 s latency, its bytes, 30 s per synced row) runs beside the next input (1 s
     # latency, the ids' bytes, routing): the step pays the larger of the two
-    input_part = 2.0 + (11.6 / 100 + 23.2 / 10) + 6.0
+    input_part = 1.0 + (11.6 / 100 + 23.2 / 10) + 6.0
     sync_part = 4.5 + (8.982585741312 / 100 + 4.491292870656 / 10) + 30.0 * touched
     piped = step_time(WORKLOAD, VIEW, _plan(1), TABLE_S, RATES, overlap=True, dealt=False)
     assert piped.total_s == pytest.approx(st.total_s - input_part - sync_part + max(input_part, sync_part))
