@@ -94,6 +94,10 @@ class IdStage:
         self.header_mask = np.asarray(header_mask, dtype=bool)
         self.same_group = np.asarray(same_group, dtype=bool)
         self.device = device
+        world = self.header_mask.shape[0]
+        # every header word, the shared ones last: [peer, word] of the header matrix, and words per peer
+        self.word_mask = np.concatenate([self.header_mask, np.ones((world, SHARED_WORDS), bool)], axis=1)
+        self.header_words = self.word_mask.sum(axis=1)
         self.capacity = IdCapacity()
         self._last: HeadedIds | None = None
         # int64[peers]: words of the last batch's ``ids`` block to each peer that no byte count prices
@@ -125,8 +129,7 @@ class HeadedIds:
         counts = np.asarray(counts, dtype=np.int64).reshape(world, -1)
         self._capacity, self._group = stage.capacity, group
         self._cap = stage.capacity.per_peer(same)  # this batch's, fixed now
-        self._header_words = mask.sum(axis=1) + SHARED_WORDS  # per peer, both ways
-        self._mask = mask
+        self._header_words, self._word_mask = stage.header_words, stage.word_mask  # per peer, both ways
         n = counts.sum(axis=1)
         shared = [int((n > self._cap).any()), _largest(n, same), _largest(n, ~same)]
         words = np.zeros((world, mask.shape[1]), dtype=np.int64)
@@ -135,7 +138,7 @@ class HeadedIds:
         header = np.concatenate(
             [words, np.broadcast_to(np.asarray(shared, np.int64), (world, SHARED_WORDS))], 1
         )
-        header = header[np.concatenate([mask, np.ones((world, SHARED_WORDS), bool)], axis=1)]
+        header = header[self._word_mask]
         # the source of every block: the headers, every column joined, then zeros for the padding
         parts = [torch.as_tensor(header, device=stage.device)]
         if columns:
@@ -143,13 +146,12 @@ class HeadedIds:
         zeros = int(self._cap.max(initial=0))
         parts.append(torch.zeros(zeros, dtype=torch.int64, device=stage.device))
         self._source = torch.cat(parts)
-        self._counts = counts
         # each (peer, column) block's first element in the joined columns (column-major, peers in order)
         self._column_first = header.size + _exclusive(counts.T.reshape(-1)).reshape(counts.T.shape).T
-        main, self._over_send = _split_blocks(counts, self._cap)
+        self._send_main, self._send_past = _split_blocks(counts, self._cap)
         pad = self._cap - np.minimum(n, self._cap)
         self.padding = pad  # int64[peers]: zeros after the ids in each block
-        sizes = np.concatenate([self._header_words[:, None], main, pad[:, None]], axis=1)
+        sizes = np.concatenate([self._header_words[:, None], self._send_main, pad[:, None]], axis=1)
         hfirst = _exclusive(self._header_words)
         firsts = np.concatenate(
             [hfirst[:, None], self._column_first, np.full((world, 1), self._source.numel() - zeros)],
@@ -157,11 +159,14 @@ class HeadedIds:
         )
         send = self._source.index_select(0, block_rows(sizes.reshape(-1), firsts.reshape(-1), stage.device))
         self._block = self._header_words + self._cap  # elements to and from every peer
+        self._block_first = _exclusive(self._block)
         self._recv = send.new_empty(int(self._block.sum()))
         self._works = [_all_to_all("ids", self._recv, send, self._block, self._block, group)]
         self._advanced: ReceivedIds | None = None
         self._result: ReceivedIds | None = None
         self._over_recv: torch.Tensor | None = None
+        # per (peer, column): the received ids within the capacity and past it (read from the headers)
+        self._recv_main = self._recv_past = None
 
     def advance(self) -> None:
         """Wait for the headed blocks, read every header, grow the agreed capacities, and issue
@@ -171,26 +176,23 @@ class HeadedIds:
         for work in self._works:
             if work is not None:
                 work.wait()
-        world, mask = self._mask.shape[0], self._mask
-        first = _exclusive(self._block)
-        hw = self._header_words
-        at = np.repeat(first - _exclusive(hw), hw) + np.arange(int(hw.sum()))
-        words = _host(self._recv, at).astype(np.int64, copy=False)
-        got = np.zeros((world, mask.shape[1] + SHARED_WORDS), dtype=np.int64)
-        got[np.concatenate([mask, np.ones((world, SHARED_WORDS), bool)], axis=1)] = words
-        shared = got[:, mask.shape[1] :]
-        recv_counts = got[:, ERROR_WORDS : mask.shape[1]]
+        hw, width = self._header_words, self._word_mask.shape[1] - SHARED_WORDS
+        at = np.repeat(self._block_first - _exclusive(hw), hw) + np.arange(int(hw.sum()))
+        got = np.zeros(self._word_mask.shape, dtype=np.int64)
+        got[self._word_mask] = _host(self._recv, at)
+        shared = got[:, width:]
+        recv_counts = got[:, ERROR_WORDS:width]
         codes = list(got[:, :ERROR_WORDS])
+        self._recv_main, self._recv_past = _split_blocks(recv_counts, self._cap)
         self._capacity.grow(int(shared[:, LARGEST_SAME].max()), int(shared[:, LARGEST_OTHER].max()))
         self._advanced = ReceivedIds(recv_counts, codes, None)
         self._works = []
         if self._advanced.failed or not shared[:, OVERFLOW].any():
             self._source = None
             return
-        past = self._over_send  # the ids past the capacity, in (peer, column) order
-        send_rows = past.sum(axis=1)
-        recv_rows = _split_blocks(recv_counts, self._cap)[1].sum(axis=1)
-        firsts = self._column_first + (self._counts - past)
+        past = self._send_past  # the ids past the capacity, in (peer, column) order
+        send_rows, recv_rows = past.sum(axis=1), self._recv_past.sum(axis=1)
+        firsts = self._column_first + self._send_main
         send = self._source.index_select(
             0, block_rows(past.reshape(-1), firsts.reshape(-1), self._source.device)
         )
@@ -214,8 +216,8 @@ class HeadedIds:
 
     def _columns(self, recv_counts: np.ndarray) -> list[torch.Tensor]:
         """Each column's received ids in peer order, from the headed blocks and the overflow."""
-        main, over = _split_blocks(recv_counts, self._cap)
-        payload = (_exclusive(self._block) + self._header_words)[:, None]
+        main, over = self._recv_main, self._recv_past
+        payload = (self._block_first + self._header_words)[:, None]
         within = _exclusive_rows(recv_counts)  # each block's first id within its peer's ids
         main_first = payload + within
         source = self._recv
