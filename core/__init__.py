@@ -8,7 +8,8 @@
   groups, link classes between ranks; used by the probe, the cost model and the runtime;
 * ``errors``: the error hierarchy. :class:`InputError` is bad input (the CLIs print its first line and
   exit 2); anything else is a bug and shows its traceback;
-* ``osutil``: atomic file writes and free loopback ports.
+* ``osutil``: atomic file writes and free loopback ports;
+* ``arrays``: array helpers (:func:`~core.arrays.exclusive_cumsum`: where blocks of given sizes start).
 
 Dependencies point one way: ``flexshard -> solvers -> topology -> core``.
 """

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.arrays import exclusive_cumsum
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
 from flexshard.runtime.agreement import agreed_message
@@ -135,7 +136,7 @@ def _send_buffer(send_rows: np.ndarray, widths: np.ndarray, rows_of, device: tor
     and the order to send them in (grouped by peer, ``send_rows[peer, t]`` each); made one table at a
     time and copied straight into the buffer (peak: the buffer and one table's rows)."""
     elems = send_rows * widths
-    starts = np.concatenate([[0], np.cumsum(elems.ravel())])[:-1].reshape(elems.shape)
+    starts = exclusive_cumsum(elems)
     send = torch.empty(int(elems.sum()), dtype=torch.float32, device=device)
     for t in range(send_rows.shape[1]):
         if not send_rows[:, t].any():
@@ -158,7 +159,7 @@ def _exchange(send: torch.Tensor, send_rows: np.ndarray, recv_rows: np.ndarray, 
     recv_elems = recv_rows * widths
     recv = torch.empty(int(recv_elems.sum()), dtype=torch.float32, device=send.device)
     dist.all_to_all_single(recv, send, recv_elems.sum(axis=1).tolist(), send_elems.tolist())
-    starts = np.concatenate([[0], np.cumsum(recv_elems.ravel())])[:-1].reshape(recv_rows.shape)
+    starts = exclusive_cumsum(recv_elems)
     return recv, starts
 
 

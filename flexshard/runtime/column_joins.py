@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from core.arrays import exclusive_cumsum
 from flexshard.runtime.indexing import STAGED_INDEX_OPS, block_rows
 
 JOIN_OPS = 2  # the joined buffer's allocation and its split into columns
@@ -53,10 +54,9 @@ def join_columns(
     peers = recv.shape[0]
     order = list(range(peers)) if order is None else list(order)
     per_column = recv.sum(axis=0)
-    column_start = np.concatenate([[0], np.cumsum(per_column)[:-1]])
+    column_start = exclusive_cumsum(per_column)
     ranked = recv[order]
-    before = np.zeros_like(ranked)
-    before[1:] = np.cumsum(ranked, axis=0)[:-1]
+    before = exclusive_cumsum(ranked, axis=0)
     at = np.empty_like(recv)  # [peer, column]: each block's first row in the joined buffer
     at[order] = column_start[None, :] + before
     out = torch.empty(

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.arrays import exclusive_cumsum
 from flexshard.runtime.awaitable import all_to_all
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.indexing import block_rows
@@ -147,19 +148,19 @@ class HeadedIds:
         parts.append(torch.zeros(zeros, dtype=torch.int64, device=stage.device))
         self._source = torch.cat(parts)
         # each (peer, column) block's first element in the joined columns (column-major, peers in order)
-        self._column_first = header.size + _exclusive(counts.T.reshape(-1)).reshape(counts.T.shape).T
+        self._column_first = header.size + exclusive_cumsum(counts.T).T
         self._send_main, self._send_past = _split_blocks(counts, self._cap)
         pad = self._cap - np.minimum(n, self._cap)
         self.padding = pad  # int64[peers]: zeros after the ids in each block
         sizes = np.concatenate([self._header_words[:, None], self._send_main, pad[:, None]], axis=1)
-        hfirst = _exclusive(self._header_words)
+        hfirst = exclusive_cumsum(self._header_words)
         firsts = np.concatenate(
             [hfirst[:, None], self._column_first, np.full((world, 1), self._source.numel() - zeros)],
             axis=1,
         )
         send = self._source.index_select(0, block_rows(sizes.reshape(-1), firsts.reshape(-1), stage.device))
         self._block = self._header_words + self._cap  # elements to and from every peer
-        self._block_first = _exclusive(self._block)
+        self._block_first = exclusive_cumsum(self._block)
         self._recv = send.new_empty(int(self._block.sum()))
         self._works = [_all_to_all("ids", self._recv, send, self._block, self._block, group)]
         self._advanced: ReceivedIds | None = None
@@ -177,7 +178,7 @@ class HeadedIds:
             if work is not None:
                 work.wait()
         hw, width = self._header_words, self._word_mask.shape[1] - SHARED_WORDS
-        at = np.repeat(self._block_first - _exclusive(hw), hw) + np.arange(int(hw.sum()))
+        at = np.repeat(self._block_first - exclusive_cumsum(hw), hw) + np.arange(int(hw.sum()))
         got = np.zeros(self._word_mask.shape, dtype=np.int64)
         got[self._word_mask] = _host(self._recv, at)
         shared = got[:, width:]
@@ -218,13 +219,13 @@ class HeadedIds:
         """Each column's received ids in peer order, from the headed blocks and the overflow."""
         main, over = self._recv_main, self._recv_past
         payload = (self._block_first + self._header_words)[:, None]
-        within = _exclusive_rows(recv_counts)  # each block's first id within its peer's ids
+        within = exclusive_cumsum(recv_counts, axis=1)  # each block's first id within its peer's ids
         main_first = payload + within
         source = self._recv
         over_first = np.zeros_like(main_first)
         if self._over_recv is not None:
             source = torch.cat([self._recv, self._over_recv])
-            peer_over = _exclusive(over.sum(axis=1))[:, None]
+            peer_over = exclusive_cumsum(over.sum(axis=1))[:, None]
             over_first = self._recv.numel() + peer_over + within + main - self._cap[:, None]
         # blocks in (column, peer, main then overflow) order
         sizes = np.stack([main.T, over.T], axis=2)
@@ -237,22 +238,10 @@ def _largest(n: np.ndarray, where: np.ndarray) -> int:
     return int(n[where].max()) if where.any() else 0
 
 
-def _exclusive(x: np.ndarray) -> np.ndarray:
-    """The exclusive prefix sum of a 1-D array (int64)."""
-    x = np.asarray(x, dtype=np.int64)
-    return np.concatenate([[0], np.cumsum(x)[:-1]]) if x.size else x
-
-
-def _exclusive_rows(x: np.ndarray) -> np.ndarray:
-    """Per row, the exclusive prefix sum along it (int64[rows, columns])."""
-    x = np.asarray(x, dtype=np.int64)
-    return np.cumsum(x, axis=1) - x
-
-
 def _split_blocks(counts: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per (peer, column) block of ``counts[p, c]`` ids, laid out column after column in the peer's
     ids: how many fall within the peer's capacity ``cap[p]`` and how many past it."""
-    main = np.clip(cap[:, None] - _exclusive_rows(counts), 0, counts)
+    main = np.clip(cap[:, None] - exclusive_cumsum(counts, axis=1), 0, counts)
     return main, counts - main
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from core.arrays import exclusive_cumsum
+
 # ops of one index of blocks (block_rows: its host copy and three ops) and the copy that reads it
 STAGED_INDEX_OPS = 5
 
@@ -23,7 +25,7 @@ def block_rows(sizes: np.ndarray, first: np.ndarray, device: torch.device) -> to
     in order; one repeat of each block's shift plus one range (no op per block)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     total = int(sizes.sum())
-    delta = np.asarray(first, dtype=np.int64) - np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    delta = np.asarray(first, dtype=np.int64) - exclusive_cumsum(sizes)
     delta_t, sizes_t = torch.as_tensor(np.stack([delta, sizes]), device=device)  # one host copy
     shift = torch.repeat_interleave(delta_t, sizes_t, output_size=total)
     return shift + torch.arange(total, device=device)

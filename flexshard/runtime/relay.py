@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.arrays import exclusive_cumsum
 from flexshard.runtime.awaitable import Pending, all_to_all
 from flexshard.runtime.column_joins import join_columns, joins_columns
 from flexshard.runtime.group_dedup import FLAT, GIDS, ROW_COLUMNS
@@ -59,7 +60,7 @@ def distinct_rows_at(
     table), numbered table-major, then by peer, then in order."""
     counts = np.asarray(recv_counts, dtype=np.int64)
     if first_row is None:
-        first_row = np.concatenate([[0], np.cumsum(counts.reshape(-1))[:-1]]).reshape(counts.shape)
+        first_row = exclusive_cumsum(counts)
     start = np.asarray(first_row, dtype=np.int64)
     sizes, first = (x[:, distinct_column].T.reshape(-1) for x in (counts, start))  # table-major
     return block_rows(sizes, first, device)
@@ -71,7 +72,7 @@ def wire_order(ids_per_peer: np.ndarray, to: np.ndarray, device: torch.device) -
     of the ids of the peers ``to`` in wire order (peer of ``to``, table): what ``scatter`` sends and
     ``grads`` brings back."""
     counts = np.asarray(ids_per_peer, dtype=np.int64)
-    start = np.concatenate([[0], np.cumsum(counts.T.reshape(-1))[:-1]]).reshape(counts.T.shape).T  # [p, t]
+    start = exclusive_cumsum(counts.T).T  # [p, t], laid table-major
     to = np.asarray(to, dtype=np.int64)
     return block_rows(counts[to].reshape(-1), start[to].reshape(-1), device)
 
@@ -120,7 +121,7 @@ def scatter_relayed(
     this rank's place in the group."""
     n_t = len(lookups)
     direct = all((t, GIDS) in in_order for t in range(n_t) if rc[:, t].any())
-    first = np.concatenate([np.zeros((1, n_t), np.int64), np.cumsum(rc, axis=0)[:-1]])  # [peer, t]
+    first = exclusive_cumsum(rc, axis=0)  # [peer, t]
     wire_sc, wire_rc = sc, rc
     if direct and sc[me].any():
         rows_sent = gather_own_rows(buffer, rows_sent, sc, me, [lk.rows for lk in lookups], first[me])
@@ -186,7 +187,7 @@ def own_last_rows(fetch: np.ndarray, me: int, device: torch.device) -> torch.Ten
     fetch = np.asarray(fetch, dtype=np.int64)
     order = [j for j in range(fetch.shape[0]) if j != me] + [me]
     first = np.zeros_like(fetch)
-    first[order] = np.concatenate([[0], np.cumsum(fetch[order].reshape(-1))[:-1]]).reshape(fetch[order].shape)
+    first[order] = exclusive_cumsum(fetch[order])
     return distinct_rows_at(fetch, np.arange(fetch.shape[1]), device, first)
 
 

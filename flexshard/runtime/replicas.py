@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.arrays import exclusive_cumsum
 from core.traffic import Traffic
 from core.vocabulary import FLOAT32_BYTES, Component, LinkClass, SyncMode, Tier, WireDtype
 from flexshard.runtime.awaitable import Pending, all_reduce, ready
@@ -188,7 +189,7 @@ class ReplicaSync:
         warm_total = int(warm_sizes.sum()) if warm_sync else 0
         self.mask_rows = hot_rows + warm_total
         # where this rank's warm shard of each table sits in the mask
-        flat = np.concatenate([[0], np.cumsum(warm_sizes.reshape(-1))])[:-1].reshape(warm_sizes.shape)
+        flat = exclusive_cumsum(warm_sizes)
         self.warm_offset = hot_rows + flat[:, pg.position] if warm_sync else None
         rails = len(pg.replica_ranks)
         self.rail = ring_all_reduce(pg.replica, rails, pg.replica_ranks.index(pg.rank), wire_dtype)

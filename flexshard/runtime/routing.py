@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.arrays import exclusive_cumsum
 from core.errors import DataError
 from core.vocabulary import Deal, Tier
 from solvers.dealing import owner_pattern, range_rows, range_size
@@ -80,7 +81,7 @@ class Dealer:
         pattern = owner_pattern(shares, period, start).copy()
         per_period = np.bincount(pattern, minlength=shares.size).astype(np.int64)
         by_owner = np.argsort(pattern, kind="stable")
-        first = np.concatenate([[0], np.cumsum(per_period)[:-1]])
+        first = exclusive_cumsum(per_period)
         prefix = np.empty(period, dtype=np.int64)
         prefix[by_owner] = np.arange(period) - first[pattern[by_owner]]
         return cls(pattern, per_period, prefix)
@@ -346,7 +347,7 @@ def _slots_by_id(ids: np.ndarray, owner: np.ndarray) -> np.ndarray:
     if not ids.size:
         return np.zeros(0, np.int64)
     by = np.lexsort((ids, owner))  # by owner, then id
-    start = np.concatenate([[0], np.cumsum(np.bincount(owner))[:-1]])
+    start = exclusive_cumsum(np.bincount(owner))
     slot = np.empty(ids.size, np.int64)
     slot[by] = np.arange(ids.size, dtype=np.int64) - start[owner[by]]
     return slot

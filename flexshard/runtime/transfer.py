@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from core.arrays import exclusive_cumsum
 from core.vocabulary import WireDtype
 from flexshard.runtime.awaitable import Pending, all_to_all, ready
 from flexshard.runtime.column_joins import join_columns, joins_columns
@@ -146,7 +147,7 @@ def transposed_blocks(layouts: list[np.ndarray], device: torch.device) -> list[t
     lengths, firsts, totals = [], [], []
     for sizes in layouts:
         sizes = np.asarray(sizes, dtype=np.int64)
-        start = np.concatenate([[0], np.cumsum(sizes.reshape(-1))[:-1]]).reshape(sizes.shape)
+        start = exclusive_cumsum(sizes)
         lengths.append(sizes.T.reshape(-1))
         firsts.append(start.T.reshape(-1))
         totals.append(int(sizes.sum()))
@@ -286,13 +287,10 @@ def exchange_gathered_async(
     buffer = torch.empty(received + (own_size if tail_own else 0), dtype=torch.float32, device=device)
     send_rows = send.view(-1, int(dims[0])) if one_dim else send
     buffer_rows = buffer.view(-1, int(dims[0])) if one_dim else buffer
-    start = np.zeros((peers, n_c), dtype=np.int64)  # each column's first row for each peer
-    start[1:] = np.cumsum(counts, axis=0)[:-1]
+    start = exclusive_cumsum(counts, axis=0)  # each column's first row for each peer
     own: list[torch.Tensor] = [s[:0] for s in sources]
-    first = np.zeros((peers, n_c), dtype=np.int64)
-    first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_recv.reshape(-1))[:-1]])
-    send_first = np.zeros((peers, n_c), dtype=np.int64)  # where block (p, c) starts in ``send``
-    send_first.reshape(-1)[:] = np.concatenate([[0], np.cumsum(wire_send.reshape(-1))[:-1]])
+    first = exclusive_cumsum(wire_recv)
+    send_first = exclusive_cumsum(wire_send)  # where block (p, c) starts in ``send``
     # one gather per column, then one into wire order, where a GPU issues fewer ops that way
     if one_dim and staged_gathers(device, counts, me, tail_own):
         tail = buffer_rows[received // int(dims[0]) :] if tail_own else None
@@ -385,7 +383,7 @@ def _gather_staged(
     dim = int(send_rows.shape[1])
     device = send_rows.device
     per_column = counts.sum(axis=0)
-    column_start = np.concatenate([[0], np.cumsum(per_column)[:-1]])
+    column_start = exclusive_cumsum(per_column)
     stage = torch.empty(int(per_column.sum()), dim, dtype=torch.float32, device=device)
     for c in range(n_c):
         n, lo = int(per_column[c]), int(column_start[c])
@@ -405,7 +403,7 @@ def _gather_staged(
         return [stage[int(a) : int(a) + int(n)] for a, n in zip(at[me], own_n, strict=True)]
     if own_n.any():
         torch.index_select(stage, 0, block_rows(own_n, at[me], device), out=tail)
-    tail_start = np.concatenate([[0], np.cumsum(own_n)[:-1]])
+    tail_start = exclusive_cumsum(own_n)
     for c in np.flatnonzero(own_n):
         first[me, c] = received + int(tail_start[c]) * dim
     return [tail[int(a) : int(a) + int(n)] for a, n in zip(tail_start, own_n, strict=True)]

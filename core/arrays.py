@@ -1,0 +1,16 @@
+"""Array helpers every layer uses (numpy only)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def exclusive_cumsum(x: np.ndarray | list[int], axis: int | None = None) -> np.ndarray:
+    """int64, shaped like ``x``: the sum of the elements before each one, along ``axis``, or over ``x``
+    flattened in C order when None: where each block starts when blocks of ``x[i]`` items lie one after
+    another (``[3, 1, 2] -> [0, 3, 4]``; for a ``[peer, table]`` array laid table-major, pass ``x.T`` and
+    transpose the result)."""
+    x = np.asarray(x, dtype=np.int64)
+    if axis is None:
+        return (np.cumsum(x) - x.reshape(-1)).reshape(x.shape)
+    return np.cumsum(x, axis=axis) - x

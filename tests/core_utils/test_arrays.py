@@ -1,0 +1,36 @@
+"""``core.arrays.exclusive_cumsum``: each element's preceding sum, against a loop on small arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.arrays import exclusive_cumsum
+
+
+def _by_loop(x: np.ndarray) -> np.ndarray:
+    out, total = [], 0
+    for v in x.reshape(-1).tolist():
+        out.append(total)
+        total += v
+    return np.array(out, dtype=np.int64).reshape(x.shape)
+
+
+def test_one_dimension_by_hand():
+    assert exclusive_cumsum([3, 1, 2]).tolist() == [0, 3, 4]
+    assert exclusive_cumsum([5]).tolist() == [0]
+    got = exclusive_cumsum(np.zeros(0, np.int32))
+    assert got.shape == (0,) and got.dtype == np.int64  # empty stays empty (no leading 0)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 4), (4, 3), (2, 3, 2)])
+def test_flattened_in_c_order_and_along_each_axis_against_a_loop(shape):
+    x = np.random.default_rng(sum(shape)).integers(0, 9, size=shape).astype(np.int32)
+    got = exclusive_cumsum(x)
+    assert got.dtype == np.int64 and got.shape == shape
+    assert (got == _by_loop(x)).all()  # C order: blocks (i, j) one after another, j fastest
+    if x.ndim == 2:
+        assert (exclusive_cumsum(x.T).T == _by_loop(x.T).T).all()  # laid column-major
+    for axis in range(x.ndim):
+        want = np.apply_along_axis(_by_loop, axis, x)
+        assert (exclusive_cumsum(x, axis=axis) == want).all()
