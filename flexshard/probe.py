@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from core.errors import ConfigError, InputError, ProbeError
@@ -52,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--quick", action="store_true", help="fewer message sizes and repeats (default: all)")
     p.add_argument(
+        "--repeats",
+        type=positive_int,
+        help=f"timed repeats per message size, whose median is fitted (default {ProbeConfig.repeats}; "
+        f"{ProbeConfig.quick().repeats} with --quick)",
+    )
+    p.add_argument(
         "--timeout", type=positive_float, default=60.0, help="seconds any rank may wait (default 60)"
     )
     p.add_argument(
@@ -78,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
-    options = {k: getattr(args, k) for k in ("out", "quick", "timeout", "groups", "name")}
+    options = {k: getattr(args, k) for k in ("out", "quick", "repeats", "timeout", "groups", "name")}
     options["log_level"] = getattr(args, "log_level", logs.DEFAULT_LOG_LEVEL)  # for spawned ranks
     return options
 
@@ -187,9 +194,8 @@ def run_rank(
             for k, members in enumerate(layout.groups):
                 for r in members:
                     base.nodes[_gpu_of(base, r)]["group"] = names[k]
-        config = (
-            ProbeConfig.quick(timeout_s=timeout) if options.get("quick") else ProbeConfig(timeout_s=timeout)
-        )
+        config = ProbeConfig.quick(timeout_s=timeout) if options.get("quick") else ProbeConfig()
+        config = replace(config, timeout_s=timeout, repeats=options.get("repeats") or config.repeats)
         m = _measure_with_progress(layout, names, config, infos, store)
     except RuntimeError as err:  # a torch error the probe did not wrap: keep it to one line
         raise ProbeError(f"rank {rank}: {str(err).strip().splitlines()[-1][:200]}") from None

@@ -174,6 +174,11 @@ CASES = {  # id: (argv with {d} for the folder of inputs, the one line expected 
         "flexshard probe: error: --out: '{d}/missing/t.json': folder '{d}/missing' does not exist",
         None,
     ),
+    "probe --repeats 0": (
+        ["probe", "--repeats", "0"],
+        "flexshard probe: error: argument --repeats: must be positive, got '0' (see flexshard probe --help)",
+        None,
+    ),
     "train --metrics-out in a missing folder": (
         ["train", *SMALL, "--metrics-out", "{d}/missing/m.jsonl"],
         "flexshard train: error: --metrics-out: '{d}/missing/m.jsonl': folder '{d}/missing' does not exist",

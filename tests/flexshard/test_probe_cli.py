@@ -20,13 +20,14 @@ SMALL_WORKLOAD = ["--workload", "synthetic:6:2e6:1.0"]
 
 @pytest.fixture(scope="module")
 def probed(tmp_path_factory):
-    """One real probe: 4 spawned gloo processes, 2 groups of 2, --quick; (topology path, printed report,
-    log lines)."""
+    """One real probe: 4 spawned gloo processes, 2 groups of 2, --quick with 2 repeats (not its 3); (topology
+    path, printed report, log lines)."""
     path = tmp_path_factory.mktemp("probe") / "topo.json"
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(
-            ["probe", "--nproc", "4", "--groups", "2", "--quick", "--timeout", "30", "--out", str(path)]
+            ["probe", "--nproc", "4", "--groups", "2", "--quick", "--repeats", "2", "--timeout", "30"]
+            + ["--out", str(path)]
         )
     assert rc == 0
     return path, out.getvalue(), err.getvalue()
@@ -43,6 +44,7 @@ def test_four_rank_probe_writes_a_topology_the_planner_accepts(probed, capsys):
     measured = [a for *_, a in G.edges(data=True) if a.get("measured")]
     assert measured and all(a["measured_by"] == "collective" and a["bandwidth_GBps"] > 0 for a in measured)
     meta = G.graph["probe"]
+    assert (meta["repeats"], len(meta["sizes"])) == (2, 3)  # --repeats over --quick's 3, its 3 sizes kept
     assert meta["groups"] == [[0, 1], [2, 3]]
     assert len(meta["pairs"]) == 6
     assert set(meta["collectives"]) == {

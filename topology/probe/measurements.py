@@ -41,7 +41,9 @@ class ProbeConfig:
     """What to measure. ``sizes``: message bytes per transfer (per rank for collectives)."""
 
     sizes: tuple[int, ...] = (4 * KiB, 64 * KiB, 1 * MiB, 8 * MiB)
-    repeats: int = 5  # timed repeats per size
+    # timed repeats per size: on 4 ranks sharing 2 cores, four probes of 5 put the rail all-to-all's
+    # latency at 178-871 us and the group's at 321-1254; four of 15 at 122-199 and 137-628 (2026-11-28)
+    repeats: int = 15
     warmup: int = 1  # untimed repeats before them
     timeout_s: float = 60.0  # the longest any rank waits for another
     all_pairs_max_ranks: int = 16  # all pairs up to this many ranks, a sample beyond
