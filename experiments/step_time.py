@@ -55,38 +55,38 @@ STRATEGIES = (  # (label, strategy, dedup)
 
 
 METHOD = """Part 1 runs `flexshard bench --json` for each row's ranks (2 groups), batch per rank and plans
-(`probed`: a topology file from one `flexshard probe` of this machine, so every batch plans for the same
-figures, as `flexshard plan --topology` makes them: the probe records the host's cores, and the plan prices
-each rank's local work at the ranks' share of them; `h100`: the H100 preset shape of the same ranks and
-groups, priced with no GPU host work around the collectives, bench's default; `h100, host measured`: the same
-with `--gpu-host measured`, this runtime's host work as measured on an H100, docs/cost_model.md section 10.2),
-every strategy on the same batches in rounds that each start one strategy later. "median step" is the median
-over timed steps of the slowest rank's step (the embedding forward, a sum loss, backward and the optimizer
-step; no dense model); "vs ablation" divides by the row-wise ablation's (FlexShard's runtime on the row-wise
-plan with per-rank dedup), "vs TorchRec" by TorchRec 1.8's row-wise `EmbeddingCollection` on the same batches.
-"modeled ms" is the time model on the probed machine: the collective latencies and bandwidth of the quick
-probe of the run's ranks (each message size timed 15 times), taken 3 times before the rounds (the plans are
-made on their medians) and again after every round, each figure the median of these, and local rates measured
-on the same ranks at once, on a batch of the run's size, the same way (`bench --rates measured`: dedup,
-routing, gather, scatter-add, update, the loss and the buffer copies per lookup or value, every piece over
-every table in turn as a step runs them, each the median of 3 repeats, docs/cost_model.md section 10.2.1a;
-the host's per-step and per-collective work from the stored calibration at the ranks' share of the cores,
-which holds the collectives' wait for ranks descheduled on shared cores: docs/cost_model.md section 10.2.1b);
-"of which local" is the local work in it; TorchRec's local work is its own step on a one-rank group holding
-one rank's row-wise shard of each table (the batch's ids folded into it), measured the same way. Every rank
-keeps freed host memory (`flexshard.runtime.host_memory`: no page faults for a step's large tensors), warms up
-until no rank's heap grows (`bench --settle`) and keeps Python's garbage collector out of the timed steps (a
-collection before each block, `flexshard.training.garbage`). "model error" is modeled over measured, minus
-one. Smaller batches run more timed steps per round (their steps are short and noisier): 4x as many at batch
-64 and 256, 2x at 512. CPU timings on 2 shared cores are not GPU timings, and loopback has no slower link
-between groups, so plans that save inter-group bytes cannot gain here. FlexShard's plans are the planner's
-under the step objective: where they equal the ablation's plan, the two rows measure the same work. With
-several runs (`--runs N`, or earlier runs' records read back with `--from`; each record in step_time.json
-carries its run, its start and its commit), each run is one pass over every row, one run after the other, and
-a row's figures are the medians over the runs, each run's ratios taken within that run, with the lowest and
-highest run in brackets: on these 2 shared cores the same code's step moves by up to 20% between runs minutes
-apart (35% at 8 ranks, batch 64), more than within a run. The marks table judges the issue's marks in each run
-and on those medians.
+(`probed`: a topology file from one `flexshard probe` of this machine, each message size timed 15 times, so
+every batch plans for the same figures, as `flexshard plan --topology` makes them: the probe records the
+host's cores, and the plan prices each rank's local work at the ranks' share of them; `h100`: the H100 preset
+shape of the same ranks and groups, priced with no GPU host work around the collectives, bench's default;
+`h100, host measured`: the same with `--gpu-host measured`, this runtime's host work as measured on an H100,
+docs/cost_model.md section 10.2), every strategy on the same batches in rounds that each start one strategy
+later. "median step" is the median over timed steps of the slowest rank's step (the embedding forward, a sum
+loss, backward and the optimizer step; no dense model); "vs ablation" divides by the row-wise ablation's
+(FlexShard's runtime on the row-wise plan with per-rank dedup), "vs TorchRec" by TorchRec 1.8's row-wise
+`EmbeddingCollection` on the same batches. "modeled ms" is the time model on the probed machine: the
+collective latencies and bandwidth of the quick probe of the run's ranks (each message size timed 15 times),
+taken 3 times before the rounds (the plans are made on their medians) and again after every round, each figure
+the median of these, and local rates measured on the same ranks at once, on a batch of the run's size, the
+same way (`bench --rates measured`: dedup, routing, gather, scatter-add, update, the loss and the buffer
+copies per lookup or value, every piece over every table in turn as a step runs them, each the median of 3
+repeats, docs/cost_model.md section 10.2.1a; the host's per-step and per-collective work from the stored
+calibration at the ranks' share of the cores, which holds the collectives' wait for ranks descheduled on
+shared cores: docs/cost_model.md section 10.2.1b); "of which local" is the local work in it; TorchRec's local
+work is its own step on a one-rank group holding one rank's row-wise shard of each table (the batch's ids
+folded into it), measured the same way. Every rank keeps freed host memory (`flexshard.runtime.host_memory`:
+no page faults for a step's large tensors), warms up until no rank's heap grows (`bench --settle`) and keeps
+Python's garbage collector out of the timed steps (a collection before each block,
+`flexshard.training.garbage`). "model error" is modeled over measured, minus one. Smaller batches run more
+timed steps per round (their steps are short and noisier): 4x as many at batch 64 and 256, 2x at 512. CPU
+timings on 2 shared cores are not GPU timings, and loopback has no slower link between groups, so plans that
+save inter-group bytes cannot gain here. FlexShard's plans are the planner's under the step objective: where
+they equal the ablation's plan, the two rows measure the same work. With several runs (`--runs N`, or earlier
+runs' records read back with `--from`; each record in step_time.json carries its run, its start and its
+commit), each run is one pass over every row, one run after the other, and a row's figures are the medians
+over the runs, each run's ratios taken within that run, with the lowest and highest run in brackets: on these
+2 shared cores the same code's step moves by up to 20% between runs minutes apart (35% at 8 ranks, batch 64),
+more than within a run. The marks table judges the issue's marks in each run and on those medians.
 
 Part 2 prices the embedded default with the model alone, on the h100 presets (8 GPUs per node, their
 NCCL latency figures and the HBM-roofline rates of the value work of docs/cost_model.md section 10;
