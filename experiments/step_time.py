@@ -60,9 +60,11 @@ every batch plans for the same figures, as `flexshard plan --topology` makes the
 host's cores, and the plan prices each rank's local work at the ranks' share of them; `h100`: the H100 preset
 shape of the same ranks and groups, priced with no GPU host work around the collectives, bench's default;
 `h100, host measured`: the same with `--gpu-host measured`, this runtime's host work as measured on an H100,
-docs/cost_model.md section 10.2), every strategy on the same batches in rounds that each start one strategy
-later. "median step" is the median over timed steps of the slowest rank's step (the embedding forward, a sum
-loss, backward and the optimizer step; no dense model); "vs ablation" divides by the row-wise ablation's
+docs/cost_model.md section 10.2), every strategy on the same batches in rounds ordered by a Williams design
+(`flexshard bench`: each strategy at a new position and after a new strategy each round; the runs before
+2026-11-28 10:40 UTC started each round one strategy later, which put FlexShard after TorchRec in two rounds
+of three). "median step" is the median over timed steps of the slowest rank's step (the embedding forward, a
+sum loss, backward and the optimizer step; no dense model); "vs ablation" divides by the row-wise ablation's
 (FlexShard's runtime on the row-wise plan with per-rank dedup), "vs TorchRec" by TorchRec 1.8's row-wise
 `EmbeddingCollection` on the same batches. "modeled ms" is the time model on the probed machine: the
 collective latencies and bandwidth of the quick probe of the run's ranks (each message size timed 15 times),

@@ -7,10 +7,11 @@ step of every system until no rank's heap grew in a pass, at most ``--settle``
 (:mod:`flexshard.bench.settle`), then ``--rounds`` rounds (Python's automatic garbage collection off,
 a collection before every block, untimed: :mod:`flexshard.training.garbage`; ``--auto-gc`` leaves it
 on), each running every system in turn
-for ``--steps`` timed steps (A B C A B C ...), each block after one untimed step of its system (when
-``--warmup`` is not 0: in the rotation a strategy always follows the same one, and the first step after
-a switch pays for the previous system's caches and allocations). Round ``r``'s step ``k`` is the same
-batch for every system.
+for ``--steps`` timed steps, in the orders of a Williams design (:mod:`flexshard.bench.rotation`: over
+4 rounds of 4 strategies each runs once at every position and follows every other once), each block
+after one untimed step of its system (when ``--warmup`` is not 0: the first step after a switch pays for
+the previous system's caches and allocations). Round ``r``'s step ``k`` is the same batch for every
+system.
 The quick probe runs :data:`PLAN_MEASUREMENTS` times before the rounds and again after every round, and
 with ``--rates measured`` the local rates (and TorchRec's local step) are measured the same way: the plans
 are made with the medians of the first, the predictions priced with the medians of all
@@ -52,6 +53,7 @@ from flexshard.bench.plans import (
     view_figures,
 )
 from flexshard.bench.recorder import recording
+from flexshard.bench.rotation import round_order
 from flexshard.bench.settle import settle
 from flexshard.bench.shared_host import concurrent_all_to_all_Bps, shared_bandwidth_view
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
@@ -329,8 +331,8 @@ def _rounds(
 ) -> None:
     """The alternating rounds of timed blocks (:func:`_run_blocks`), appending to ``out`` and ``order``;
     with ``--auto-gc`` off, ``collector`` collects before every block, untimed."""
-    for r in range(cfg.rounds):  # each round starts one strategy later: none always runs first
-        for s in systems[r % len(systems) :] + systems[: r % len(systems)]:
+    for r in range(cfg.rounds):  # a Williams design: balanced for position and for the strategy before
+        for s in [systems[i] for i in round_order(r, len(systems))]:
             if cfg.gc:
                 collector.collect()
             got = out[s.key]
