@@ -1,10 +1,10 @@
 """The order the benchmark runs its strategies in, round by round: a Williams design.
 
-A strategy's first steps after a switch pay for what the previous strategy left behind (its caches, its
-heap), so the order is balanced for that as well as for position: over :func:`rounds_to_balance` rounds
-every strategy runs once at every position and follows every other strategy equally often (once for an
-even number of strategies, twice for an odd number, over twice the rounds). The rotation it replaces
-(A B C D, B C D A, ...) put each strategy after the same one in every round.
+A strategy's first steps after a switch pay for what the previous strategy left behind (its caches, its heap),
+so the order is balanced for that as well as for position: over the rounds :func:`williams_orders` gives,
+every strategy runs once at every position and follows every other strategy equally often (once for an even
+number of strategies, twice for an odd number, over twice the rounds). The rotation it replaces (A B C D, B C
+D A, ...) put each strategy after the same one in every round.
 """
 
 from __future__ import annotations
@@ -32,9 +32,3 @@ def round_order(round_index: int, n: int) -> list[int]:
     :func:`williams_orders`."""
     orders = williams_orders(n)
     return orders[round_index % len(orders)]
-
-
-def rounds_to_balance(n: int) -> int:
-    """Rounds after which every strategy has followed every other equally often: ``n``, or ``2n`` for odd
-    ``n`` (1 for one strategy)."""
-    return len(williams_orders(n))
