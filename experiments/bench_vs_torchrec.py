@@ -32,8 +32,9 @@ Measured vs computed:
 
 * step time: wall time of forward + backward + optimizer step on each rank after a barrier; the
   step's time is the slowest rank's; mean, std and median over the timed steps. Both models are
-  built once; ``--rounds`` timed blocks of ``--steps`` steps per system alternate which system runs
-  first (A B, B A, ...), on the same batches;
+  built once; ``--rounds`` timed blocks of ``--steps`` steps per system run in the orders of
+  :func:`flexshard.bench.rotation.round_order` (a Williams design, as ``flexshard bench`` runs its
+  strategies), on the same batches;
 * bytes: MEASURED for both systems by wrapping the ``torch.distributed`` collectives both call
   (:mod:`flexshard.bench.recorder`, the recorder of ``flexshard bench``; TorchRec's row-wise system is
   ``flexshard.bench.systems.TorchRecRowWise``) during the timed steps only: bytes each
@@ -85,6 +86,7 @@ import torch.multiprocessing as mp
 from core.osutil import free_port
 from flexshard.bench.data import orders_by_count
 from flexshard.bench.recorder import recording
+from flexshard.bench.rotation import round_order
 from flexshard.bench.systems import TorchRecRowWise
 from flexshard.runtime.host_memory import keep_freed_memory
 from flexshard.runtime.local import wait_for_ranks
@@ -402,10 +404,10 @@ def _worker(rank: int, cfg: Config, port: int, plan_path: str, orders_path: str,
             except Exception:
                 result[f"{key}_error"] = traceback.format_exc()
                 (out / f"rank{rank}.{key}.err").write_text(result[f"{key}_error"])
-        # rounds alternate the order (A B C, C B A, ...) so no system always runs first
+        # rounds in a Williams design: each system at every position, after every other one
         for rnd in range(cfg.rounds):
-            order = systems if rnd % 2 == 0 else systems[::-1]
-            for system in order:
+            for i in round_order(rnd, len(systems)):
+                system = systems[i]
                 timed_block(cfg, system, cfg.warmup if rnd == 0 else min(1, cfg.warmup))
         for system in systems:
             result[system.key] = system.result()
@@ -491,8 +493,8 @@ def report(cfg: Config, plan_info: dict, results: list[dict]) -> tuple[str, dict
         f"world {cfg.world} = {cfg.groups} emulated groups of {cfg.group_size} (gloo, CPU, "
         f"{cfg.threads} thread(s) per rank, {os.cpu_count()} cores); tables: {tables}; "
         f"batch {cfg.batch}/rank, lengths {cfg.len_min}-{cfg.len_max}; per system {cfg.rounds} rounds of "
-        f"{cfg.steps} timed steps (first after {cfg.warmup} warm-up steps, later after 1; rounds alternate "
-        f"which system runs first); zipf alpha {cfg.alpha}, tail {cfg.tail_mass}; "
+        f"{cfg.steps} timed steps (first after {cfg.warmup} warm-up steps, later after 1; rounds in a "
+        f"Williams design of the systems' order); zipf alpha {cfg.alpha}, tail {cfg.tail_mass}; "
         f"order: {'oracle' if cfg.oracle_order else f'counted on {cfg.profile_steps} profiling steps'}"
     )
     lines.append("")
@@ -675,9 +677,9 @@ def render_study(cfg: Config, runs: list[tuple[str, str, dict]], command: str, r
         "dedup=True)`; TorchRec: `EmbeddingCollection`, `ROW_WISE`, FUSED kernel, fused "
         "`EXACT_ROWWISE_ADAGRAD`, no index dedup (no CPU kernel).",
         f"- Per system {cfg.rounds} rounds of {cfg.steps} timed steps on the same batches (first after "
-        f"{cfg.warmup} warm-up steps), rounds alternating which system runs first; {cfg.threads} torch "
-        "thread(s) per rank; a step's time is its slowest rank's; Python's garbage collector kept out of "
-        "each round's steps (one collection before it).",
+        f"{cfg.warmup} warm-up steps), rounds in a Williams design of the systems' order; "
+        f"{cfg.threads} torch thread(s) per rank; a step's time is its slowest rank's; Python's garbage "
+        "collector kept out of each round's steps (one collection before it).",
         "- Bytes: measured by hooking `torch.distributed` collectives during the timed steps, per rank per "
         "iteration, send side, MB = 1e6 B (all-reduce per-peer bytes computed from the payload).",
         "",
@@ -760,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--oracle-order", action="store_true")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     p.add_argument(
-        "--rounds", type=int, default=2, help="timed blocks per system, alternating which runs first"
+        "--rounds", type=int, default=2, help="timed blocks per system, in the orders of a Williams design"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-torchrec", action="store_true")
