@@ -162,3 +162,56 @@ def fit_host(rates: LocalRates, rows: list, tables: int, factor: float) -> Local
     host = np.array([s - b - m for _k, _c, s, b, m in rows])
     (step_s, table_stage_s), *_ = np.linalg.lstsq(a, host, rcond=None)
     return replace(rates, step_s=max(step_s, 0.0) / factor, table_stage_s=max(table_stage_s, 0.0) / factor)
+
+
+def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRates, list]:
+    """``stored`` with ``step_s`` and ``table_stage_s`` fitted to ``flexshard bench --json`` records (or a
+    study's, e.g. docs/results/step_time.json) priced with ``stored``'s host terms: what each runtime
+    strategy's measured median step leaves after its prediction less the prediction's host part, fitted
+    in relative error as the host part's own shape, ``step_s + table_stage_s x tables x collectives``
+    times the record's ranks per core and shared-core factor (the ratio of its host part to ``stored``'s
+    host terms). So the host terms take up what the bench's own latency, bandwidth and local rates leave
+    of the step, where ``measure_host`` subtracts a tiny collective's latency instead. Records without a
+    ``host`` part (before 2026-11-28) are priced with a shared-core factor of 1 (exact for even owners'
+    shares). Returns the rates and per record (ranks, batch, plan, strategy, measured, modeled before,
+    modeled after), ms."""
+    used = []
+    for r in records:
+        if not r.get("plan_tables") or "step_ms_median" not in r:
+            continue  # TorchRec (its own measured step stands in for the local work) or skipped
+        rates, tables, stages = r["local_rates"], len(r["plan_tables"]), r["collectives_per_step"]
+        share = rates["step_s"] / stored.step_s
+        if not np.isclose(rates["table_stage_s"] / stored.table_stage_s, share, rtol=1e-6):
+            raise ValueError(
+                f"local_rates: record {r['strategy']} was priced with other host terms than the stored ones "
+                f"(step_s {rates['step_s']:.4g}, table_stage_s {rates['table_stage_s']:.4g} s); fit it "
+                "against the rates it was priced with"
+            )
+        parts = r.get("predicted_parts_ms", {})
+        host_ms = parts.get("host", (rates["step_s"] + rates["table_stage_s"] * tables * stages) * 1e3)
+        unit = host_ms / ((stored.step_s + stored.table_stage_s * tables * stages) * 1e3)  # ms per ms
+        used.append((r, tables * stages, unit, r["predicted_step_ms"] - host_ms))
+    if len(used) < 2:
+        raise ValueError(f"records: {len(used)} runtime strategies with a plan; the fit needs 2 or more")
+    measured = np.array([r["step_ms_median"] for r, *_ in used])
+    a = np.array([[unit, unit * ts] for _r, ts, unit, _rest in used]) / measured[:, None]
+    b = np.array([m - rest for m, (_r, _ts, _unit, rest) in zip(measured, used, strict=True)]) / measured
+    (step_ms, table_stage_ms), *_ = np.linalg.lstsq(a, b, rcond=None)
+    if min(step_ms, table_stage_ms) < 0:  # the negative term at 0, the other refitted alone
+        col = 1 if step_ms < 0 else 0
+        (only,), *_ = np.linalg.lstsq(a[:, [col]], b, rcond=None)
+        step_ms, table_stage_ms = (0.0, max(only, 0.0)) if col else (max(only, 0.0), 0.0)
+    fitted = replace(stored, step_s=step_ms / 1e3, table_stage_s=table_stage_ms / 1e3)
+    table = [
+        (
+            r.get("nproc", ""),
+            r.get("batch", ""),
+            r.get("planned_for", r.get("plan_for", "")),
+            r["strategy"],
+            r["step_ms_median"],
+            r["predicted_step_ms"],
+            rest + unit * (step_ms + table_stage_ms * ts),
+        )
+        for r, ts, unit, rest in used
+    ]
+    return fitted, table

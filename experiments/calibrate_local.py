@@ -19,6 +19,13 @@ measured on the ranks at that batch, fitted over every run and batch as ``step_s
 tables x collectives`` at each run's share of the cores (divided by its ranks per core; the bench
 multiplies it back, :meth:`LocalRates.shared`).
 
+``--host-from JSON ...``: the host terms fitted instead to what ``flexshard bench --json`` records (or a
+study's, docs/results/step_time.json) measured beyond the bench's own prediction less its host part
+(:func:`calibrate_host.fit_host_to_bench`): the latency the bench's probes priced, the bandwidth and the
+local rates it measured stay as they were, so the terms take up exactly what they leave of the step. The
+records must have been priced with the stored terms; nothing is timed, the other rates stay the stored
+ones. Prints each record's measured and modeled step before and after.
+
 Sizes: batches of 64..1024 samples per rank at the default workload's ~158 ids per sample (item-side
 tables), dims 32, 64 and 128 (the default tables' widths), ids drawn Zipf-like (alpha 0.87) from a
 200,000-row table. Each point is the median of ``--repeats`` runs; a rate is the slope of time over
@@ -146,6 +153,30 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
     return rates, points
 
 
+def host_from_records(paths: list[Path], out: Path | None) -> None:
+    """``--host-from``: fit ``step_s`` and ``table_stage_s`` to the bench records in ``paths`` and print
+    each record's error before and after (and write the rates to ``out``)."""
+    import json
+
+    from calibrate_host import fit_host_to_bench
+
+    records = [r for path in paths for r in json.loads(path.read_text())]
+    stored = LocalRates.default()
+    rates, table = fit_host_to_bench(records, stored)
+    head = f"{'ranks':>5} {'batch':>5} {'plan':<20} {'strategy':<22} {'measured':>9}"
+    print(f"{head} {'before':>7} {'after':>7}  (ms; the model's error before and after the fit)")
+    for nproc, batch, plan, key, measured, before, after in table:
+        err = f"{before / measured - 1:+7.1%} {after / measured - 1:+7.1%}"
+        print(f"{nproc:>5} {batch:>5} {str(plan)[:20]:<20} {key:<22} {measured:9.2f} {err}")
+    within = [sum(abs(row[i] / row[4] - 1) <= 0.2 for row in table) for i in (5, 6)]
+    print(f"within 20%: {within[0]} of {len(table)} before, {within[1]} after")
+    for name in ("step_s", "table_stage_s"):
+        print(f"  {name:<14} {getattr(stored, name):.4g} s -> {getattr(rates, name):.4g} s")
+    if out:
+        rates.save(out)
+        print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="write the rates JSON here (LocalRates.load reads it)")
@@ -157,7 +188,17 @@ def main() -> None:
     ap.add_argument(
         "--host-batches", default="2", help="samples per rank of the --host run, comma-separated (default 2)"
     )
+    ap.add_argument(
+        "--host-from",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="fit only the host terms, to these bench records (priced with the stored terms); times nothing",
+    )
     args = ap.parse_args()
+    if args.host_from:
+        host_from_records(args.host_from, args.out)
+        return
     rates, points = measure(args.repeats)
     if args.host:
         from calibrate_host import measure_host

@@ -3,6 +3,8 @@ timings: they recover the rates the timings were made from."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from experiment_module import load_experiment
 
@@ -31,3 +33,53 @@ def test_host_fit_recovers_step_and_table_stage_costs_per_rank_share():
     assert got.step_s == pytest.approx(step_s, rel=1e-9)
     assert got.table_stage_s == pytest.approx(table_stage_s, rel=1e-9)
     assert got.gather_s_per_value == LocalRates.default().gather_s_per_value  # the rest unchanged
+
+
+def _bench_record(strategy, stages, measured, rest_ms, unit, stored, host_part=True):
+    """A bench record of a 3-table plan with ``stages`` collectives, priced with ``stored``'s host terms
+    at ``unit`` (ranks per core x shared-core factor) plus ``rest_ms`` of everything else."""
+    tables = [{"name": n} for n in ("a", "b", "c")]
+    host_ms = unit * (stored.step_s + stored.table_stage_s * 3 * stages) * 1e3
+    record = {
+        "strategy": strategy,
+        "step_ms_median": measured,
+        "collectives_per_step": float(stages),
+        "plan_tables": tables,
+        "predicted_step_ms": rest_ms + host_ms,
+        "predicted_parts_ms": {"host": host_ms} if host_part else {},
+        "local_rates": {"step_s": unit * stored.step_s, "table_stage_s": unit * stored.table_stage_s},
+    }
+    return record
+
+
+def test_host_fit_to_bench_records_recovers_the_terms_the_steps_were_made_with():
+    """Steps made from known host terms (2.5 ms a step, 0.6 ms a table stage) at 2 and 4 ranks per core,
+    3 and 5 collectives, on top of a prediction's other parts: the fit recovers the terms, and every
+    record's modeled step after it is its measured one; TorchRec's record (no plan) is left out."""
+    fit = load_experiment("calibrate_host").fit_host_to_bench
+    stored = replace(LocalRates.default(), step_s=1e-3, table_stage_s=3e-4)
+    step_s, table_stage_s = 2.5e-3, 6e-4
+    records = []
+    for i, (unit, stages, rest) in enumerate(((2, 3, 20.0), (2, 5, 25.0), (4, 3, 60.0), (4, 5, 70.0))):
+        measured = rest + unit * (step_s + table_stage_s * 3 * stages) * 1e3
+        records.append(_bench_record(f"s{i}", stages, measured, rest, unit, stored, host_part=i % 2 == 0))
+    records.append({"strategy": "torchrec_row_wise", "step_ms_median": 90.0, "plan_tables": []})
+    got, table = fit(records, stored)
+    assert got.step_s == pytest.approx(step_s, rel=1e-9)
+    assert got.table_stage_s == pytest.approx(table_stage_s, rel=1e-9)
+    assert got.gather_s_per_value == stored.gather_s_per_value
+    assert len(table) == 4
+    for row, r in zip(table, records, strict=False):
+        assert row[4] == r["step_ms_median"] and row[5] == r["predicted_step_ms"]
+        assert row[6] == pytest.approx(r["step_ms_median"], rel=1e-9)
+
+
+def test_host_fit_to_bench_records_refuses_records_priced_with_other_terms():
+    fit = load_experiment("calibrate_host").fit_host_to_bench
+    stored = replace(LocalRates.default(), step_s=1e-3, table_stage_s=3e-4)
+    other = replace(stored, table_stage_s=4e-4)
+    records = [_bench_record("a", 3, 30.0, 20.0, 2, other), _bench_record("b", 5, 40.0, 25.0, 2, other)]
+    with pytest.raises(ValueError, match="local_rates: record a was priced with other host terms"):
+        fit(records, stored)
+    with pytest.raises(ValueError, match="records: 1 runtime strategies"):
+        fit(records[:1], other)
