@@ -3,8 +3,8 @@ NCCL presets' figures on the embedded default at 64 and 512 GPUs.
 
 Part 1 (measured): ``flexshard bench`` on 4 and 8 local gloo ranks in 2 groups at batch 64 to 1024 per
 rank, plans made for this machine (a topology file from one quick probe, so every batch size plans for
-the same figures) and for the H100 shape, every strategy on the same batches in alternating rounds: the
-median step, collectives per step and the time model's prediction on the probed machine. Part 2
+the same figures) and for the H100 shape, every strategy on the same batches in rounds of a Williams design:
+the median step, collectives per step and the time model's prediction on the probed machine. Part 2
 (modeled): FlexShard, row-wise with dedup and TorchRec's default (row-wise without dedup) on the
 embedded default at 64 GPUs (8 H100 nodes) and 512 GPUs (64 nodes), the step split into collective
 latency, bandwidth and local work, unpipelined and pipelined, against the FlexShard paper's headline of
@@ -74,13 +74,14 @@ same way (`bench --rates measured`: dedup, routing, gather, scatter-add, update,
 copies per lookup or value, every piece over every table in turn as a step runs them, each the median of 3
 repeats, docs/cost_model.md section 10.2.1a; the host's per-step and per-collective work from the stored
 calibration at the ranks' share of the cores, which holds the collectives' wait for ranks descheduled on
-shared cores: docs/cost_model.md section 10.2.1b); "of which local" is the local work in it; TorchRec's local
-work is its own step on a one-rank group holding one rank's row-wise shard of each table (the batch's ids
-folded into it), measured the same way. Every rank keeps freed host memory (`flexshard.runtime.host_memory`:
-no page faults for a step's large tensors), warms up until no rank's heap grows (`bench --settle`) and keeps
-Python's garbage collector out of the timed steps (a collection before each block,
-`flexshard.training.garbage`). "model error" is modeled over measured, minus one. Smaller batches run more
-timed steps per round (their steps are short and noisier): 4x as many at batch 64 and 256, 2x at 512. CPU
+shared cores: docs/cost_model.md section 10.2.1b; since 2026-11-28 12:15 UTC fitted to what this prediction
+left of the two runs of 08:43 UTC, `calibrate_local.py --host-from`); "of which local" is the local work in
+it; TorchRec's local work is its own step on a one-rank group holding one rank's row-wise shard of each table
+(the batch's ids folded into it), measured the same way. Every rank keeps freed host memory
+(`flexshard.runtime.host_memory`: no page faults for a step's large tensors), warms up until no rank's heap
+grows (`bench --settle`) and keeps Python's garbage collector out of the timed steps (a collection before each
+block, `flexshard.training.garbage`). "model error" is modeled over measured, minus one. Smaller batches run
+more timed steps per round (their steps are short and noisier): 4x as many at batch 64 and 256, 2x at 512. CPU
 timings on 2 shared cores are not GPU timings, and loopback has no slower link between groups, so plans that
 save inter-group bytes cannot gain here. FlexShard's plans are the planner's under the step objective: where
 they equal the ablation's plan, the two rows measure the same work. With several runs (`--runs N`, or earlier
