@@ -185,7 +185,7 @@ def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRat
             raise ValueError(
                 f"local_rates: record {r['strategy']} was priced with other host terms than the stored ones "
                 f"(step_s {rates['step_s']:.4g}, table_stage_s {rates['table_stage_s']:.4g} s); fit it "
-                "against the rates it was priced with"
+                "against the rates it was priced with (calibrate_local.py --priced-with RATES)"
             )
         parts = r.get("predicted_parts_ms", {})
         host_ms = parts.get("host", (rates["step_s"] + rates["table_stage_s"] * tables * stages) * 1e3)

@@ -23,8 +23,8 @@ multiplies it back, :meth:`LocalRates.shared`).
 study's, docs/results/step_time.json) measured beyond the bench's own prediction less its host part
 (:func:`calibrate_host.fit_host_to_bench`): the latency the bench's probes priced, the bandwidth and the
 local rates it measured stay as they were, so the terms take up exactly what they leave of the step. The
-records must have been priced with the stored terms; nothing is timed, the other rates stay the stored
-ones. Prints each record's measured and modeled step before and after.
+records must have been priced with the stored terms (or ``--priced-with RATES``, a rates file); nothing is
+timed, the other rates stay those. Prints each record's measured and modeled step before and after.
 
 Sizes: batches of 64..1024 samples per rank at the default workload's ~158 ids per sample (item-side
 tables), dims 32, 64 and 128 (the default tables' widths), ids drawn Zipf-like (alpha 0.87) from a
@@ -153,16 +153,22 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
     return rates, points
 
 
-def host_from_records(paths: list[Path], out: Path | None) -> None:
-    """``--host-from``: fit ``step_s`` and ``table_stage_s`` to the bench records in ``paths`` and print
-    each record's error before and after (and write the rates to ``out``)."""
+def host_from_records(paths: list[Path], stored: LocalRates, out: Path | None) -> None:
+    """``--host-from``: fit ``step_s`` and ``table_stage_s`` to the bench records in ``paths``, priced
+    with ``stored``, and print each record's error before and after (and write the rates to ``out``)."""
     import json
 
     from calibrate_host import fit_host_to_bench
 
-    records = [r for path in paths for r in json.loads(path.read_text())]
-    stored = LocalRates.default()
-    rates, table = fit_host_to_bench(records, stored)
+    try:
+        records = [r for path in paths for r in json.loads(path.read_text())]
+        rates, table = fit_host_to_bench(records, stored)
+    except KeyError as e:  # one line, no rates written
+        raise SystemExit(
+            f"calibrate_local --host-from: a record has no field {e!s}; bench --json writes it"
+        ) from None
+    except (OSError, ValueError, TypeError) as e:
+        raise SystemExit(f"calibrate_local --host-from: {e!s}") from None
     head = f"{'ranks':>5} {'batch':>5} {'plan':<20} {'strategy':<22} {'measured':>9}"
     print(f"{head} {'before':>7} {'after':>7}  (ms; the model's error before and after the fit)")
     for nproc, batch, plan, key, measured, before, after in table:
@@ -195,9 +201,16 @@ def main() -> None:
         metavar="JSON",
         help="fit only the host terms, to these bench records (priced with the stored terms); times nothing",
     )
+    ap.add_argument(
+        "--priced-with",
+        type=Path,
+        metavar="RATES",
+        help="with --host-from: the rates file the records were priced with (default: the stored rates)",
+    )
     args = ap.parse_args()
     if args.host_from:
-        host_from_records(args.host_from, args.out)
+        stored = LocalRates.load(args.priced_with) if args.priced_with else LocalRates.default()
+        host_from_records(args.host_from, stored, args.out)
         return
     rates, points = measure(args.repeats)
     if args.host:

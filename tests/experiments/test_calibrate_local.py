@@ -3,7 +3,12 @@ timings: they recover the rates the timings were made from."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from experiment_module import load_experiment
@@ -83,3 +88,56 @@ def test_host_fit_to_bench_records_refuses_records_priced_with_other_terms():
         fit(records, stored)
     with pytest.raises(ValueError, match="records: 1 runtime strategies"):
         fit(records[:1], other)
+
+
+def _host_from(*args: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        [sys.executable, str(root / "experiments" / "calibrate_local.py"), "--host-from", *args],
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_host_from_cli_writes_the_fitted_terms_and_refuses_a_bad_file_in_one_line(tmp_path):
+    """``calibrate_local.py --host-from records.json --priced-with rates.json --out fitted.json``: the
+    terms the steps were made with, written where asked and printed with each record's error (0 after);
+    a record without its rates is one line, exit 1, and nothing written."""
+    priced = replace(LocalRates.default(), step_s=1e-3, table_stage_s=3e-4)
+    priced.save(tmp_path / "priced.json")
+    records = []
+    for i, (unit, stages, rest) in enumerate(((2, 3, 20.0), (4, 5, 70.0), (2, 5, 25.0))):
+        measured = rest + unit * (2.5e-3 + 6e-4 * 3 * stages) * 1e3
+        records.append(_bench_record(f"s{i}", stages, measured, rest, unit, priced))
+    (tmp_path / "records.json").write_text(json.dumps(records))
+    out = tmp_path / "fitted.json"
+    done = _host_from(
+        str(tmp_path / "records.json"), "--priced-with", str(tmp_path / "priced.json"), "--out", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    fitted = LocalRates.load(out)
+    assert fitted.step_s == pytest.approx(2.5e-3, rel=1e-9)
+    assert fitted.table_stage_s == pytest.approx(6e-4, rel=1e-9)
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["s0"], ["s1"], ["s2"])]
+    assert [float(r[-2].rstrip("%")) for r in rows] == pytest.approx([-23.5, -20.7, -25.0], abs=0.05)
+    assert [float(r[-1].rstrip("%")) for r in rows] == pytest.approx([0, 0, 0], abs=1e-9)  # after the fit
+    assert "within 20%: 0 of 3 before, 3 after" in done.stdout
+    del records[1]["local_rates"]
+    (tmp_path / "bad.json").write_text(json.dumps(records))
+    bad = _host_from(str(tmp_path / "bad.json"), "--out", str(tmp_path / "bad_out.json"))
+    assert bad.returncode == 1  # priced with other terms than the stored ones, which it was not told
+    assert "record s0 was priced with other host terms" in bad.stderr and "--priced-with" in bad.stderr
+    bad = _host_from(
+        str(tmp_path / "bad.json"),
+        "--priced-with",
+        str(tmp_path / "priced.json"),
+        "--out",
+        str(tmp_path / "bad_out.json"),
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.strip().splitlines() == [
+        "calibrate_local --host-from: a record has no field 'local_rates'; bench --json writes it"
+    ]
+    assert not (tmp_path / "bad_out.json").exists()
