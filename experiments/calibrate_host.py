@@ -175,6 +175,11 @@ def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRat
     ``host`` part (before 2026-11-28) are priced with a shared-core factor of 1 (exact for even owners'
     shares). Returns the rates and per record (ranks, batch, plan, strategy, measured, modeled before,
     modeled after), ms."""
+    if min(stored.step_s, stored.table_stage_s) <= 0:
+        raise ValueError(
+            f"step_s, table_stage_s: the rates the records were priced with have no host terms to scale "
+            f"({stored.step_s:.4g}, {stored.table_stage_s:.4g} s)"
+        )
     used = []
     for r in records:
         if not r.get("plan_tables") or "step_ms_median" not in r:

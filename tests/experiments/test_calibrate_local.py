@@ -88,6 +88,8 @@ def test_host_fit_to_bench_records_refuses_records_priced_with_other_terms():
         fit(records, stored)
     with pytest.raises(ValueError, match="records: 1 runtime strategies"):
         fit(records[:1], other)
+    with pytest.raises(ValueError, match="step_s, table_stage_s: the rates .* have no host terms"):
+        fit(records, replace(other, step_s=0.0))
 
 
 def _host_from(*args: str) -> subprocess.CompletedProcess:
