@@ -199,7 +199,7 @@ def main() -> None:
         nargs="+",
         type=Path,
         metavar="JSON",
-        help="fit only the host terms, to these bench records (priced with the stored terms); times nothing",
+        help="fit only the host terms, to these bench records (see --priced-with); times nothing",
     )
     ap.add_argument(
         "--priced-with",

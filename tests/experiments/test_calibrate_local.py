@@ -45,7 +45,7 @@ def _bench_record(strategy, stages, measured, rest_ms, unit, stored, host_part=T
     at ``unit`` (ranks per core x shared-core factor) plus ``rest_ms`` of everything else."""
     tables = [{"name": n} for n in ("a", "b", "c")]
     host_ms = unit * (stored.step_s + stored.table_stage_s * 3 * stages) * 1e3
-    record = {
+    return {
         "strategy": strategy,
         "step_ms_median": measured,
         "collectives_per_step": float(stages),
@@ -54,7 +54,6 @@ def _bench_record(strategy, stages, measured, rest_ms, unit, stored, host_part=T
         "predicted_parts_ms": {"host": host_ms} if host_part else {},
         "local_rates": {"step_s": unit * stored.step_s, "table_stage_s": unit * stored.table_stage_s},
     }
-    return record
 
 
 def test_host_fit_to_bench_records_recovers_the_terms_the_steps_were_made_with():
