@@ -184,18 +184,17 @@ def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRat
     for r in records:
         if not r.get("plan_tables") or "step_ms_median" not in r:
             continue  # TorchRec (its own measured step stands in for the local work) or skipped
-        rates, tables, stages = r["local_rates"], len(r["plan_tables"]), r["collectives_per_step"]
-        share = rates["step_s"] / stored.step_s
+        rates, ts = r["local_rates"], len(r["plan_tables"]) * r["collectives_per_step"]  # table stages
+        share = rates["step_s"] / stored.step_s  # the record's ranks per core
         if not np.isclose(rates["table_stage_s"] / stored.table_stage_s, share, rtol=1e-6):
             raise ValueError(
                 f"local_rates: record {r['strategy']} was priced with other host terms than the stored ones "
                 f"(step_s {rates['step_s']:.4g}, table_stage_s {rates['table_stage_s']:.4g} s); fit it "
                 "against the rates it was priced with (calibrate_local.py --priced-with RATES)"
             )
-        parts = r.get("predicted_parts_ms", {})
-        host_ms = parts.get("host", (rates["step_s"] + rates["table_stage_s"] * tables * stages) * 1e3)
-        unit = host_ms / ((stored.step_s + stored.table_stage_s * tables * stages) * 1e3)  # ms per ms
-        used.append((r, tables * stages, unit, r["predicted_step_ms"] - host_ms))
+        stored_ms = (stored.step_s + stored.table_stage_s * ts) * 1e3
+        host_ms = r.get("predicted_parts_ms", {}).get("host", share * stored_ms)
+        used.append((r, ts, host_ms / stored_ms, r["predicted_step_ms"] - host_ms))
     if len(used) < 2:
         raise ValueError(f"records: {len(used)} runtime strategies with a plan; the fit needs 2 or more")
     measured = np.array([r["step_ms_median"] for r, *_ in used])
