@@ -76,8 +76,10 @@ repeats, docs/cost_model.md section 10.2.1a; the host's per-step and per-collect
 calibration at the ranks' share of the cores, which holds the collectives' wait for ranks descheduled on
 shared cores: docs/cost_model.md section 10.2.1b; since 2026-11-28 12:15 UTC fitted to what this prediction
 left of the two runs of 08:43 UTC, `calibrate_local.py --host-from`); "of which local" is the local work in
-it; TorchRec's local work is its own step on a one-rank group holding one rank's row-wise shard of each table
-(the batch's ids folded into it), measured the same way. Every rank keeps freed host memory
+it; TorchRec's local work is its own step on the run's ranks, timed in each rank's own thread CPU times the
+ranks per core (since 2026-11-28 15:10 UTC; before, its step on a one-rank group holding one rank's row-wise
+shard of each table: docs/cost_model.md section 10.2.1e), measured the same way. Every rank
+keeps freed host memory
 (`flexshard.runtime.host_memory`: no page faults for a step's large tensors), warms up until no rank's heap
 grows (`bench --settle`) and keeps Python's garbage collector out of the timed steps (a collection before each
 block, `flexshard.training.garbage`). "model error" is modeled over measured, minus one. Smaller batches run

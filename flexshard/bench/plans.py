@@ -197,7 +197,7 @@ def make_plans(
     (:meth:`~solvers.time_types.LocalRates.for_view`); ``rates``: the running machine's local-work rates
     (None: the view's), which the plans for the running machine (``plan_view`` is ``machine_view``) are
     also made with, so that the planner picks by the step the prediction prices; ``torchrec_local_s``:
-    TorchRec's own local work per step, measured (:func:`~flexshard.bench.systems.torchrec_local_step_s`),
+    TorchRec's own local work per step, measured (:func:`~flexshard.bench.systems.torchrec_local_timer`),
     priced in its prediction instead of the runtime's local rates (None: those rates); ``threads_per_core``:
     the job's torch threads on this host per core (:func:`~flexshard.bench.predict.predicted_parts_ms`)."""
     w = data.workload

@@ -36,14 +36,13 @@ def predicted_parts_ms(
     (``step_s`` and ``table_stage_s`` of the rates; 0 with ``local_s``), what
     ``experiments/calibrate_local.py --host-from`` fits again from measured steps. ``latency`` and
     ``rates``: as :func:`~solvers.time_model.step_time` takes them (None: the view's); ``local_s``: the
-    local work of a step measured as a whole (another implementation's, e.g. TorchRec's, on a one-rank
-    group), in place of the modeled local work but for the exchange's buffer copies, which a one-rank
-    group makes none of: those are priced as the runtime's own (the ``pack`` piece,
-    :class:`~solvers.time_types.BufferCopies`: each value copied into a send buffer or out of a receive
-    buffer). ``threads_per_core``: the job's torch threads on this host per core (more than 1:
+    local work of a step measured as a whole, its copies into and out of the exchange's buffers included
+    (another implementation's, e.g. TorchRec's,
+    :func:`~flexshard.bench.systems.torchrec_local_timer`), in place of the modeled local work.
+    ``threads_per_core``: the job's torch threads on this host per core (more than 1:
     :func:`shared_core_factor` scales bandwidth and local work)."""
     st = step_time(workload, view, plan, latency=latency, rates=rates)
-    local = st.local_s if local_s is None else local_s + st.local_by_piece["pack"]
+    local = st.local_s if local_s is None else local_s
     host = st.local_by_piece["host"] if local_s is None else 0.0
     f = shared_core_factor(st, threads_per_core)
     parts = {"latency": st.latency_s, "bandwidth": f * st.bandwidth_s, "local": f * local}

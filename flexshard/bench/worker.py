@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 # measurements of each machine figure before the plans are made: a plan for this machine chosen on one
 # flipped between near-equal plans that the medians then priced 5% apart (8 ranks, batch 1,024, 2026-11-27)
 PLAN_MEASUREMENTS = 3
-TORCHREC_MIN_S = 0.3  # seconds TorchRec's one-rank step is repeated for when its local work is measured
+TORCHREC_MIN_S = 0.3  # wall seconds TorchRec's step is repeated for when its local work is measured
 INTERRUPTED_LINE = "flexshard bench: interrupted; no results (the ranks were stopped)"
 
 
@@ -164,7 +164,9 @@ def rate_measurer(cfg: BenchConfig, data: BenchData, torchrec: bool) -> Any:
     rounds and after each round, and prices with the medians). Collective: every rank calls it."""
     rank = dist.get_rank()
     batch = data.make_batch(cfg.warmup + cfg.timed_steps, rank)  # one past the timed batches
-    timer = torchrec_local_timer(data.tables, cfg.lr, batch) if torchrec and cfg.rates == "measured" else None
+    timer = None
+    if torchrec and cfg.rates == "measured":
+        timer = torchrec_local_timer(data.tables, cfg.lr, cfg.group_size, batch, threads_per_core(cfg))
 
     def measure() -> tuple[LocalRates, float | None]:
         # under the timed steps' garbage collection: none inside (a full collection first), unless --auto-gc

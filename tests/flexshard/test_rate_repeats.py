@@ -73,28 +73,50 @@ def test_predictions_are_priced_again_with_the_rates_measured_in_the_rounds():
     got = repriced(plans, data.workload, view, rates, torchrec_local_s=0.004)
     st = step_time(data.workload, view, plan, rates=rates)
     assert got["row_wise"].predicted_ms == pytest.approx(st.total_s * 1e3, rel=1e-12)
-    # TorchRec: the plan's latency and bandwidth, and its own local step in place of the modeled one
-    # but for the exchange's buffer copies (a one-rank group makes none; priced as the runtime's)
-    pack = st.local_by_piece["pack"]
-    expected = (st.latency_s + st.bandwidth_s + 0.004 + pack) * 1e3
+    # TorchRec: the plan's latency and bandwidth, and its own local step (its buffer copies included) in
+    # place of the modeled local work
+    expected = (st.latency_s + st.bandwidth_s + 0.004) * 1e3
     assert got[TORCHREC].predicted_ms == pytest.approx(expected, rel=1e-12)
     parts = got[TORCHREC].predicted_parts_ms
     assert parts == predicted_parts_ms(data.workload, view, plan, rates=rates, local_s=0.004)
     assert parts["total"] == pytest.approx(parts["latency"] + parts["bandwidth"] + parts["local"], rel=1e-12)
-    assert parts["local"] == pytest.approx(4.0 + pack * 1e3) and pack > 0
+    assert parts["local"] == pytest.approx(4.0, rel=1e-12) and st.local_s * 1e3 != pytest.approx(4.0)
     assert got["none"].predicted_ms == 1.0  # no plan to price: kept
 
 
-def test_torchrecs_local_step_is_timed_on_one_ranks_shard_of_each_table():
-    from flexshard.bench.systems import one_shard
+def _timed_collective(rank: int, world: int) -> tuple[int, float]:
+    """Each call: rank 1 sleeps 60 ms (no CPU), then both spin 20 ms of their own thread's CPU and meet
+    in an all-reduce (rank 0 blocked in it while rank 1 sleeps)."""
+    import time
 
-    tables = [("a", 10, 4), ("b", 7, 8)]
-    batch = {
-        "a": (torch.tensor([0, 3, 9, 5]), torch.tensor([1, 3])),
-        "b": (torch.tensor([6, 1, 4]), torch.tensor([2, 0, 1])),
-    }
-    cut, folded = one_shard(tables, batch, 4)
-    assert cut == [("a", 3, 4), ("b", 2, 8)]  # ceil(10 / 4), ceil(7 / 4)
-    assert folded["a"][0].tolist() == [0, 0, 0, 2] and folded["a"][1].tolist() == [1, 3]
-    assert folded["b"][0].tolist() == [0, 1, 0] and folded["b"][1].tolist() == [2, 0, 1]
-    assert one_shard(tables, batch, 1)[0] == tables
+    import torch.distributed as dist
+
+    from flexshard.bench.systems import thread_cpu_per_call_s
+
+    calls = [0]
+
+    def step() -> None:
+        calls[0] += 1
+        if rank == 1:
+            time.sleep(0.06)
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.02:
+            pass
+        dist.all_reduce(torch.zeros(1))
+
+    per_call = thread_cpu_per_call_s(step, 0.3)
+    return calls[0], per_call
+
+
+@pytest.mark.slow
+def test_a_steps_cpu_is_the_calling_threads_not_its_waits_over_calls_every_rank_agrees():
+    """thread_cpu_per_call_s, as TorchRec's local work is timed: the 20 ms each rank spins per call, not
+    rank 1's 60 ms sleep nor rank 0's wait for it in the collective; both ranks make the same calls (a
+    collective step: none hangs), 1 warm-up then ceil(0.3 s / the slowest warm-up), at least 3."""
+    from flexshard.runtime.local import run_on_ranks
+
+    got = run_on_ranks(_timed_collective, 2, timeout_s=60.0)
+    (calls0, cpu0), (calls1, cpu1) = got
+    assert calls0 == calls1 and 1 + 3 <= calls0 <= 1 + 4  # a warm-up, then 0.3 s / (>= 0.08 s a call): 3 or 4
+    for cpu in (cpu0, cpu1):
+        assert 0.02 <= cpu < 0.035, got  # the spin and the all-reduce's call, not the 60 ms waited
