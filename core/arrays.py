@@ -14,3 +14,13 @@ def exclusive_cumsum(x: np.ndarray | list[int], axis: int | None = None) -> np.n
     if axis is None:
         return (np.cumsum(x) - x.reshape(-1)).reshape(x.shape)
     return np.cumsum(x, axis=axis) - x
+
+
+def block_bounds(counts: np.ndarray | list[int]) -> np.ndarray:
+    """int64[n + 1]: where each of ``n`` blocks of ``counts[i]`` items starts when they lie one after
+    another, then where the last ends (``[3, 1, 2] -> [0, 3, 4, 6]``): block ``i`` is
+    ``[out[i], out[i + 1])`` (a CSR row pointer; ``counts`` flattened in C order)."""
+    c = np.asarray(counts, dtype=np.int64).reshape(-1)
+    out = np.zeros(c.size + 1, dtype=np.int64)
+    np.cumsum(c, out=out[1:])
+    return out

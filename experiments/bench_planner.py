@@ -19,6 +19,7 @@ import time
 import numpy as np
 import study
 
+from core.arrays import block_bounds
 from flexshard.workloads import synthetic_workload
 from solvers.planner import budget_bytes, make_plan
 from solvers.types import RowHistogram, Workload
@@ -38,7 +39,7 @@ def histogram_from_streamed_counts(
 ) -> RowHistogram:
     """Draw an integer access count for every row of ``hist`` (stochastic rounding of its expected
     count in a trace of ``trace_lookups`` lookups), chunk by chunk, and histogram them exactly."""
-    edges = np.concatenate([[0], np.cumsum(hist.rows)])
+    edges = block_bounds(hist.rows)
     per_value = np.zeros(1, dtype=np.int64)
     for start in range(0, int(edges[-1]), chunk_rows):
         stop = min(start + chunk_rows, int(edges[-1]))

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.arrays import block_bounds
 from core.errors import CheckpointError, agreed
 from core.vocabulary import Tier
 from flexshard.checkpoint import layout_fingerprint, load_dense, model_mismatch
@@ -88,7 +89,7 @@ class HeldRows:
     @classmethod
     def of(cls, ids: list[np.ndarray]) -> HeldRows:
         """From each tier's ids in slot order (a rank holds a row in one tier at most)."""
-        offsets = np.concatenate([[0], np.cumsum([a.size for a in ids])]).astype(np.int64)
+        offsets = block_bounds([a.size for a in ids])
         joined = np.concatenate([np.asarray(a, dtype=np.int64) for a in ids])
         order = np.argsort(joined, kind="stable").astype(np.int64)
         sorted_ids = joined[order]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from core.arrays import block_bounds
 from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.transfer import joined_blocks
 
@@ -102,7 +103,7 @@ class GroupDedup:
         # S_t: the largest cold shard of a group-fetched table (0: the table takes no keys)
         shards = [int(np.max(r.cold_rows_per_rank, initial=0)) for r in routing]
         self.span = np.where(self.group_fetch, shards, 0).astype(np.int64)
-        self.base = np.concatenate([[0], np.cumsum(g * self.span)]).astype(np.int64)
+        self.base = block_bounds(g * self.span)
         self.key_range = int(self.base[-1])
         # the first key of every bucket (table, j) and the end of the key range
         self.edges = (self.base[:-1, None] + np.arange(g)[None, :] * self.span[:, None]).reshape(-1)
@@ -154,7 +155,7 @@ class GroupDedup:
         if self.key_range > DENSE_PER_KEY * keys.numel():  # sparse: by sorts
             distinct, inverse = torch.unique(keys, sorted=True, return_inverse=True)
             fetch = self._buckets(distinct)
-            first = np.concatenate([[0], np.cumsum(fetch.sum(axis=1))])  # each table's first distinct row
+            first = block_bounds(fetch.sum(axis=1))  # each table's first distinct row
             local = _bucket_span(fetch, self.j_me)
             mine = torch.cat([distinct[int(a) : int(b)] for a, b in first[:-1, None] + local])
             served = distinct_keys(torch.cat([asked_keys, mine]), self.key_range)
@@ -165,7 +166,7 @@ class GroupDedup:
             torch.cumsum(mark, 0, out=before[1:])
             inverse = before.index_select(0, keys)
             fetch = np.diff(before.index_select(0, self._edges).cpu().numpy()).reshape(n_t, -1)
-            first = np.concatenate([[0], np.cumsum(fetch.sum(axis=1))])
+            first = block_bounds(fetch.sum(axis=1))
             local = _bucket_span(fetch, self.j_me)
             served_mark = torch.zeros_like(mark).index_fill_(0, asked_keys, True)
             for lo, span in zip(own_keys.tolist(), self.span.tolist(), strict=True):

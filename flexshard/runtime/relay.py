@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from core.arrays import exclusive_cumsum
+from core.arrays import block_bounds, exclusive_cumsum
 from flexshard.runtime.awaitable import Pending, all_to_all
 from flexshard.runtime.column_joins import join_columns, joins_columns
 from flexshard.runtime.group_dedup import FLAT, GIDS, ROW_COLUMNS
@@ -315,7 +315,7 @@ def wire_rows(
     per_block = np.asarray(per_block, dtype=np.int64)
     tables = per_block.shape[1]
     at = own_last_rows(per_block, me, device)  # per unique id, table-major: the other peers', then its own
-    starts = np.concatenate([[0], np.cumsum(per_block.sum(axis=0))]).tolist()
+    starts = block_bounds(per_block.sum(axis=0)).tolist()
     mapped = [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(tables)]
     total = int(per_block.sum())
     received = total - int(per_block[me].sum())

@@ -10,6 +10,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
+from core.arrays import block_bounds
 from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.optimizers import OPTIMIZERS, Hyper, RowOptimizer
 from flexshard.runtime.transfer import add_blocks
@@ -121,7 +122,7 @@ def banked_shards(
             torch.zeros_like(weights),
             torch.zeros(weights.shape[0], dtype=torch.uint8, device=device),
         )
-        starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        starts = block_bounds(sizes).tolist()
         for key, lo, hi in zip(keys, starts[:-1], starts[1:], strict=True):
             ids, w = parts[key]
             weights[lo:hi].copy_(w)

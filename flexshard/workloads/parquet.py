@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.arrays import block_bounds
 from core.errors import ConfigError, DataError
 
 from .parsed import (
@@ -355,7 +356,7 @@ def parquet_histories(
             part = _partition_of(chunk.users, parts)
             order = np.argsort(part, kind="stable")  # file order kept inside each partition
             rec = _records(chunk, dtype)[order]
-            bounds = np.concatenate([[0], np.cumsum(np.bincount(part, minlength=parts))])
+            bounds = block_bounds(np.bincount(part, minlength=parts))
             for p in np.flatnonzero(np.diff(bounds)):
                 with open(files[p], "ab") as fh:
                     rec[bounds[p] : bounds[p + 1]].tofile(fh)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.arrays import block_bounds
 from core.errors import DataError
 
 from ._text import _WS, bad_value, split_cells
@@ -166,7 +167,7 @@ def recbole_histories(path: str | Path, max_len: int | None = None) -> Sequences
     item, _ = _dense(inter.column(ITEM_TABLE))
     order = np.lexsort((np.arange(user.size), _timestamps(inter), user))
     users, lengths = np.unique(user, return_counts=True)
-    seq = Sequences(users, np.concatenate([[0], np.cumsum(lengths)]), item[order])
+    seq = Sequences(users, block_bounds(lengths), item[order])
     return seq if max_len is None else seq.truncated(max_len)
 
 

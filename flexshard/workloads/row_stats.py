@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.arrays import block_bounds
 from core.errors import ConfigError, DataError
 from solvers.types import RowHistogram, TableSpec, Workload
 
@@ -301,7 +302,7 @@ def _read(path: Path, accs: dict[str, _Table], limits: Mapping[str, int], batch_
         codes, names = _table_codes(batch.column(TABLE), path, rec0)
         got = {c: _numpy(batch.column(c), path, c, rec0, names, codes) for c in columns[1:]}
         order = np.argsort(codes, kind="stable")
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(names)))])
+        bounds = block_bounds(np.bincount(codes, minlength=len(names)))
         for code in np.flatnonzero(np.diff(bounds)):
             table = names[code]
             idx = order[bounds[code] : bounds[code + 1]]

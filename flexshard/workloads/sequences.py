@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from core.arrays import block_bounds
 from core.errors import ConfigError, DataError
 
 from ._text import Tokens, bad_value, read_chunks, tokenize
@@ -218,7 +219,7 @@ class Sequences:
             return self
         keep = np.minimum(lengths, max_len)
         items = self.items[keep_last(lengths, keep)]
-        return Sequences(self.users, np.concatenate([[0], np.cumsum(keep)]).astype(np.int64), items)
+        return Sequences(self.users, block_bounds(keep), items)
 
     def subset(self, keep: np.ndarray) -> Sequences:
         """The users where the bool[U] mask ``keep`` is True (e.g. ``seq.lengths >= 2``)."""
@@ -227,7 +228,7 @@ class Sequences:
             raise ConfigError(f"keep: expected a bool mask of {self.users.size} users, got {keep.shape}")
         lengths = self.lengths
         items = self.items[np.repeat(keep, lengths)]
-        offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
+        offsets = block_bounds(lengths[keep])
         return Sequences(self.users[keep], offsets, items)
 
 

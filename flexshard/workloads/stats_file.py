@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from core.arrays import block_bounds
 from core.errors import ConfigError, DataError
 from core.osutil import atomic_open
 from solvers.types import PlannerError, RowHistogram, TableSpec, TouchProfile, Workload
@@ -303,7 +304,7 @@ def load_stats_with_vocabulary(
                         else None
                     ),
                 )
-                touch.check_ranks(np.concatenate([[0], np.cumsum(hist.rows)]))
+                touch.check_ranks(block_bounds(hist.rows))
             table = TableSpec(
                 name=tname,
                 num_rows=rows_meta,

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.arrays import block_bounds
 from core.errors import ConfigError
 from solvers.types import RowHistogram, TouchProfile, batch_touch_probability
 
@@ -175,7 +176,7 @@ def refined_edges(hist: RowHistogram, ratio: float = REFINE) -> np.ndarray:
     total = hist.num_rows
     steps = int(np.ceil(np.log(max(total, 2)) / np.log1p(ratio))) + 1
     grid = np.unique(np.ceil((1.0 + ratio) ** np.arange(steps + 1)).astype(np.int64))
-    edges = np.concatenate([[0], np.cumsum(hist.rows), grid[grid < total]])
+    edges = np.concatenate([block_bounds(hist.rows), grid[grid < total]])
     return np.unique(edges)
 
 
@@ -202,7 +203,7 @@ def touch_profile(
     by_rank = np.concatenate([order, np.flatnonzero(~listed)])  # rank -> row id
     q_rank, m_rank = q[by_rank], m[by_rank]
     edges = refined_edges(hist, refine)
-    old_edges = np.concatenate([[0], np.cumsum(hist.rows)])
+    old_edges = block_bounds(hist.rows)
     prob = hist.prob[np.searchsorted(old_edges, edges[:-1], side="right") - 1]
     refined = RowHistogram(rows=np.diff(edges), prob=prob)
     bucket = np.searchsorted(edges, np.arange(num_rows), side="right") - 1

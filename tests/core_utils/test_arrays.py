@@ -1,11 +1,12 @@
-"""``core.arrays.exclusive_cumsum``: each element's preceding sum, against a loop on small arrays."""
+"""``core.arrays``: ``exclusive_cumsum`` (each element's preceding sum) and ``block_bounds`` (the CSR row
+pointer), against a loop on small arrays."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from core.arrays import exclusive_cumsum
+from core.arrays import block_bounds, exclusive_cumsum
 
 
 def _by_loop(x: np.ndarray) -> np.ndarray:
@@ -34,3 +35,14 @@ def test_flattened_in_c_order_and_along_each_axis_against_a_loop(shape):
     for axis in range(x.ndim):
         want = np.apply_along_axis(_by_loop, axis, x)
         assert (exclusive_cumsum(x, axis=axis) == want).all()
+
+
+def test_block_bounds_by_hand_and_against_a_loop():
+    assert block_bounds([3, 1, 2]).tolist() == [0, 3, 4, 6]
+    assert block_bounds([0, 0]).tolist() == [0, 0, 0]
+    empty = block_bounds(np.zeros(0, np.int32))
+    assert empty.tolist() == [0] and empty.dtype == np.int64  # no block: the one bound
+    x = np.random.default_rng(7).integers(0, 9, size=(3, 4)).astype(np.int32)
+    got = block_bounds(x)
+    assert got.dtype == np.int64 and got.shape == (13,)
+    assert (got[:-1] == _by_loop(x).reshape(-1)).all() and got[-1] == x.sum()  # C order, then the end
