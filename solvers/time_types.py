@@ -228,8 +228,12 @@ class LocalRates:
 # (calibrate_local.py --host-from docs/results/step_time.json: the 144 runtime rows of the two study runs
 # of 2026-11-28 08:43 UTC, priced with step_s 1.324 ms and table_stage_s 0.3252 ms, 134 of them within 20%
 # before, all 144 after; fitted on either run alone, the other run's 72 all within 20%): calibrate_host.py
-# subtracts a tiny collective's latency where the bench prices its probe's, and leaves the bytes in. A GPU
-# cluster's rates come from running the script there and LocalRates.load.
+# subtracts a tiny collective's latency where the bench prices its probe's, and leaves the bytes in. Fitted
+# again the same evening to the two balanced study runs of 11:46 and 15:09 UTC (4 rounds each, 144 runtime
+# rows priced with step_s 2.169 ms, table_stage_s 0.5857 ms: 140 within 20% before, 144 after; fitted on
+# the 15:09 run alone, the 11:46 run's 72 rows all within 20%, on the 11:46 run alone, 69 of 15:09's 72):
+# the batch-64 steps at 4 ranks ran 12-25% faster in the later run. A GPU cluster's rates come from running
+# the script there and LocalRates.load.
 DEFAULT_RATES = LocalRates(
     dedup_s_per_lookup=8.848e-09,
     route_s_per_lookup=5.308e-08,
@@ -238,11 +242,11 @@ DEFAULT_RATES = LocalRates(
     update_s_per_value=2.26e-09,
     collective_call_s=6.045e-05,
     source="experiments/calibrate_local.py --host (median of 5), 2026-11-26, x86_64 CPU, torch 2.13.0+cpu; "
-    "host terms --host-from the study of 2026-11-28",
+    "host terms --host-from the study runs of 2026-11-28 11:46 and 15:09 UTC",
     pack_s_per_value=2.225e-10,
     output_s_per_value=4.015e-10,
-    table_stage_s=5.857e-04,
-    step_s=2.169e-03,
+    table_stage_s=5.392e-04,
+    step_s=1.218e-03,
 )
 
 HBM_BPS = 3.35e12  # H100 SXM HBM3, bytes/s
