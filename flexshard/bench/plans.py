@@ -74,9 +74,9 @@ def repriced(
     threads_per_core: float = 1.0,
 ) -> dict[str, StrategyPlan]:
     """``plans`` with their predictions on ``machine_view`` priced again with ``rates`` (and TorchRec's
-    with its measured local step ``torchrec_local_s``), e.g. with the rates measured between the
-    rounds; a plan without its :class:`Plan` keeps its prediction. ``threads_per_core``: as
-    :func:`~flexshard.bench.predict.predicted_parts_ms` takes it."""
+    with its measured local step ``torchrec_local_s``, :func:`~flexshard.bench.results.thread_cpu_s`), e.g.
+    with the rates measured between the rounds; a plan without its :class:`Plan` keeps its prediction.
+    ``threads_per_core``: as :func:`~flexshard.bench.predict.predicted_parts_ms` takes it."""
     out = {}
     for key, sp in plans.items():
         if sp.plan is None:
@@ -187,7 +187,6 @@ def make_plans(
     torchrec: bool,
     objective: str = "step",
     rates: LocalRates | None = None,
-    torchrec_local_s: float | None = None,
     gpu_host: str = "fused",
     threads_per_core: float = 1.0,
 ) -> dict[str, StrategyPlan]:
@@ -196,9 +195,8 @@ def make_plans(
     time or ``bytes``); ``gpu_host``: the host work the plans price on a GPU preset
     (:meth:`~solvers.time_types.LocalRates.for_view`); ``rates``: the running machine's local-work rates
     (None: the view's), which the plans for the running machine (``plan_view`` is ``machine_view``) are
-    also made with, so that the planner picks by the step the prediction prices; ``torchrec_local_s``:
-    TorchRec's own local work per step, measured (:func:`~flexshard.bench.systems.torchrec_local_timer`),
-    priced in its prediction instead of the runtime's local rates (None: those rates); ``threads_per_core``:
+    also made with, so that the planner picks by the step the prediction prices (TorchRec's too, until
+    :func:`repriced` prices it with its own measured local work); ``threads_per_core``:
     the job's torch threads on this host per core (:func:`~flexshard.bench.predict.predicted_parts_ms`)."""
     w = data.workload
     row_wise_budget = budget_bytes(w, plan_view, 1.0)
@@ -218,9 +216,8 @@ def make_plans(
         document = None
         if key != TORCHREC:
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
-        local_s = torchrec_local_s if key == TORCHREC else None
         parts = predicted_parts_ms(
-            w, machine_view, planned.plan, rates=rates, local_s=local_s, threads_per_core=threads_per_core
+            w, machine_view, planned.plan, rates=rates, threads_per_core=threads_per_core
         )
         out[key] = StrategyPlan(
             key,

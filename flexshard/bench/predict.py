@@ -38,7 +38,7 @@ def predicted_parts_ms(
     ``rates``: as :func:`~solvers.time_model.step_time` takes them (None: the view's); ``local_s``: the
     local work of a step measured as a whole, its copies into and out of the exchange's buffers included
     (another implementation's, e.g. TorchRec's,
-    :func:`~flexshard.bench.systems.torchrec_local_timer`), in place of the modeled local work.
+    :func:`~flexshard.bench.results.thread_cpu_s`), in place of the modeled local work.
     ``threads_per_core``: the job's torch threads on this host per core (more than 1:
     :func:`shared_core_factor` scales bandwidth and local work)."""
     st = step_time(workload, view, plan, latency=latency, rates=rates)

@@ -42,6 +42,7 @@ def records(
         per_rank = [g["systems"][key] for g in gathered]
         by_rank = np.array([p["times"] for p in per_rank]) * 1e3  # [rank, step] ms
         cpu_by_rank = np.median(np.array([p["cpu"] for p in per_rank]) * 1e3, axis=1)  # [rank] ms
+        thread_by_rank = _thread_cpu_by_rank_s(gathered, key) * 1e3  # [rank] ms
         steps = slowest[key]
         n = steps.size
         sent = _busiest([p["sent"] for p in per_rank])
@@ -68,6 +69,9 @@ def records(
             # a rank's process CPU per step (user and system, every thread), median over its steps
             "cpu_ms_per_step": float(np.median(cpu_by_rank)),
             "cpu_ms_per_step_by_rank": [float(x) for x in cpu_by_rank],
+            # the calling thread's CPU per step (its work, not its waits nor gloo's threads), likewise
+            "thread_cpu_ms_per_step": float(np.median(thread_by_rank)),
+            "thread_cpu_ms_per_step_by_rank": [float(x) for x in thread_by_rank],
             "plan_for": cfg.plan_for,
             "ran_in_blocks": list(got0["blocks"]),
         }
@@ -83,6 +87,21 @@ def records(
     for key, why in notes.items():
         out.append({"strategy": key, "label": LABELS[key], "skipped": why})
     return out
+
+
+def _thread_cpu_by_rank_s(gathered: list[dict[str, Any]], key: str) -> np.ndarray:
+    """Each rank's median over its timed steps of ``key``'s calling-thread CPU per step, s."""
+    return np.median(np.array([g["systems"][key]["thread"] for g in gathered]), axis=1)
+
+
+def thread_cpu_s(gathered: list[dict[str, Any]], key: str, threads_per_core: float) -> float:
+    """A strategy's local work per step measured on its timed steps, s: the median over ranks of each
+    rank's median calling-thread CPU per step (``time.thread_time``: its own work and its copies into and
+    out of the collectives' buffers; not its waits in them, nor gloo's threads, whose copies the
+    exchange's measured bandwidth prices), times ``threads_per_core`` (the job's torch threads per core,
+    at least 1: the cores work through every rank's share in turn). What the bench prices TorchRec's
+    local work with, which the time model does not model."""
+    return float(np.median(_thread_cpu_by_rank_s(gathered, key))) * max(1.0, threads_per_core)
 
 
 ABLATION = "row_wise"  # what "vs ablation" divides by: FlexShard's runtime on the row-wise plan

@@ -7,9 +7,6 @@ The loss is ``0.5 sum(v^2)`` over every looked-up vector, so every looked-up row
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -189,44 +186,3 @@ class TorchRecRowWise:
             if key.endswith(".weight") and hasattr(value, "local_shards"):
                 out += [sh.tensor.detach().clone() for sh in value.local_shards()]
         return out
-
-
-def thread_cpu_per_call_s(fn: Callable[[], object], min_s: float) -> float:
-    """Mean CPU seconds of the calling thread per call of ``fn`` (``time.thread_time``: not its blocked
-    waits, nor other threads' work), over ``n`` calls after one warm-up call: ``n`` the calls the slowest
-    rank's warm-up call fits in ``min_s`` seconds of wall time (at least 3), agreed by every rank, so ``fn``
-    may be a collective. Collective: every rank calls it."""
-    t0 = time.perf_counter()
-    fn()
-    slowest = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    n = max(3, math.ceil(min_s / max(float(slowest), 1e-9)))
-    c0 = time.thread_time()
-    for _ in range(n):
-        fn()
-    return (time.thread_time() - c0) / n
-
-
-def torchrec_local_timer(
-    tables: list[tuple[str, int, int]], lr: float, group_size: int, batch: Batch, threads_per_core: float
-) -> Callable[[float], float]:
-    """A function of ``min_s`` giving TorchRec's local work per step, seconds: its row-wise step on the
-    job's ranks (a system of its own, built as the benchmark builds it, on ``batch``) timed in each rank's
-    calling-thread CPU (:func:`thread_cpu_per_call_s`: its input permutes, lookups, output permutes, fused
-    update and its copies into and out of the collectives' buffers; not its waits in the collectives, nor
-    gloo's threads, whose copies the exchange's measured bandwidth prices), times ``threads_per_core``
-    (the job's torch threads per core, at least 1: the cores work through every rank's share in turn),
-    the median over ranks. With ``--threads`` above 1 the intra-op threads' work is not on the calling
-    thread's clock. Building it and every call are collectives: every rank calls them."""
-    system = TorchRecRowWise(tables, lr, group_size)
-    kjt = system.prepare(batch)
-    share = max(1.0, threads_per_core)
-
-    def timed(min_s: float) -> float:
-        dist.barrier()
-        mine = share * thread_cpu_per_call_s(lambda: system.step(kjt), min_s)
-        every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, mine)
-        return float(np.median(every))
-
-    return timed

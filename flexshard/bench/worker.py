@@ -13,11 +13,13 @@ after one untimed step of its system (when ``--warmup`` is not 0: the first step
 the previous system's caches and allocations). Round ``r``'s step ``k`` is the same batch for every
 system.
 The quick probe runs :data:`PLAN_MEASUREMENTS` times before the rounds and again after every round, and
-with ``--rates measured`` the local rates (and TorchRec's local step) are measured the same way: the plans
-are made with the medians of the first, the predictions priced with the medians of all
-(:func:`flexshard.bench.plans.measured_view`, :func:`rate_measurer`).
-A step is timed on each rank between a barrier and the end of its optimizer update; the collectives and
-bytes of the timed steps are recorded (:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
+with ``--rates measured`` the local rates are measured the same way: the plans are made with the medians
+of the first, the predictions priced with the medians of all (:func:`flexshard.bench.plans.measured_view`,
+:func:`rate_measurer`). TorchRec's local work, which the model does not price, is its timed steps' own
+(:func:`flexshard.bench.results.thread_cpu_s`).
+A step is timed on each rank between a barrier and the end of its optimizer update, in wall time, the
+process's CPU and the calling thread's CPU; the collectives and bytes of the timed steps are recorded
+(:mod:`flexshard.bench.recorder`). Rank 0 gathers what every rank
 measured and returns the records (:mod:`flexshard.bench.results`).
 """
 
@@ -56,7 +58,7 @@ from flexshard.bench.recorder import recording
 from flexshard.bench.rotation import round_order
 from flexshard.bench.settle import settle
 from flexshard.bench.shared_host import concurrent_all_to_all_Bps, shared_bandwidth_view
-from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise, torchrec_local_timer
+from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
 from flexshard.runtime.host_memory import keep_freed_memory
@@ -71,7 +73,6 @@ log = logging.getLogger(__name__)
 # measurements of each machine figure before the plans are made: a plan for this machine chosen on one
 # flipped between near-equal plans that the medians then priced 5% apart (8 ranks, batch 1,024, 2026-11-27)
 PLAN_MEASUREMENTS = 3
-TORCHREC_MIN_S = 0.3  # wall seconds TorchRec's step is repeated for when its local work is measured
 INTERRUPTED_LINE = "flexshard bench: interrupted; no results (the ranks were stopped)"
 
 
@@ -157,32 +158,25 @@ def machine_rates(cfg: BenchConfig, data: BenchData | None = None) -> LocalRates
     return measured_rates(lookups, stored)
 
 
-def rate_measurer(cfg: BenchConfig, data: BenchData, torchrec: bool) -> Any:
+def rate_measurer(cfg: BenchConfig, data: BenchData) -> Any:
     """A function that measures, on every rank at once, the rates the predictions use
-    (:func:`machine_rates`) and TorchRec's local step (None without it, or
-    when the rates are not ``measured``); each call measures again (the bench calls it before the
-    rounds and after each round, and prices with the medians). Collective: every rank calls it."""
-    rank = dist.get_rank()
-    batch = data.make_batch(cfg.warmup + cfg.timed_steps, rank)  # one past the timed batches
-    timer = None
-    if torchrec and cfg.rates == "measured":
-        timer = torchrec_local_timer(data.tables, cfg.lr, cfg.group_size, batch, threads_per_core(cfg))
+    (:func:`machine_rates`); each call measures again (the bench calls it before the rounds and after
+    each round, and prices with the medians). Collective: every rank calls it."""
 
-    def measure() -> tuple[LocalRates, float | None]:
+    def measure() -> LocalRates:
         # under the timed steps' garbage collection: none inside (a full collection first), unless --auto-gc
         with StepGarbageCollection(1 if cfg.gc else 0):
-            return machine_rates(cfg, data), timer(TORCHREC_MIN_S) if timer else None
+            return machine_rates(cfg, data)
 
     return measure
 
 
-def medians(taken: list[tuple[LocalRates, float | None]]) -> tuple[LocalRates, float | None]:
-    """The per-field median of the rates measured, and of TorchRec's local steps (None if none)."""
-    rates = median_rates([r for r, _t in taken], taken[0][0].source)
+def medians(taken: list[LocalRates]) -> LocalRates:
+    """The per-field median of the rates measured (the count of measurements in its source)."""
+    rates = median_rates(taken, taken[0].source)
     if len(taken) > 1:
         rates = replace(rates, source=f"{rates.source}; median of {len(taken)} measurements")
-    locals_ = [t for _r, t in taken if t is not None]
-    return rates, float(np.median(locals_)) if locals_ else None
+    return rates
 
 
 def row_bytes(data: BenchData, rank: int) -> int:
@@ -224,10 +218,9 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
     machine = machine_view(probes, concurrent)
     planned_for = plan_view(cfg.plan_for, machine, world, cfg.groups)
     skipped = torchrec_problem(cfg, data)  # the records say why (one line under the table)
-    # TorchRec's local work is its own, not the runtime's; measured again after every round (collective)
-    measure = rate_measurer(cfg, data, not skipped)
+    measure = rate_measurer(cfg, data)  # measured again after every round (collective)
     taken = [measure() for _ in range(PLAN_MEASUREMENTS if cfg.rates == "measured" else 1)]
-    rates, torchrec_local = medians(taken)
+    rates = medians(taken)
     shared: list[Any] = [None]
     if rank == 0:
         made = make_plans(
@@ -238,7 +231,6 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             not skipped,
             cfg.objective,
             rates,
-            torchrec_local,
             gpu_host=cfg.gpu_host,
             threads_per_core=sharing,
         )
@@ -257,7 +249,7 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             taken.append(measure())
 
     measured = _run_blocks(cfg, systems, batches, rank == 0, again)
-    rates, torchrec_local = medians(taken)
+    rates = medians(taken)
     machine = machine_view(probes, concurrent)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, measured)
@@ -265,6 +257,10 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
         return None
     notes = {TORCHREC: skipped} if skipped else {}
     notes.update(failed)
+    # TorchRec's local work (the model prices the runtime's, not TorchRec's): its timed steps' own
+    torchrec_local = None
+    if TORCHREC in measured["systems"] and cfg.rates == "measured":
+        torchrec_local = results.thread_cpu_s(gathered, TORCHREC, threads_per_core(cfg))
     plans = repriced(plans, data.workload, machine, rates, torchrec_local, sharing)
     recs = results.records(cfg, gathered, plans, notes)
     priced = {"source": rates.source, **{name: getattr(rates, name) for name in LocalRates.FIELDS}}
@@ -280,7 +276,6 @@ def run_rank(cfg: BenchConfig) -> list[dict[str, Any]] | None:
             r["python_gc"] = "before each block" if cfg.gc else "automatic"  # flexshard.training.garbage
             if r["strategy"] == TORCHREC and torchrec_local is not None:
                 r["torchrec_local_ms"] = torchrec_local * 1e3  # its own local work, measured
-                r["torchrec_local_ms_each"] = [t[1] * 1e3 for t in taken if t[1] is not None]
     return recs
 
 
@@ -290,10 +285,8 @@ def _run_blocks(
     """Warm-up, then the alternating rounds; this rank's times, bytes and collectives per system.
     ``between``: called after every round (a collective; e.g. measuring the rates again)."""
     inputs = {s.key: [s.prepare(b) for b in batches] for s in systems}
-    out: dict[str, Any] = {
-        s.key: {"times": [], "cpu": [], "sent": [], "own": [], "counts": {}, "per_step": [], "blocks": []}
-        for s in systems
-    }
+    kept = ("times", "cpu", "thread", "sent", "own", "per_step", "blocks")  # a list each, "counts" a dict
+    out: dict[str, Any] = {s.key: {k: [] for k in kept} | {"counts": {}} for s in systems}
     order: list[str] = []
     on_gpu = dist.get_backend() == "nccl"
     total = len(systems) * (cfg.warmup + cfg.timed_steps)
@@ -348,14 +341,16 @@ def _rounds(
                 batch = inputs[s.key][cfg.warmup + r * cfg.steps + k]
                 dist.barrier()
                 with recording(cfg.group_size) as rec:
-                    t0, cpu0 = time.perf_counter(), time.process_time()
+                    t0, cpu0, thread0 = time.perf_counter(), time.process_time(), time.thread_time()
                     s.step(batch)
                     if on_gpu:  # the step's kernels, not only their launch
                         torch.cuda.synchronize()
                     dt = time.perf_counter() - t0
                     cpu = time.process_time() - cpu0  # every thread of this rank: gloo's too
+                    thread = time.thread_time() - thread0  # the calling thread's, not its waits
                 got["times"].append(dt)
                 got["cpu"].append(cpu)
+                got["thread"].append(thread)
                 got["sent"].append(rec.bytes_sent.copy())
                 got["per_step"].append(rec.collectives)
                 for kind, n in rec.counts.items():

@@ -114,7 +114,16 @@ def test_one_record_per_strategy_with_the_keys(first):
             assert f"cold {cold:,} rows" in r["plan"]
             for t in r["plan_tables"]:
                 assert len(t["cold_share"]) == 4 and abs(sum(t["cold_share"]) - 1) < 1e-9
-        assert (r.get("torchrec_local_ms", 0) > 0) == (r["strategy"] == "torchrec_row_wise"), r["strategy"]
+        # the calling thread's CPU per step: part of the process's (every thread), step by step
+        assert r["thread_cpu_ms_per_step"] == float(np.median(r["thread_cpu_ms_per_step_by_rank"]))
+        by_rank = zip(r["thread_cpu_ms_per_step_by_rank"], r["cpu_ms_per_step_by_rank"], strict=True)
+        assert all(0 < thread <= cpu for thread, cpu in by_rank)
+        # TorchRec's local work: its timed steps' thread CPU times the ranks per core (at least 1)
+        if r["strategy"] == "torchrec_row_wise":
+            share = max(1.0, 4 / (os.cpu_count() or 1))
+            assert r["torchrec_local_ms"] == pytest.approx(r["thread_cpu_ms_per_step"] * share, rel=1e-12)
+        else:
+            assert "torchrec_local_ms" not in r
 
 
 def test_collectives_per_step_repeat_and_match_the_runtime(first, second):
@@ -218,6 +227,16 @@ def test_only_a_taken_rendezvous_port_is_tried_again(monkeypatch, failures, trie
     with pytest.raises(RuntimeError, match="ValueError: bad" if OWN in failures else "EADDRINUSE"):
         worker.spawn_local(BenchConfig(nproc=2, groups=2))
     assert len(ports) == len(set(ports)) == tries  # a new port each try
+
+
+def test_a_strategys_thread_cpu_is_the_median_over_ranks_of_each_ranks_median_step():
+    gathered = [  # 3 ranks' calling-thread CPU per timed step, s
+        {"systems": {"t": {"thread": [0.010, 0.030, 0.020]}}},  # median 0.020
+        {"systems": {"t": {"thread": [0.050, 0.040, 0.060]}}},  # 0.050
+        {"systems": {"t": {"thread": [0.001, 0.004, 0.002]}}},  # 0.002
+    ]
+    assert results.thread_cpu_s(gathered, "t", 2.0) == pytest.approx(0.040)  # 0.020 x 2 ranks per core
+    assert results.thread_cpu_s(gathered, "t", 0.5) == pytest.approx(0.020)  # a core each at least
 
 
 def test_round_ratios_are_medians_of_each_round_over_the_ablations():
