@@ -75,15 +75,18 @@ copies per lookup or value, every piece over every table in turn as a step runs 
 repeats, docs/cost_model.md section 10.2.1a; the host's per-step and per-collective work from the stored
 calibration at the ranks' share of the cores, which holds the collectives' wait for ranks descheduled on
 shared cores: docs/cost_model.md section 10.2.1b; since 2026-11-28 12:15 UTC fitted to what this prediction
-left of the two runs of 08:43 UTC, `calibrate_local.py --host-from`); "of which local" is the local work in
-it; TorchRec's local work is its own step on the run's ranks, timed in each rank's own thread CPU times the
-ranks per core (since 2026-11-28 15:10 UTC; before, its step on a one-rank group holding one rank's row-wise
-shard of each table: docs/cost_model.md section 10.2.1e), measured the same way. Every rank
+left of the two runs of 08:43 UTC, since 18:00 UTC to the two runs of 11:46 and 15:09 UTC,
+`calibrate_local.py --host-from`); "of which local" is the local work in it; TorchRec's local work, which
+the model does not price, is what its own timed steps spent in each rank's calling thread's CPU, times the
+ranks per core (since 2026-11-28 18:30 UTC, docs/cost_model.md section 10.2.1f; from 15:10 UTC its step
+timed apart on the run's ranks, 10.2.1e; before, its step on a one-rank group holding one rank's row-wise
+shard of each table), so its prediction checks the communication the model adds to it. Every rank
 keeps freed host memory
 (`flexshard.runtime.host_memory`: no page faults for a step's large tensors), warms up until no rank's heap
 grows (`bench --settle`) and keeps Python's garbage collector out of the timed steps (a collection before each
 block, `flexshard.training.garbage`). "model error" is modeled over measured, minus one. Smaller batches run
-more timed steps per round (their steps are short and noisier): 4x as many at batch 64 and 256, 2x at 512. CPU
+more timed steps per round (their steps are short and noisier): 4x as many at batch 64 and 256, 2x at 512;
+and below batch 256, where the cap leaves a block shortest, twice the rounds (since 2026-11-28 18:30 UTC). CPU
 timings on 2 shared cores are not GPU timings, and loopback has no slower link between groups, so plans that
 save inter-group bytes cannot gain here. FlexShard's plans are the planner's under the step objective: where
 they equal the ablation's plan, the two rows measure the same work. With several runs (`--runs N`, or earlier
@@ -133,7 +136,8 @@ def measure_run(batches: tuple[int, ...], steps: int, rounds: int) -> list[dict]
             )  # fmt: skip
             for batch in batches:
                 for plan_for, label, flags in ((topo, "probed", ()), *H100_PLANS):
-                    recs = _bench(nproc, batch, plan_for, str(steps_at(batch, steps)), str(rounds), flags)
+                    at = (str(steps_at(batch, steps)), str(rounds_at(batch, rounds)))
+                    recs = _bench(nproc, batch, plan_for, *at, flags)
                     records += [{**r, "nproc": nproc, "batch": batch, "planned_for": label} for r in recs]
                     print(f"measured {nproc} ranks, batch {batch}, plans for {label}", file=sys.stderr)
     return records
@@ -176,6 +180,15 @@ def steps_at(batch: int, steps: int) -> int:
     """Timed steps per round at ``batch`` per rank: ``steps`` at batch 1024, more at smaller batches (their
     steps are short and, on shared cores, noisier), at most 4x as many."""
     return max(steps, min(4 * steps, round(steps * 1024 / batch)))
+
+
+def rounds_at(batch: int, rounds: int) -> int:
+    """Rounds at ``batch`` per rank: ``rounds``, twice as many below batch 256, where :func:`steps_at`'s cap
+    leaves a block shortest (32 steps of about 30 ms at batch 64 on 4 ranks here): there one slow block of
+    the machine moved a strategy's ratio of medians by 4-7% (the studies of 2026-11-28, 4 ranks, batch 64:
+    one block 1.34x its round's ablation). Twice the rounds halve a block's share of the steps; a Williams
+    design over 4 strategies stays balanced over any multiple of 4 rounds."""
+    return 2 * rounds if batch < 256 else rounds
 
 
 def error_summary(rows: list[step_runs.Row]) -> str:
@@ -253,7 +266,7 @@ def main() -> None:
         type=int,
         help="timed steps per round at batch 1024, up to 4x more at smaller ones (default 8; --quick 4)",
     )
-    args.add_argument("--rounds", type=int, help="rounds (default 3; --quick 2)")
+    args.add_argument("--rounds", type=int, help="rounds, 2x below batch 256 (default 3; --quick 2)")
     args.add_argument(
         "--runs",
         type=int,

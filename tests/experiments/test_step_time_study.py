@@ -43,9 +43,11 @@ def test_the_error_summary_gives_each_strategys_range_and_count_within_20_percen
     )
 
 
-def test_smaller_batches_time_more_steps_up_to_four_times():
+def test_smaller_batches_time_more_steps_up_to_four_times_and_more_rounds_below_256():
     steps_at = load_experiment("step_time").steps_at
     assert [steps_at(b, 4) for b in (64, 256, 512, 1024, 2048)] == [16, 16, 8, 4, 4]
+    rounds_at = load_experiment("step_time").rounds_at
+    assert [rounds_at(b, 4) for b in (64, 128, 255, 256, 1024)] == [8, 8, 8, 4, 4]
 
 
 def test_a_stopped_study_keeps_the_records_of_its_finished_runs(tmp_path, monkeypatch):
