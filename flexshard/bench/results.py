@@ -100,7 +100,8 @@ def thread_cpu_s(gathered: list[dict[str, Any]], key: str, threads_per_core: flo
     out of the collectives' buffers; not its waits in them, nor gloo's threads, whose copies the
     exchange's measured bandwidth prices), times ``threads_per_core`` (the job's torch threads per core,
     at least 1: the cores work through every rank's share in turn). What the bench prices TorchRec's
-    local work with, which the time model does not model."""
+    local work with, which the time model does not model. On a GPU it is the host's part only (the
+    launches; the clock stops before the step's synchronize), not the kernels'."""
     return float(np.median(_thread_cpu_by_rank_s(gathered, key))) * max(1.0, threads_per_core)
 
 

@@ -343,11 +343,12 @@ def _rounds(
                 with recording(cfg.group_size) as rec:
                     t0, cpu0, thread0 = time.perf_counter(), time.process_time(), time.thread_time()
                     s.step(batch)
+                    # the calling thread's CPU, not its waits: before a GPU's synchronize, which may spin
+                    thread = time.thread_time() - thread0
                     if on_gpu:  # the step's kernels, not only their launch
                         torch.cuda.synchronize()
                     dt = time.perf_counter() - t0
                     cpu = time.process_time() - cpu0  # every thread of this rank: gloo's too
-                    thread = time.thread_time() - thread0  # the calling thread's, not its waits
                 got["times"].append(dt)
                 got["cpu"].append(cpu)
                 got["thread"].append(thread)
