@@ -159,6 +159,7 @@ def host_from_records(paths: list[Path], stored: LocalRates, out: Path | None) -
     import json
 
     from calibrate_host import fit_host_to_bench
+    from step_runs import WITHIN
 
     try:
         records = [r for path in paths for r in json.loads(path.read_text())]
@@ -174,8 +175,8 @@ def host_from_records(paths: list[Path], stored: LocalRates, out: Path | None) -
     for nproc, batch, plan, key, measured, before, after in table:
         err = f"{before / measured - 1:+7.1%} {after / measured - 1:+7.1%}"
         print(f"{nproc:>5} {batch:>5} {str(plan)[:20]:<20} {key:<22} {measured:9.2f} {err}")
-    within = [sum(abs(row[i] / row[4] - 1) <= 0.2 for row in table) for i in (5, 6)]
-    print(f"within 20%: {within[0]} of {len(table)} before, {within[1]} after")
+    within = [sum(abs(row[i] / row[4] - 1) <= WITHIN for row in table) for i in (5, 6)]
+    print(f"within {WITHIN:.0%}: {within[0]} of {len(table)} before, {within[1]} after")
     for name in ("step_s", "table_stage_s"):
         print(f"  {name:<14} {getattr(stored, name):.4g} s -> {getattr(rates, name):.4g} s")
     if out:
