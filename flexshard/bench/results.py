@@ -41,8 +41,8 @@ def records(
     for key, got0 in gathered[0]["systems"].items():
         per_rank = [g["systems"][key] for g in gathered]
         by_rank = np.array([p["times"] for p in per_rank]) * 1e3  # [rank, step] ms
-        cpu_by_rank = np.median(np.array([p["cpu"] for p in per_rank]) * 1e3, axis=1)  # [rank] ms
-        thread_by_rank = _thread_cpu_by_rank_s(gathered, key) * 1e3  # [rank] ms
+        cpu_by_rank = _median_by_rank_s(gathered, key, "cpu") * 1e3  # [rank] ms
+        thread_by_rank = _median_by_rank_s(gathered, key, "thread") * 1e3  # [rank] ms
         steps = slowest[key]
         n = steps.size
         sent = _busiest([p["sent"] for p in per_rank])
@@ -89,9 +89,10 @@ def records(
     return out
 
 
-def _thread_cpu_by_rank_s(gathered: list[dict[str, Any]], key: str) -> np.ndarray:
-    """Each rank's median over its timed steps of ``key``'s calling-thread CPU per step, s."""
-    return np.median(np.array([g["systems"][key]["thread"] for g in gathered]), axis=1)
+def _median_by_rank_s(gathered: list[dict[str, Any]], key: str, clock: str) -> np.ndarray:
+    """Each rank's median over its timed steps of ``key``'s ``clock`` per step (``cpu``: the process's,
+    every thread; ``thread``: the calling thread's), s."""
+    return np.median(np.array([g["systems"][key][clock] for g in gathered]), axis=1)
 
 
 def thread_cpu_s(gathered: list[dict[str, Any]], key: str, threads_per_core: float) -> float:
@@ -102,7 +103,7 @@ def thread_cpu_s(gathered: list[dict[str, Any]], key: str, threads_per_core: flo
     at least 1: the cores work through every rank's share in turn). What the bench prices TorchRec's
     local work with, which the time model does not model. On a GPU it is the host's part only (the
     launches; the clock stops before the step's synchronize), not the kernels'."""
-    return float(np.median(_thread_cpu_by_rank_s(gathered, key))) * max(1.0, threads_per_core)
+    return float(np.median(_median_by_rank_s(gathered, key, "thread"))) * max(1.0, threads_per_core)
 
 
 ABLATION = "row_wise"  # what "vs ablation" divides by: FlexShard's runtime on the row-wise plan
