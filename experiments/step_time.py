@@ -32,6 +32,7 @@ import study
 from core.vocabulary import FetchMode
 from flexshard import workloads
 from solvers.planner import budget_bytes, make_plan
+from solvers.schedule import torchrec_schedule
 from solvers.tier_program import OptimizerConfig
 from solvers.time_model import step_time
 from solvers.time_types import GPU_ROOFLINE_RATES, H100_RUNTIME_RATES
@@ -47,10 +48,10 @@ H100_PLANS = (("h100", "h100", ()), ("h100", "h100, host measured", ("--gpu-host
 # the GPU's host work: this runtime's, measured on an H100; and none, as if it were fused away (a target)
 HOSTS = (("measured (this runtime)", H100_RUNTIME_RATES), ("fused (roofline only)", GPU_ROOFLINE_RATES))
 PAPER_RATIO = 6.0  # the FlexShard paper's abstract: about 6x lower communication latency than TorchRec's
-STRATEGIES = (  # (label, strategy, dedup)
-    ("FlexShard", "flexshard", True),
-    ("row-wise, dedup", "row_wise", True),
-    ("TorchRec default", "row_wise", False),
+STRATEGIES = (  # (label, strategy, dedup, the collectives of another implementation's step)
+    ("FlexShard", "flexshard", True, None),
+    ("row-wise, dedup", "row_wise", True, None),
+    ("TorchRec default", "row_wise", False, torchrec_schedule),
 )
 
 
@@ -102,7 +103,8 @@ neither measured on a GPU here), once with each GPU host work model of `plan --g
 host work around the collectives, as a runtime that fused its per-table work would have; "measured":
 this runtime's, its aten ops at the host time per op measured on one H100) and the plans made for it:
 FlexShard at 2x, row-wise with per-rank dedup and TorchRec's default (row-wise without dedup, its rows
-dealt as contiguous id ranges over random orders, priced on this runtime's host work too), unpipelined
+dealt as contiguous id ranges over random orders, in TorchRec's own five collectives, priced on this
+runtime's host work too), unpipelined
 ("step ms": the plan `plan --pipeline off` makes, priced one stage after the other) and pipelined
 ("pipelined ms": the plan `plan --pipeline on` makes, the default, priced as `train --pipeline on`
 runs it); "plan" says what FlexShard's plan uses. The model's step has no dense model, so the
@@ -216,15 +218,19 @@ def modeled() -> str:
         for preset, gpus in SCALES:
             view = cluster_view(from_preset(preset))
             steps = {}
-            for label, strategy, dedup in STRATEGIES:
+            for label, strategy, dedup, schedule in STRATEGIES:
+                stages = schedule(view) if schedule else None
                 budget = budget_bytes(workload, view, BUDGET_X if strategy == "flexshard" else 1.0)
                 cfg = OptimizerConfig(rates=rates)
                 plan = make_plan(strategy, workload, view, budget, dedup=dedup, config=cfg).plan
                 # pipelined: the plan made for the pipelined step (plan --pipeline on), priced pipelined
-                piped = make_plan(
+                piped_plan = make_plan(
                     strategy, workload, view, budget, dedup=dedup, config=replace(cfg, overlap=True)
-                ).step
-                steps[label] = (step_time(workload, view, plan, rates=rates), piped, plan)
+                )
+                piped = piped_plan.step
+                if stages:  # the same plan in another implementation's collectives (no sync to overlap)
+                    piped = step_time(workload, view, piped_plan.plan, rates=rates, stages=stages)
+                steps[label] = (step_time(workload, view, plan, rates=rates, stages=stages), piped, plan)
             ours = steps["FlexShard"][0]
             for label, (plain, piped, plan) in steps.items():
                 comm = plain.latency_s + plain.bandwidth_s

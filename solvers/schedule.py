@@ -223,6 +223,22 @@ def rows_in_wire_order(plan: Plan, view: ClusterView) -> bool:
     return shape.group_fetch and shape_scopes(shape, view)[1] is Scope.GROUP
 
 
+def torchrec_schedule(view: ClusterView) -> tuple[Stage, ...]:
+    """The collectives of one step of TorchRec's own sequence sharding (its ``EmbeddingCollection``
+    sharded row-wise, TorchRec 1.8; the plan it executes is priced as the row-wise plan without dedup).
+    Its input distribution (``KJTAllToAll``) sends the split sizes, then the jagged ids' lengths, then
+    their values, one world all-to-all each (``splits``, ``lengths``, ``ids``); its
+    ``SequenceEmbeddingsAllToAll`` sends the rows back (``rows``) and, in the backward, their gradients
+    (``grads``). Five world all-to-alls however many tables (weighted features would add one for the
+    weights; none here). The bytes of ``splits`` and ``lengths`` (a few words per peer and per sample and
+    feature) are left out of the byte counts."""
+    if view.num_ranks == 1:
+        return ()
+    fwd, a2a, world = Phase.FORWARD, CollectiveKind.ALL_TO_ALL, Scope.WORLD
+    names = ("splits", "lengths", "ids", "rows")
+    return (*(Stage(n, fwd, a2a, world) for n in names), Stage("grads", Phase.BACKWARD, a2a, world))
+
+
 def collectives_per_step(plan: Plan, view: ClusterView) -> int:
     """How many collectives one rank issues per step of ``plan`` on ``view``."""
     return len(step_schedule(plan, view))

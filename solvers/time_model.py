@@ -5,7 +5,8 @@ For every rank ``r`` (the plan's time is the slowest rank's):
 
 * ``latency_s``: the sum over the step's stages (:func:`solvers.schedule.step_schedule`) of each one's
   latency from a :class:`~solvers.time_types.LatencyTable` (kind, scope, participants). Every rank issues
-  every stage, so latency is the same on every rank.
+  every stage, so latency is the same on every rank. TorchRec's own sharding runs a row-wise plan in its
+  own five collectives (:func:`solvers.schedule.torchrec_schedule`, the ``stages`` of :func:`step_time`).
 * ``bandwidth_s``: bytes over bandwidth from the cost model's :class:`core.traffic.Traffic`, component by
   component (ids, forward, backward, sync; the stage ``ids``, ``rows``+``scatter``,
   ``grads``+``rail_grads``, the sync stages): ``sum over components and link classes of max(send, recv)
@@ -45,7 +46,7 @@ import numpy as np
 
 from core.vocabulary import Component, FetchMode, SyncMode
 from solvers.cost_model import evaluate
-from solvers.schedule import Phase, rows_in_wire_order, step_schedule
+from solvers.schedule import Phase, Stage, rows_in_wire_order, step_schedule
 from solvers.time_types import BufferCopies, LatencyTable, LocalRates, StageTime, StepTime, stage_latency_s
 from solvers.types import Plan, Workload
 from solvers.volumes import dealt_volumes, routed_ids, tier_volumes, view_mass
@@ -57,10 +58,17 @@ INPUT_STAGES = ("ids",)
 
 
 def local_work(
-    workload: Workload, view: ClusterView, plan: Plan, rates: LocalRates, dealt: bool = True
+    workload: Workload,
+    view: ClusterView,
+    plan: Plan,
+    rates: LocalRates,
+    dealt: bool = True,
+    stages: tuple[Stage, ...] | None = None,
 ) -> dict[str, np.ndarray]:
     """Seconds per rank of each piece of local work (``PIECES``) in one step, and ``"synced"``: the part
-    of them spent on replicated rows (for the overlap rule) and ``"input"``: dedup and routing."""
+    of them spent on replicated rows (for the overlap rule) and ``"input"``: dedup and routing.
+    ``stages``: the collectives of another implementation's step (each costs ``collective_call_s``; the
+    host terms stay the runtime's, per its own :func:`~solvers.schedule.step_schedule` of ``plan``)."""
     n = view.num_ranks
     out = {p: np.zeros(n) for p in PIECES}
     synced_s, input_s = np.zeros(n), np.zeros(n)
@@ -120,8 +128,10 @@ def local_work(
         out["output"] += rates.output_s_per_value * t.dim * lookups
         synced_s += (move + rates.update_s_per_value) * t.dim * synced
         input_s += dedup + rates.route_s_per_lookup * (routed + routed_twice)
+    # the host terms are fitted to the runtime's own stages; another implementation's collectives (stages)
+    # cost their call each, its host work per table and stage is the runtime's
     schedule = step_schedule(plan, view)
-    out["calls"] += rates.collective_call_s * len(schedule)
+    out["calls"] += rates.collective_call_s * len(schedule if stages is None else stages)
     out["host"] += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
     out["synced"] = synced_s
     out["input"] = input_s
@@ -154,21 +164,25 @@ def step_time(
     *,
     overlap: bool = False,
     dealt: bool = True,
+    stages: tuple[Stage, ...] | None = None,
 ) -> StepTime:
     """Modeled time of one step of ``plan`` (module docstring). ``latency``: the view's collective
     latencies by default (:meth:`LatencyTable.from_view`); ``rates``: :meth:`LocalRates.for_view`;
-    ``dealt``: owners' shares as the runtime deals rows (else even shares, the optimizer's model)."""
+    ``dealt``: owners' shares as the runtime deals rows (else even shares, the optimizer's model);
+    ``stages``: the collectives the step issues, where another implementation runs the plan (e.g.
+    :func:`~solvers.schedule.torchrec_schedule`; default: FlexShard's runtime,
+    :func:`~solvers.schedule.step_schedule`)."""
     latency = LatencyTable.from_view(view) if latency is None else latency
     rates = LocalRates.for_view(view) if rates is None else rates
     report = evaluate(workload, view, plan, dealt=dealt)
     stages = tuple(
         StageTime(s.name, s.phase.value, s.kind.value, s.scope.value, s.participants(view), seconds)
-        for s in step_schedule(plan, view)
+        for s in (step_schedule(plan, view) if stages is None else stages)
         for seconds in (stage_latency_s(s, view, latency),)
     )
     lat = float(sum(s.latency_s for s in stages))
     by_comp = component_seconds(view, report.traffic.bytes)  # [N, 4]
-    work = local_work(workload, view, plan, rates, dealt=dealt)
+    work = local_work(workload, view, plan, rates, dealt=dealt, stages=stages)
     local = sum(work[p] for p in PIECES)
     bandwidth = by_comp.sum(axis=1)
     total = lat + bandwidth + local

@@ -4,7 +4,7 @@ On FlexShard's runtime: ``flexshard`` (the tier optimizer at ``--budget`` x row-
 (its ablation: the row-wise plan with per-rank dedup, every row cold) and ``row_wise_group_dedup``
 (:func:`solvers.baselines.row_wise_group_dedup`, every row cold, fetched once per group). Outside it:
 ``torchrec_row_wise`` (TorchRec's ``EmbeddingCollection`` sharded ``ROW_WISE``, no dedup), priced as the
-row-wise plan without dedup.
+row-wise plan without dedup in TorchRec's own five collectives (:func:`solvers.schedule.torchrec_schedule`).
 
 ``--plan-for probed`` plans for the machine the ranks run on: a quick probe of the launched ranks
 (:func:`topology.probe.timing.measure` on their process group) gives a topology with the measured figures.
@@ -25,6 +25,7 @@ from flexshard.bench.data import BenchData
 from flexshard.bench.predict import predicted_parts_ms
 from flexshard.plan_file import to_dict
 from solvers.planner import PlannedStrategy, budget_bytes, make_plan
+from solvers.schedule import Stage, torchrec_schedule
 from solvers.tier_program import OptimizerConfig
 from solvers.time_types import LocalRates
 from solvers.types import Plan, Workload
@@ -84,10 +85,22 @@ def repriced(
             continue
         local_s = torchrec_local_s if key == TORCHREC else None
         parts = predicted_parts_ms(
-            workload, machine_view, sp.plan, rates=rates, local_s=local_s, threads_per_core=threads_per_core
+            workload,
+            machine_view,
+            sp.plan,
+            rates=rates,
+            local_s=local_s,
+            threads_per_core=threads_per_core,
+            stages=stages_of(key, machine_view),
         )
         out[key] = replace(sp, predicted_ms=parts["total"], predicted_parts_ms=parts)
     return out
+
+
+def stages_of(key: str, view: ClusterView) -> tuple[Stage, ...] | None:
+    """The collectives of strategy ``key``'s step where another implementation than FlexShard's runtime
+    runs its plan (TorchRec's: :func:`solvers.schedule.torchrec_schedule`); None for the runtime's."""
+    return torchrec_schedule(view) if key == TORCHREC else None
 
 
 def probe_ranks(groups: int, timeout_s: float, repeats: int = PROBE_REPEATS) -> Measurements:
@@ -217,7 +230,12 @@ def make_plans(
         if key != TORCHREC:
             document = to_dict(planned.plan, w, plan_view, planned.report, f"bench-{w.name}", data.orders)
         parts = predicted_parts_ms(
-            w, machine_view, planned.plan, rates=rates, threads_per_core=threads_per_core
+            w,
+            machine_view,
+            planned.plan,
+            rates=rates,
+            threads_per_core=threads_per_core,
+            stages=stages_of(key, machine_view),
         )
         out[key] = StrategyPlan(
             key,

@@ -16,6 +16,7 @@ a core of its own (its priced work over ``threads_per_core``), not the busiest r
 
 from __future__ import annotations
 
+from solvers.schedule import Stage
 from solvers.time_model import step_time
 from solvers.time_types import LatencyTable, LocalRates, StepTime
 from solvers.types import Plan, Workload
@@ -30,6 +31,7 @@ def predicted_parts_ms(
     rates: LocalRates | None = None,
     local_s: float | None = None,
     threads_per_core: float = 1.0,
+    stages: tuple[Stage, ...] | None = None,
 ) -> dict[str, float]:
     """The modeled step time of ``plan`` on ``view`` (slowest rank) and its parts, ms: ``total`` = ``latency``
     + ``bandwidth`` + ``local``; ``host``, of ``local``: the runtime's host work around its collectives
@@ -40,8 +42,9 @@ def predicted_parts_ms(
     (another implementation's, e.g. TorchRec's,
     :func:`~flexshard.bench.results.thread_cpu_s`), in place of the modeled local work.
     ``threads_per_core``: the job's torch threads on this host per core (more than 1:
-    :func:`shared_core_factor` scales bandwidth and local work)."""
-    st = step_time(workload, view, plan, latency=latency, rates=rates)
+    :func:`shared_core_factor` scales bandwidth and local work). ``stages``: the collectives of another
+    implementation's step (TorchRec's: :func:`solvers.schedule.torchrec_schedule`)."""
+    st = step_time(workload, view, plan, latency=latency, rates=rates, stages=stages)
     local = st.local_s if local_s is None else local_s
     host = st.local_by_piece["host"] if local_s is None else 0.0
     f = shared_core_factor(st, threads_per_core)

@@ -135,6 +135,9 @@ def test_collectives_per_step_repeat_and_match_the_runtime(first, second):
         assert recs["row_wise"]["collectives_by_kind"] == {"all_to_all_single": 3.0}
         if HAS_TORCHREC:
             assert recs["torchrec_row_wise"]["collectives_per_step"] == 5
+            # and the model prices the 5 it issues: world all-to-alls, as the ablation's 3
+            latency = {k: recs[k]["predicted_parts_ms"]["latency"] for k in ("row_wise", "torchrec_row_wise")}
+            assert latency["torchrec_row_wise"] == pytest.approx(latency["row_wise"] * 5 / 3, rel=1e-9)
     for key in RAN:  # a repeated run issues the same, wherever the plan is the same
         if a[key]["plan"] == b[key]["plan"]:
             assert a[key]["collectives_by_kind"] == b[key]["collectives_by_kind"], key

@@ -7,7 +7,15 @@ import pytest
 
 from core.vocabulary import FetchMode, SyncMode, WireDtype
 from solvers.cost_model import table_plan
-from solvers.schedule import CollectiveKind, Scope, collectives_per_step, rows_in_wire_order, step_schedule
+from solvers.schedule import (
+    CollectiveKind,
+    Phase,
+    Scope,
+    collectives_per_step,
+    rows_in_wire_order,
+    step_schedule,
+    torchrec_schedule,
+)
 from solvers.types import Plan, RowHistogram, TableSpec
 from topology.views import uniform_view
 
@@ -175,3 +183,13 @@ def test_rows_keep_wire_order_where_every_table_is_cold_and_group_fetched_with_g
         assert not rows_in_wire_order(_plan(other, 0, 0, FetchMode.GROUP), other)
     unequal = _unequal_view()  # grads in the group (rows on the world: no rail)
     assert rows_in_wire_order(_plan(unequal, 0, 0, FetchMode.GROUP), unequal)
+
+
+def test_torchrec_issues_five_world_all_to_alls_however_many_tables():
+    # KJTAllToAll: split sizes, lengths, values; SequenceEmbeddingsAllToAll: rows, then their gradients
+    view = _view(2, 4)
+    stages = torchrec_schedule(view)
+    assert [s.name for s in stages] == ["splits", "lengths", "ids", "rows", "grads"]
+    assert {(s.kind, s.scope) for s in stages} == {(CollectiveKind.ALL_TO_ALL, Scope.WORLD)}
+    assert [s.phase for s in stages] == [Phase.FORWARD] * 4 + [Phase.BACKWARD]
+    assert torchrec_schedule(_view(1, 1)) == ()  # one rank: local copies

@@ -12,6 +12,7 @@ import pytest
 from core.errors import ConfigError, TopologyError
 from core.vocabulary import FetchMode, SyncMode, WireDtype
 from solvers.cost_model import table_plan
+from solvers.schedule import torchrec_schedule
 from solvers.time_model import step_time
 from solvers.time_types import LatencyTable, LocalRates
 from solvers.types import Plan, RowHistogram, TableSpec, Workload
@@ -227,6 +228,21 @@ def test_all_cold_step_by_hand():
     assert st.local_by_piece == pytest.approx(pieces, rel=REL)
     assert st.local_s == pytest.approx(135.0 + update, rel=REL)
     assert st.total_s == pytest.approx(3.0 + 5.46 + 135.0 + update, rel=REL)
+
+
+def test_torchrec_runs_the_same_plan_in_its_five_collectives_by_hand():
+    plain = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, RATES, dealt=False)
+    st = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, RATES, dealt=False, stages=torchrec_schedule(VIEW))
+    # splits, lengths and values of the jagged ids, rows back, gradients out: world all-to-alls, 1 s each
+    assert [s.name for s in st.stages] == ["splits", "lengths", "ids", "rows", "grads"]
+    assert st.collectives == 5 and st.latency_s == pytest.approx(5.0, rel=REL)
+    # the same bytes; two more calls at 11 s each; the host terms (0 here) stay the runtime's
+    assert st.bandwidth_s == plain.bandwidth_s
+    assert st.local_by_piece == pytest.approx(plain.local_by_piece | {"calls": 55.0}, rel=REL)
+    assert st.total_s == pytest.approx(plain.total_s + 2.0 + 22.0, rel=REL)
+    host = replace(RATES, step_s=100.0, table_stage_s=1000.0)  # 100 + 1000 x 1 table x 3 runtime stages
+    priced = step_time(WORKLOAD, VIEW, _plan(0), TABLE_S, host, dealt=False, stages=torchrec_schedule(VIEW))
+    assert priced.local_by_piece["host"] == pytest.approx(3100.0, rel=REL)
 
 
 def test_work_around_the_exchange_by_hand():
