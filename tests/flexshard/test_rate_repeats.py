@@ -14,6 +14,7 @@ from flexshard.bench.plans import TORCHREC, StrategyPlan, h100_view, repriced
 from flexshard.bench.predict import predicted_parts_ms
 from flexshard.bench.worker import medians
 from solvers.planner import budget_bytes, make_plan
+from solvers.schedule import torchrec_schedule
 from solvers.time_model import step_time
 from solvers.time_types import LocalRates
 
@@ -69,12 +70,14 @@ def test_predictions_are_priced_again_with_the_rates_measured_in_the_rounds():
     got = repriced(plans, data.workload, view, rates, torchrec_local_s=0.004)
     st = step_time(data.workload, view, plan, rates=rates)
     assert got["row_wise"].predicted_ms == pytest.approx(st.total_s * 1e3, rel=1e-12)
-    # TorchRec: the plan's latency and bandwidth, and its own local step (its buffer copies included) in
-    # place of the modeled local work
-    expected = (st.latency_s + st.bandwidth_s + 0.004) * 1e3
+    # TorchRec: the plan's bandwidth, the latency of TorchRec's own 5 world all-to-alls (the row-wise
+    # plan's 3 on the runtime), and its own local step (its buffer copies included) in place of the
+    # modeled local work
+    expected = (st.latency_s * 5 / 3 + st.bandwidth_s + 0.004) * 1e3
     assert got[TORCHREC].predicted_ms == pytest.approx(expected, rel=1e-12)
     parts = got[TORCHREC].predicted_parts_ms
-    assert parts == predicted_parts_ms(data.workload, view, plan, rates=rates, local_s=0.004)
+    stages = torchrec_schedule(view)
+    assert parts == predicted_parts_ms(data.workload, view, plan, rates=rates, local_s=0.004, stages=stages)
     assert parts["total"] == pytest.approx(parts["latency"] + parts["bandwidth"] + parts["local"], rel=1e-12)
     assert parts["local"] == pytest.approx(4.0, rel=1e-12) and st.local_s * 1e3 != pytest.approx(4.0)
     assert got["none"].predicted_ms == 1.0  # no plan to price: kept
