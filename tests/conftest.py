@@ -3,8 +3,19 @@
 The multi-process tests run 2-8 ranks on one machine over gloo on the CPU; on a machine with fewer GPUs
 than ranks, NCCL (the default where CUDA is) would refuse them. The test of the NCCL path asks for NCCL
 by name, so it still runs where there is a GPU.
+
+The ranks of ``run_on_ranks`` are forked from one server per session (flexshard.runtime.local), which
+imports what most jobs need once: the runtime and, where it is installed, TorchRec's distributed
+modules (4 s of imports a rank otherwise).
 """
 
+import importlib.util
 import os
 
+from flexshard.runtime.local import preload
+
 os.environ.setdefault("FLEXSHARD_BACKEND", "gloo")
+
+preload("flexshard.train")
+if importlib.util.find_spec("torchrec") is not None:
+    preload("torchrec.distributed.model_parallel", "torchrec.distributed.embedding", "flexshard.torchrec")

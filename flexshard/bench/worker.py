@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from core.osutil import on_a_free_port
 from flexshard import logs
@@ -62,7 +61,7 @@ from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
 from flexshard.local_rates import measured_rates, median_rates
 from flexshard.progress import Progress
 from flexshard.runtime.host_memory import keep_freed_memory
-from flexshard.runtime.local import end_rank, never_started, wait_for_ranks
+from flexshard.runtime.local import end_rank, never_started, preload, start_ranks, wait_for_ranks
 from flexshard.training.garbage import StepGarbageCollection
 from solvers.time_types import LocalRates
 from topology.views import ClusterView
@@ -387,18 +386,19 @@ def _rank_main(rank: int, cfg: BenchConfig, port: int, outdir: str) -> None:
 
 
 def spawn_local(cfg: BenchConfig) -> list[dict[str, Any]]:
-    """Run the benchmark on ``cfg.nproc`` spawned gloo ranks; rank 0's records. ``RuntimeError`` with the
+    """Run the benchmark on ``cfg.nproc`` local gloo ranks (:func:`~flexshard.runtime.local.start_ranks`);
+    rank 0's records. ``RuntimeError`` with the
     ranks' tracebacks when one fails or the run passes ``cfg.timeout_s``; :class:`Interrupted` on
     Ctrl-C (the ranks are killed either way). A run that never started
     (:func:`flexshard.runtime.local.never_started`: its rendezvous port was taken, or gloo's mesh failed to
     form; nothing ran) starts again on another port, up to ``RENDEZVOUS_TRIES`` times
     (:func:`core.osutil.on_a_free_port`)."""
 
+    preload(__name__)  # every rank's module, imported once where the ranks are forked
+
     def once(port: int) -> list[dict[str, Any]]:
         with tempfile.TemporaryDirectory(prefix="flexshard-bench-") as outdir:
-            ctx = mp.start_processes(
-                _rank_main, args=(cfg, port, outdir), nprocs=cfg.nproc, join=False, start_method="spawn"
-            )
+            ctx = start_ranks(_rank_main, (cfg, port, outdir), cfg.nproc)
             try:
                 wait_for_ranks(ctx, cfg.timeout_s, outdir, "flexshard bench")
             except KeyboardInterrupt:

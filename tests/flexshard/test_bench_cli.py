@@ -225,7 +225,7 @@ def test_only_a_taken_rendezvous_port_is_tried_again(monkeypatch, failures, trie
 
     ports: list[int] = []
     left = list(failures)
-    monkeypatch.setattr(worker.mp, "start_processes", lambda fn, args, **kw: ports.append(args[1]))
+    monkeypatch.setattr(worker, "start_ranks", lambda fn, args, nprocs: ports.append(args[1]))
     monkeypatch.setattr(worker, "wait_for_ranks", lambda *a: (_ for _ in ()).throw(RuntimeError(left.pop(0))))
     with pytest.raises(RuntimeError, match="ValueError: bad" if OWN in failures else "EADDRINUSE"):
         worker.spawn_local(BenchConfig(nproc=2, groups=2))
