@@ -9,7 +9,6 @@ imports what most jobs need once: the runtime and, where it is installed, TorchR
 modules (4 s of imports a rank otherwise).
 """
 
-import importlib.util
 import os
 
 from flexshard.runtime.local import preload
@@ -17,5 +16,12 @@ from flexshard.runtime.local import preload
 os.environ.setdefault("FLEXSHARD_BACKEND", "gloo")
 
 preload("flexshard.train")
-if importlib.util.find_spec("torchrec") is not None:
+try:  # only a TorchRec that imports here: a module failing in the server would fail every job
+    import torchrec.distributed.embedding  # noqa: F401
+    import torchrec.distributed.model_parallel  # noqa: F401
+
+    import flexshard.torchrec  # noqa: F401
+except Exception:  # noqa: BLE001, S110  (not installed, or broken: its tests skip or fail on their own)
+    pass
+else:
     preload("torchrec.distributed.model_parallel", "torchrec.distributed.embedding", "flexshard.torchrec")
