@@ -1,10 +1,12 @@
 """run_on_ranks: results come back in rank order and the ranks leave without the interpreter's teardown
-(end_rank: no atexit handler runs); a failing or hanging rank ends every rank with its traceback,
-within the deadline; a job whose rendezvous port was taken starts again on another."""
+(end_rank: no atexit handler runs); ranks forked from one server run in the caller's environment; a
+failing or hanging rank ends every rank with its traceback, within the deadline; a job whose rendezvous
+port was taken starts again on another."""
 
 from __future__ import annotations
 
 import atexit
+import os
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from flexshard.runtime.local import run_on_ranks
+from flexshard.runtime.local import START_METHOD, run_on_ranks
 
 pytestmark = pytest.mark.slow  # multi-process: spawns gloo ranks
 
@@ -34,6 +36,24 @@ def _rank1_hangs(rank: int, world: int) -> None:
     if rank == 1:
         time.sleep(600)
     dist.barrier()
+
+
+def _environment(rank: int, world: int) -> tuple[str | None, str | None, int]:
+    return os.environ.get("FLEXSHARD_TEST_SET"), os.environ.get("FLEXSHARD_TEST_UNSET"), os.getppid()
+
+
+def test_ranks_run_in_the_callers_environment_of_the_moment(monkeypatch):
+    # each job's ranks see the caller's environment at its start (the second's: one variable set, the
+    # other gone), not that of the server that forks them (started by this job or an earlier test's)
+    monkeypatch.setenv("FLEXSHARD_TEST_UNSET", "at the start")
+    before = run_on_ranks(_environment, 2)
+    assert [r[:2] for r in before] == [(None, "at the start")] * 2
+    monkeypatch.setenv("FLEXSHARD_TEST_SET", "now")
+    monkeypatch.delenv("FLEXSHARD_TEST_UNSET")
+    after = run_on_ranks(_environment, 2)
+    assert [r[:2] for r in after] == [("now", None)] * 2
+    if START_METHOD == "forkserver":  # forked by one server that outlives the jobs, not by this process
+        assert len({r[2] for r in before + after}) == 1 and after[0][2] != os.getpid()
 
 
 def test_results_in_rank_order_and_no_interpreter_teardown(tmp_path):
