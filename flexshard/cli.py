@@ -36,12 +36,19 @@ from flexshard.plan_file import to_dict, write_plan
 from flexshard.progress import Progress
 from flexshard.report import comparison_table, plan_report, plan_shape, tradeoffs
 from flexshard.runtime.optimizers import OPTIMIZER_CHOICES
-from flexshard.simulate_headline import LEGEND, baseline_keys, headline
-from flexshard.step_report import GROUP_DEDUP, plan_step_lines, step_record, step_table, tier_savings
+from flexshard.simulate_headline import LEGEND, TORCHREC_DEFAULT, baseline_keys, headline
+from flexshard.step_report import (
+    GROUP_DEDUP,
+    plan_step_lines,
+    step_record,
+    step_table,
+    tier_savings,
+    torchrec_record,
+)
 from flexshard.training.planning import priced_for
 from flexshard.workloads.readers import FORMATS
 from solvers.optimizer import OptimizerConfig
-from solvers.planner import STRATEGIES, budget_bytes, make_plan
+from solvers.planner import STRATEGIES, budget_bytes, make_plan, torchrec_step
 from topology import cluster_view, load_topology, summary, write_json
 
 log = logging.getLogger(__name__)
@@ -330,6 +337,8 @@ def simulate_records(
                             record[key] = None
                         record["memory_per_gpu_bytes"] = None
                         record.update(step_record(None))
+                        if (strategy, dedup) == TORCHREC_DEFAULT:
+                            record.update(torchrec_record(None))
                     else:
                         rep = planned.report
                         record.update(
@@ -342,6 +351,9 @@ def simulate_records(
                         )
                         record.update(plan_shape(planned.plan))
                         record.update(step_record(planned.step))
+                        if (strategy, dedup) == TORCHREC_DEFAULT:  # also in TorchRec's own collectives
+                            theirs = torchrec_step(workload, view, planned.plan, config)
+                            record.update(torchrec_record(theirs))
                         for key in ("objective_s", "lower_bound_s", "gap", "chosen"):
                             if key in planned.plan.solver:
                                 record[key] = planned.plan.solver[key]

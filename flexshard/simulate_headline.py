@@ -1,14 +1,19 @@
 """The headline of ``flexshard simulate``: FlexShard against TorchRec's default and against row-wise with
-dedup, at each budget, in bytes and modeled time; and, where FlexShard's figures equal a baseline's, why.
+dedup, at each budget, in bytes and modeled step time; and, where FlexShard's figures equal a baseline's,
+why.
 
 It reads the records of :func:`flexshard.cli.simulate_records` (``strategy``, ``budget_x``, ``dedup``,
-``feasible``, ``inter_group_bytes``, ``intra_group_bytes``, ``modeled_time_s``, and the plan's
-``hot_rows``, ``warm_rows``, ``cold_rows``, ``group_fetch_tables``, ``cold_tables`` and FlexShard's
-``chosen``), never figures of its own: when the pricing of a baseline changes, the headline follows.
+``feasible``, ``inter_group_bytes``, ``intra_group_bytes``, ``step_s`` (else ``modeled_time_s``), TorchRec's
+default's ``torchrec_step_s`` and ``torchrec_collectives``, and the plan's ``hot_rows``, ``warm_rows``,
+``cold_rows``, ``group_fetch_tables``, ``cold_tables`` and FlexShard's ``chosen``), never figures of its
+own: when the pricing of a baseline changes, the headline follows.
 
-* TorchRec's default is row-wise sharding without dedup (``row_wise``, dedup off) at the same budget;
-  row-wise with dedup is ``row_wise`` with dedup on. A FlexShard point without dedup is compared with
-  TorchRec's default only (row-wise with dedup has a setting that point lacks).
+* TorchRec's default is row-wise sharding without dedup (``row_wise``, dedup off) at the same budget, its
+  step priced in TorchRec's own collectives (``torchrec_step_s``; :func:`solvers.planner.torchrec_step`);
+  row-wise with dedup is ``row_wise`` with dedup on, on FlexShard's runtime. A FlexShard point without
+  dedup is compared with TorchRec's default only (row-wise with dedup has a setting that point lacks).
+* Time is the modeled step time (latency, bytes over bandwidth and local work) where every compared
+  record has one, else the modeled bandwidth time (records of older runs) and the line says "time".
 * Bytes are inter-group bytes (the NICs) where any of the compared records has some; on a cluster of
   one group (no inter-group links) they are intra-group bytes, and the line says so.
 """
@@ -77,11 +82,12 @@ def headline(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] 
             equal.append(f"{where} equals {_names(same)}: {_why_equal(ours)}")
         near = [r for r in others if r["strategy"] not in same and _near(ours, r)]
         if near:
-            gap = max(abs(r["modeled_time_s"] / ours["modeled_time_s"] - 1) for r in near)
+            stepped = _stepped(ours, *near)
+            gap = max(abs(_seconds(r, stepped) / _seconds(ours, stepped) - 1) for r in near)
             close = "matches" if gap <= _REL_TOL else f"is within {_percent(gap)} of"
             names = _names([r["strategy"] for r in near])
             equal.append(
-                f"{where} {close} {names} in modeled time"
+                f"{where} {close} {names} in modeled {'step ' if stepped else ''}time"
                 + (f": {_why_near(ours)}" if "cold_tables" in ours else "")
             )
     return lines + equal
@@ -91,11 +97,28 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
 
 
+def _stepped(*records: dict) -> bool:
+    """Whether every record carries a modeled step time."""
+    return all(r.get("step_s") is not None for r in records)
+
+
+def _seconds(r: dict, stepped: bool, theirs: bool = False) -> float:
+    """A record's time: its modeled step time where ``stepped`` (TorchRec's default's in TorchRec's own
+    collectives where ``theirs`` and the record has it), else its modeled bandwidth time."""
+    if stepped and theirs and r.get("torchrec_step_s") is not None:
+        return float(r["torchrec_step_s"])
+    return float(r["step_s"] if stepped else r["modeled_time_s"])
+
+
 def _near(ours: dict, r: dict) -> bool:
-    """A feasible baseline whose modeled time is within :data:`NEAR` of FlexShard's (and not equal)."""
-    if not r["feasible"] or ours["modeled_time_s"] <= 0:
+    """A feasible baseline whose modeled (step) time is within :data:`NEAR` of FlexShard's (and not
+    equal)."""
+    if not r["feasible"]:
         return False
-    return abs(r["modeled_time_s"] / ours["modeled_time_s"] - 1) <= NEAR
+    stepped = _stepped(ours, r)
+    if _seconds(ours, stepped) <= 0:
+        return False
+    return abs(_seconds(r, stepped) / _seconds(ours, stepped) - 1) <= NEAR
 
 
 def _line(where: str, ours: dict, compared: list[tuple[str, dict | None, str]]) -> str:
@@ -104,7 +127,10 @@ def _line(where: str, ours: dict, compared: list[tuple[str, dict | None, str]]) 
         "inter" if any(_bytes(r, "inter_group_bytes") > _BYTES_ATOL for r in [ours, *feasible]) else "intra"
     )
     key = f"{link}_group_bytes"
-    head = f"{where}: {human_bytes(_bytes(ours, key))} {link}-group, {_ms(ours['modeled_time_s'])}"
+    stepped = _stepped(ours, *feasible)
+    time_of = "step time" if stepped else "time"
+    head = f"{where}: {human_bytes(_bytes(ours, key))} {link}-group, {_ms(_seconds(ours, stepped))}"
+    head += " a step" if stepped else ""
     if link == "intra":
         head += " (one group: no inter-group links)"
     parts = []
@@ -114,18 +140,22 @@ def _line(where: str, ours: dict, compared: list[tuple[str, dict | None, str]]) 
         if not r["feasible"]:
             parts.append(f"{name} is infeasible at this budget")
             continue
-        figures = f"{prefix}{human_bytes(_bytes(r, key))}, {_ms(r['modeled_time_s'])}"
+        theirs = stepped and r.get("torchrec_step_s") is not None
+        if theirs:  # TorchRec's default priced in TorchRec's own collectives
+            prefix = f"{prefix.removesuffix(': ')}, in its {r['torchrec_collectives']} collectives: "
+        seconds = _seconds(r, stepped, theirs)
+        figures = f"{prefix}{human_bytes(_bytes(r, key))}, {_ms(seconds)}"
         bytes_ = _relative(
             _bytes(ours, key), _bytes(r, key), _BYTES_ATOL, ("fewer bytes", "more bytes", "equal bytes")
         )
         time_ = _relative(
-            ours["modeled_time_s"],
-            r["modeled_time_s"],
+            _seconds(ours, stepped),
+            seconds,
             _SECONDS_ATOL,
-            ("less time", "more time", "equal time"),
+            (f"less {time_of}", f"more {time_of}", f"equal {time_of}"),
         )
-        if (bytes_, time_) == ("equal bytes", "equal time"):
-            parts.append(f"the same bytes and time as {name} ({figures})")
+        if (bytes_, time_) == ("equal bytes", f"equal {time_of}"):
+            parts.append(f"the same bytes and {time_of} as {name} ({figures})")
         else:
             parts.append(f"{bytes_} and {time_} than {name} ({figures})")
     return head + ("; " + " and ".join(parts) if parts else "")
@@ -163,12 +193,13 @@ def _close(a: float, b: float, atol: float) -> bool:
 
 
 def _equal(ours: dict, r: dict) -> bool:
-    """Both feasible, and the same inter-group bytes, intra-group bytes and modeled time."""
+    """Both feasible, and the same inter-group bytes, intra-group bytes and modeled (step) time."""
     if not r["feasible"]:
         return False
     tolerances = {"inter_group_bytes": _BYTES_ATOL, "intra_group_bytes": _BYTES_ATOL}
-    tolerances["modeled_time_s"] = _SECONDS_ATOL
-    return all(_close(_bytes(ours, k), _bytes(r, k), atol) for k, atol in tolerances.items())
+    same_bytes = all(_close(_bytes(ours, k), _bytes(r, k), atol) for k, atol in tolerances.items())
+    stepped = _stepped(ours, r)
+    return same_bytes and _close(_seconds(ours, stepped), _seconds(r, stepped), _SECONDS_ATOL)
 
 
 def _fetch(ours: dict) -> str:

@@ -35,6 +35,21 @@ def step_record(step: StepTime | None) -> dict[str, Any]:
     }
 
 
+TORCHREC_KEYS = ("torchrec_step_s", "torchrec_latency_s", "torchrec_collectives")
+
+
+def torchrec_record(step: StepTime | None) -> dict[str, Any]:
+    """The fields of TorchRec's default's simulate record that price its plan in TorchRec's own
+    collectives (:func:`solvers.planner.torchrec_step`; None where the plan was not priced)."""
+    if step is None:
+        return dict.fromkeys(TORCHREC_KEYS)
+    return {
+        "torchrec_step_s": step.total_s,
+        "torchrec_latency_s": step.latency_s,
+        "torchrec_collectives": step.collectives,
+    }
+
+
 def step_table(records: Sequence[dict[str, Any]]) -> str:
     """Strategies x budgets: modeled step ms and its parts, and collectives per step."""
     rows = []

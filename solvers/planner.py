@@ -11,6 +11,7 @@ from solvers.baselines import BASELINES
 from solvers.cost_model import row_wise_memory_bytes
 from solvers.optimizer import OptimizerConfig, optimize_tiers
 from solvers.placement import balance, priced_spread
+from solvers.schedule import torchrec_schedule
 from solvers.tier_program import config_rates
 from solvers.time_model import step_time
 from solvers.time_types import StepTime
@@ -113,6 +114,18 @@ def make_plan(
                 best = got
     solver = {**best.plan.solver, "step_s": best.step.total_s}
     return PlannedStrategy(replace(best.plan, solver=solver), best.report, best.step)
+
+
+def torchrec_step(
+    workload: Workload, view: ClusterView, plan: Plan, config: OptimizerConfig | None = None
+) -> StepTime:
+    """The modeled step of ``plan`` run by TorchRec's own sequence sharding, in its collectives
+    (:func:`~solvers.schedule.torchrec_schedule`: five world all-to-alls) rather than FlexShard's runtime's,
+    with ``config``'s latencies and local rates: TorchRec's default is the row-wise plan without dedup
+    priced so. Its plain step: a row-wise plan has no replica sync to overlap."""
+    cfg = config or OptimizerConfig()
+    rates = config_rates(cfg, view)
+    return step_time(workload, view, plan, cfg.latency, rates, stages=torchrec_schedule(view))
 
 
 def _better(a: PlannedStrategy, b: PlannedStrategy, by_step: bool) -> bool:

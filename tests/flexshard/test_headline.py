@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_helpers import run
 
 from flexshard.simulate_headline import LEGEND, baseline_keys, headline
+from solvers.time_types import GPU_ROOFLINE_RATES
 
 SMALL = ["--workload", "synthetic:6:2e6:1.0", "--topology", "h100:2x2"]
 
@@ -75,6 +77,42 @@ def test_a_point_without_dedup_is_compared_with_torchrecs_default_only():
         "FlexShard at 2x, dedup off: 183.01 MB inter-group, 3.715 ms; 50.0% fewer bytes and 50.0% less time "
         "than TorchRec's default (row-wise, dedup off: 366.02 MB, 7.430 ms)"
     ]
+
+
+def _stepped(records: list[dict], steps_ms: tuple[float, ...], torchrec_ms: float) -> list[dict]:
+    """``records`` with modeled step times (ms, in order) and TorchRec's default's in its own five
+    collectives."""
+    out = [{**r, "step_s": ms * 1e-3} for r, ms in zip(records, steps_ms, strict=True)]
+    for r in out:
+        if (r["strategy"], r["dedup"]) == ("row_wise", False):
+            r.update(torchrec_step_s=torchrec_ms * 1e-3, torchrec_collectives=5)
+    return out
+
+
+def test_step_times_and_torchrecs_default_in_its_own_collectives():
+    """Where the records carry modeled step times, the line compares those, TorchRec's default in its own
+    collectives (not the runtime's step of the same plan, 7.0 ms here)."""
+    records = _stepped(_three(), (2.0, 2.7, 7.0), 9.0)
+    # 1 - 2.0/9.0 = 77.78%; 1 - 2.0/2.7 = 25.93%
+    assert headline(records) == [
+        "FlexShard at 2x, dedup on: 59.71 MB inter-group, 2.000 ms a step; 83.7% fewer bytes and 77.8% less "
+        "step time than TorchRec's default (row-wise, dedup off, in its 5 collectives: 366.02 MB, 9.000 ms) "
+        "and 41.9% fewer bytes and 25.9% less step time than row-wise with dedup (102.78 MB, 2.700 ms)"
+    ]
+    # equal and near are judged in step time: equal bandwidth time, another step is neither
+    others = [
+        {**_rec("row_wise_group_dedup", True, 59.71e6, 102.70e6, 1.42e-3), "step_s": 2.0e-3},
+        {**_rec("2d", True, 59.71e6, 102.70e6, 1.42e-3), "step_s": 2.01e-3},  # 0.5%: near
+        {**_rec("hybrid", True, 59.71e6, 102.70e6, 1.42e-3), "step_s": 2.1e-3},  # 5%: neither
+    ]
+    assert headline([*records, *others])[1:] == [
+        "FlexShard at 2x, dedup on equals row_wise_group_dedup: the plan replicates only 10 hot and 5 warm "
+        "of 100 rows, too few to move the figures, and has no cold rows",
+        "FlexShard at 2x, dedup on is within 0.5% of 2d in modeled step time",  # 2.01 / 2.0 - 1
+    ]
+    # a record without a step time (an older run's): bandwidth time for the whole line
+    mixed = [*records[:2], {k: v for k, v in records[2].items() if k != "step_s"}]
+    assert headline(mixed)[0] == headline(_three())[0]
 
 
 def test_more_bytes_or_time_and_small_differences_are_said_as_they_are():
@@ -201,3 +239,21 @@ def test_simulate_prints_the_headline_of_its_own_records(capsys):
     assert expected[0].startswith("FlexShard at 1.5x, dedup on: ") and "TorchRec's default" in expected[0]
     ours = next(r for r in records if r["strategy"] == "flexshard")
     assert {"hot_rows", "warm_rows", "cold_rows", "cold_tables", "group_fetch_tables"} <= set(ours)
+    assert "step time" in expected[0]
+
+
+def test_simulate_prices_torchrecs_default_in_its_own_collectives(capsys):
+    """The row-wise record without dedup carries its plan's step in TorchRec's five world all-to-alls:
+    the runtime's step of the same plan plus the latency of two more stages (the split sizes and lengths
+    add no bytes; the host terms stay the runtime's), and no other record has it."""
+    rc, doc, _ = run(capsys, "simulate", *SMALL, "--budgets", "2", "--dedup", "both", "--json")
+    assert rc == 0
+    records = json.loads(doc)
+    theirs = next(r for r in records if (r["strategy"], r["dedup"]) == ("row_wise", False))
+    assert theirs["torchrec_collectives"] == 5 and theirs["collectives"] == 3
+    assert all("torchrec_step_s" not in r for r in records if r is not theirs)
+    # every stage a world all-to-all of one latency: 5/3 of the runtime's three; on the GPU preset's
+    # rates each more stage costs one collective call of host time too (the local work is the same)
+    assert theirs["torchrec_latency_s"] == pytest.approx(theirs["latency_s"] * 5 / 3)
+    more = theirs["torchrec_latency_s"] - theirs["latency_s"] + 2 * GPU_ROOFLINE_RATES.collective_call_s
+    assert theirs["torchrec_step_s"] - theirs["step_s"] == pytest.approx(more)
