@@ -39,6 +39,7 @@ from flexshard.runtime.optimizers import OPTIMIZER_CHOICES
 from flexshard.simulate_headline import LEGEND, TORCHREC_DEFAULT, baseline_keys, headline
 from flexshard.step_report import (
     GROUP_DEDUP,
+    TORCHREC_ROW,
     plan_step_lines,
     step_record,
     step_table,
@@ -400,7 +401,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             "\nModeled step time (ms, slowest rank): collective latency + bytes / bandwidth + local work"
             + (" - overlapped (pipelined, --pipeline on)" if config.overlap else "")
         )
-        print(step_table(records))
+        print(step_table(records, extra))
+        print(f"{TORCHREC_ROW}: the row-wise plan without dedup in TorchRec's own collectives")
         saved_extra = []
         for dedup in dedups:
             budgets = [

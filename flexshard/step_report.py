@@ -35,7 +35,14 @@ def step_record(step: StepTime | None) -> dict[str, Any]:
     }
 
 
-TORCHREC_KEYS = ("torchrec_step_s", "torchrec_latency_s", "torchrec_collectives")
+TORCHREC_KEYS = (
+    "torchrec_step_s",
+    "torchrec_latency_s",
+    "torchrec_bandwidth_s",
+    "torchrec_local_s",
+    "torchrec_collectives",
+)
+TORCHREC_ROW = "torchrec_default"  # the step table's row of TorchRec's default in its own collectives
 
 
 def torchrec_record(step: StepTime | None) -> dict[str, Any]:
@@ -46,32 +53,45 @@ def torchrec_record(step: StepTime | None) -> dict[str, Any]:
     return {
         "torchrec_step_s": step.total_s,
         "torchrec_latency_s": step.latency_s,
+        "torchrec_bandwidth_s": step.bandwidth_s,
+        "torchrec_local_s": step.local_s,
         "torchrec_collectives": step.collectives,
     }
 
 
-def step_table(records: Sequence[dict[str, Any]]) -> str:
-    """Strategies x budgets: modeled step ms and its parts, and collectives per step."""
+def step_table(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] = ()) -> str:
+    """Strategies x budgets: modeled step ms and its parts, and collectives per step; after the row-wise
+    record without dedup, where it has them, a row :data:`TORCHREC_ROW` of its plan in TorchRec's own
+    collectives (TorchRec's default). ``extra``: records priced for the headline only (e.g. TorchRec's
+    default under ``--dedup on``), whose TorchRec rows close their budget's rows."""
+    theirs = {r["budget_x"]: r for r in extra if r["feasible"] and r.get("torchrec_step_s") is not None}
     rows = []
-    for r in records:
-        if not r["feasible"] or r.get("step_s") is None:
-            continue
-        rows.append(
-            [
-                f"{r['budget_x']:g}x",
-                f"*{r['strategy']}" if r["strategy"] == "flexshard" else r["strategy"],
-                "on" if r["dedup"] else "off",
-                f"{r['step_s'] * 1e3:.3f}",
-                f"{r['latency_s'] * 1e3:.3f}",
-                f"{r['bandwidth_s'] * 1e3:.3f}",
-                f"{r['local_s'] * 1e3:.3f}",
-                f"{-(r.get('overlapped_s') or 0.0) * 1e3:.3f}" if r.get("overlapped_s") else "0.000",
-                str(r["collectives"]),
-            ]
-        )
+    priced = [r for r in records if r["feasible"] and r.get("step_s") is not None]
+    for i, r in enumerate(priced):
+        name = f"*{r['strategy']}" if r["strategy"] == "flexshard" else r["strategy"]
+        rows.append(_step_row(r, name, ""))
+        if r.get("torchrec_step_s") is not None:
+            rows.append(_step_row(r, TORCHREC_ROW, "torchrec_"))
+            theirs.pop(r["budget_x"], None)
+        last_of_budget = i + 1 == len(priced) or priced[i + 1]["budget_x"] != r["budget_x"]
+        if last_of_budget and r["budget_x"] in theirs:
+            rows.append(_step_row(theirs.pop(r["budget_x"]), TORCHREC_ROW, "torchrec_"))
     header = ["budget", "strategy", "dedup", "step ms", "latency", "bandwidth", "local", "overlapped"]
     header.append("collectives")
     return format_table(header, rows)
+
+
+def _step_row(r: dict[str, Any], name: str, prefix: str) -> list[str]:
+    """A step table row of record ``r``'s figures (``prefix``: ``torchrec_`` for its TorchRec pricing)."""
+    overlapped = 0.0 if prefix else (r.get("overlapped_s") or 0.0)
+    return [
+        f"{r['budget_x']:g}x",
+        name,
+        "on" if r["dedup"] else "off",
+        *(f"{r[prefix + key] * 1e3:.3f}" for key in ("step_s", "latency_s", "bandwidth_s", "local_s")),
+        f"{-overlapped * 1e3:.3f}" if overlapped else "0.000",
+        str(r[prefix + "collectives"]),
+    ]
 
 
 def tier_savings(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] = ()) -> list[str]:

@@ -257,3 +257,6 @@ def test_simulate_prices_torchrecs_default_in_its_own_collectives(capsys):
     assert theirs["torchrec_latency_s"] == pytest.approx(theirs["latency_s"] * 5 / 3)
     more = theirs["torchrec_latency_s"] - theirs["latency_s"] + 2 * GPU_ROOFLINE_RATES.collective_call_s
     assert theirs["torchrec_step_s"] - theirs["step_s"] == pytest.approx(more)
+    assert theirs["torchrec_bandwidth_s"] == theirs["bandwidth_s"]  # the same plan's bytes
+    parts = theirs["torchrec_latency_s"] + theirs["torchrec_bandwidth_s"] + theirs["torchrec_local_s"]
+    assert theirs["torchrec_step_s"] == pytest.approx(parts, rel=1e-12)

@@ -50,6 +50,33 @@ def test_step_table_splits_each_strategy():
     assert lines[3].split() == ["2x", "row_wise", "on", "3.000", "0.250", "2.500", "0.250", "0.000", "4"]
 
 
+def test_step_table_prices_torchrecs_default_in_its_own_collectives():
+    """The row-wise record without dedup is followed by its plan in TorchRec's collectives; one priced for
+    the headline only (``extra``) closes its budget's rows, once."""
+    off = {**_record("row_wise", 3.0, collectives=3), "dedup": False}
+    theirs = {
+        "torchrec_step_s": 3.5e-3,
+        "torchrec_latency_s": 0.5e-3,
+        "torchrec_bandwidth_s": 2.5e-3,
+        "torchrec_local_s": 0.5e-3,
+        "torchrec_collectives": 5,
+    }
+    row = ["2x", "torchrec_default", "off", "3.500", "0.500", "2.500", "0.500", "0.000", "5"]
+    lines = step_table([_record("flexshard", 2.0), {**off, **theirs}]).splitlines()[2:]
+    assert [line.split() for line in lines[1:]] == [
+        ["2x", "row_wise", "off", "3.000", "0.250", "2.500", "0.250", "0.000", "3"],
+        row,
+    ]
+    four = {**_record("flexshard", 2.0), "budget_x": 4.0}
+    lines = step_table([_record("flexshard", 2.0), four], [{**off, **theirs}]).splitlines()[2:]
+    assert [line.split()[:2] for line in lines] == [
+        ["2x", "*flexshard"],
+        ["2x", "torchrec_default"],
+        ["4x", "*flexshard"],
+    ]
+    assert lines[1].split() == row
+
+
 def test_tier_savings_name_the_saving_or_say_no_replicas():
     base = _record("row_wise_group_dedup", 4.0)
     saved = tier_savings([_record("flexshard", 3.0, hot=1200, warm=34, collectives=10), base])
