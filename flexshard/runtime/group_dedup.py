@@ -113,6 +113,7 @@ class GroupDedup:
         peer = np.asarray(rail_peer_of_requester, dtype=np.int64)
         self.j_req = np.where(peer >= 0, j_of_rank[np.maximum(peer, 0)], 0)
         self._j_of_rank = torch.as_tensor(j_of_rank, device=device)
+        self._own_mask: torch.Tensor | None = None  # _own_buckets, made when first needed
         self._none = torch.zeros(0, dtype=torch.int64, device=device)
 
     def key(self, t: int, owner: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
@@ -127,6 +128,17 @@ class GroupDedup:
         values, counts = np.ravel(values), np.ravel(counts)
         v, c = torch.as_tensor(values, device=dev), torch.as_tensor(counts, device=dev)
         return torch.repeat_interleave(v, c, output_size=int(counts.sum()))
+
+    def _own_buckets(self) -> torch.Tensor:
+        """bool[key_range]: the keys of this rank's own buckets (table t's bucket ``(t, j_me)``), made at
+        the first dense dedup (whose key range is at most :data:`DENSE_PER_KEY` times its keys)."""
+        if self._own_mask is None:
+            mask = np.zeros(self.key_range, dtype=bool)
+            own_keys = self.edges.reshape(self.tables, -1)[:, self.j_me]  # bucket (t, j_me): [lo, + span)
+            for lo, span in zip(own_keys.tolist(), self.span.tolist(), strict=True):
+                mask[lo : lo + span] = True
+            self._own_mask = torch.as_tensor(mask, device=self.device)
+        return self._own_mask
 
     def _buckets(self, distinct: torch.Tensor) -> np.ndarray:
         """Distinct keys per bucket (int64[tables, G])."""
@@ -151,7 +163,6 @@ class GroupDedup:
         asked_keys = joined_blocks([received[t][GSLOTS] for t in range(n_t)]) + self._per_key(
             offset, asked_slots
         )
-        own_keys = self.edges.reshape(n_t, -1)[:, self.j_me]  # bucket (t, j_me): [own_keys, + span)
         if self.key_range > DENSE_PER_KEY * keys.numel():  # sparse: by sorts
             distinct, inverse = torch.unique(keys, sorted=True, return_inverse=True)
             fetch = self._buckets(distinct)
@@ -169,8 +180,7 @@ class GroupDedup:
             first = block_bounds(fetch.sum(axis=1))
             local = _bucket_span(fetch, self.j_me)
             served_mark = torch.zeros_like(mark).index_fill_(0, asked_keys, True)
-            for lo, span in zip(own_keys.tolist(), self.span.tolist(), strict=True):
-                served_mark[lo : lo + span] |= mark[lo : lo + span]
+            served_mark |= mark & self._own_buckets()  # its own group's distinct rows (no op per table)
             served = flat_nonzero(served_mark)
         fetch_counts = zeros.copy()
         fetch_counts[self.rail] = fetch.T
