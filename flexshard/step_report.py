@@ -21,42 +21,31 @@ GROUP_DEDUP = "row_wise_group_dedup"
 STEP_KEYS = ("step_s", "latency_s", "bandwidth_s", "local_s", "overlapped_s", "collectives")
 
 
-def step_record(step: StepTime | None) -> dict[str, Any]:
-    """The step-time fields of a simulate record (None where the plan was not priced)."""
+def step_record(step: StepTime | None, prefix: str = "") -> dict[str, Any]:
+    """The step-time fields of a simulate record (None where the plan was not priced), each key after
+    ``prefix``."""
     if step is None:
-        return dict.fromkeys(STEP_KEYS)
-    return {
-        "step_s": step.total_s,
-        "latency_s": step.latency_s,
-        "bandwidth_s": step.bandwidth_s,
-        "local_s": step.local_s,
-        "overlapped_s": step.overlapped_s,
-        "collectives": step.collectives,
-    }
+        return dict.fromkeys(prefix + key for key in STEP_KEYS)
+    values = (
+        step.total_s,
+        step.latency_s,
+        step.bandwidth_s,
+        step.local_s,
+        step.overlapped_s,
+        step.collectives,
+    )
+    return {prefix + key: value for key, value in zip(STEP_KEYS, values, strict=True)}
 
 
-TORCHREC_KEYS = (
-    "torchrec_step_s",
-    "torchrec_latency_s",
-    "torchrec_bandwidth_s",
-    "torchrec_local_s",
-    "torchrec_collectives",
-)
+TORCHREC_PREFIX = "torchrec_"
 TORCHREC_ROW = "torchrec_default"  # the step table's row of TorchRec's default in its own collectives
 
 
 def torchrec_record(step: StepTime | None) -> dict[str, Any]:
     """The fields of TorchRec's default's simulate record that price its plan in TorchRec's own
-    collectives (:func:`solvers.planner.torchrec_step`; None where the plan was not priced)."""
-    if step is None:
-        return dict.fromkeys(TORCHREC_KEYS)
-    return {
-        "torchrec_step_s": step.total_s,
-        "torchrec_latency_s": step.latency_s,
-        "torchrec_bandwidth_s": step.bandwidth_s,
-        "torchrec_local_s": step.local_s,
-        "torchrec_collectives": step.collectives,
-    }
+    collectives (:func:`solvers.planner.torchrec_step`), ``torchrec_step_s`` and its parts; None where
+    the plan was not priced."""
+    return step_record(step, TORCHREC_PREFIX)
 
 
 def step_table(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] = ()) -> str:
@@ -71,19 +60,20 @@ def step_table(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]
         name = f"*{r['strategy']}" if r["strategy"] == "flexshard" else r["strategy"]
         rows.append(_step_row(r, name, ""))
         if r.get("torchrec_step_s") is not None:
-            rows.append(_step_row(r, TORCHREC_ROW, "torchrec_"))
+            rows.append(_step_row(r, TORCHREC_ROW, TORCHREC_PREFIX))
             theirs.pop(r["budget_x"], None)
         last_of_budget = i + 1 == len(priced) or priced[i + 1]["budget_x"] != r["budget_x"]
         if last_of_budget and r["budget_x"] in theirs:
-            rows.append(_step_row(theirs.pop(r["budget_x"]), TORCHREC_ROW, "torchrec_"))
+            rows.append(_step_row(theirs.pop(r["budget_x"]), TORCHREC_ROW, TORCHREC_PREFIX))
     header = ["budget", "strategy", "dedup", "step ms", "latency", "bandwidth", "local", "overlapped"]
     header.append("collectives")
     return format_table(header, rows)
 
 
 def _step_row(r: dict[str, Any], name: str, prefix: str) -> list[str]:
-    """A step table row of record ``r``'s figures (``prefix``: ``torchrec_`` for its TorchRec pricing)."""
-    overlapped = 0.0 if prefix else (r.get("overlapped_s") or 0.0)
+    """A step table row of record ``r``'s figures (``prefix``: :data:`TORCHREC_PREFIX` for its TorchRec
+    pricing)."""
+    overlapped = r.get(prefix + "overlapped_s") or 0.0
     return [
         f"{r['budget_x']:g}x",
         name,
