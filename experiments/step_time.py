@@ -31,6 +31,7 @@ import study
 
 from core.vocabulary import FetchMode
 from flexshard import workloads
+from flexshard.bench.plans import LABELS
 from solvers.planner import budget_bytes, make_plan
 from solvers.schedule import torchrec_schedule
 from solvers.tier_program import OptimizerConfig
@@ -47,6 +48,7 @@ BUDGET_X = 2.0
 H100_PLANS = (("h100", "h100", ()), ("h100", "h100, host measured", ("--gpu-host", "measured")))
 # the GPU's host work: this runtime's, measured on an H100; and none, as if it were fused away (a target)
 HOSTS = (("measured (this runtime)", H100_RUNTIME_RATES), ("fused (roofline only)", GPU_ROOFLINE_RATES))
+ABLATION = LABELS["row_wise"]  # the bench's label of the row-wise ablation
 PAPER_RATIO = 6.0  # the FlexShard paper's abstract: about 6x lower communication latency than TorchRec's
 STRATEGIES = (  # (label, strategy, dedup, the collectives of another implementation's step)
     ("FlexShard", "flexshard", True, None),
@@ -176,6 +178,64 @@ def measured_table(records: list[dict]) -> str:
             step_runs.marks_table(records),
         ]
     )
+
+
+def figure(rows: list[step_runs.Row], path: Path) -> None:
+    """Part 1 as a plot: each row's modeled against measured step (medians over runs; the 20% band
+    dashed), and FlexShard's step over the row-wise ablation's by batch for each plan and rank count
+    (measured: dots; the time model's: faint crosses), with the issue's marks for the probed plan and the
+    H100 plan."""
+    fig, (ax, bx) = study.subplots(1, 2, figsize=(13, 5))
+    labels = list(dict.fromkeys(r.label for r in rows))
+    for label, marker in zip(labels, "osD^v<>", strict=False):
+        mine = [r for r in rows if r.label == label]
+        measured, modeled = ([r.median(k) for r in mine] for k in ("step_ms", "predicted_ms"))
+        ax.scatter(measured, modeled, marker=marker, s=22, label=label, alpha=0.8)
+    lo = min(min(r.median("step_ms"), r.median("predicted_ms")) for r in rows) * 0.8
+    hi = max(max(r.median("step_ms"), r.median("predicted_ms")) for r in rows) * 1.25
+    line = [lo, hi]
+    ax.plot(line, line, color="black", lw=0.8)
+    for k in (1 - step_runs.WITHIN, 1 + step_runs.WITHIN):
+        ax.plot(line, [v * k for v in line], color="gray", lw=0.8, ls="--")
+    title = "Time model against measured gloo steps (dashed: 20%)"
+    ax.set(xscale="log", yscale="log", xlim=line, ylim=line, title=title)
+    ax.set(xlabel="measured step, ms (median)", ylabel="modeled step, ms")
+    ax.legend(fontsize=8)
+    ours = [r for r in rows if r.label == step_runs.FLEXSHARD]
+    ablation = {
+        (r.nproc, r.batch, r.planned_for): r.median("predicted_ms") for r in rows if r.label == ABLATION
+    }
+    for planned_for, color in zip(
+        dict.fromkeys(r.planned_for for r in ours), ("C0", "C1", "C2"), strict=False
+    ):
+        for nproc, style in zip(sorted({r.nproc for r in ours}), ("-", "--"), strict=False):
+            pts = sorted(
+                (r.batch, r.median("vs_ablation"))
+                for r in ours
+                if (r.planned_for, r.nproc) == (planned_for, nproc)
+            )
+            bx.plot(
+                *zip(*pts, strict=True), style, marker="o", color=color, label=f"{planned_for}, {nproc} ranks"
+            )
+            modeled = sorted(
+                (r.batch, r.median("predicted_ms") / ablation[(r.nproc, r.batch, r.planned_for)])
+                for r in ours
+                if (r.planned_for, r.nproc) == (planned_for, nproc)
+                and (r.nproc, r.batch, r.planned_for) in ablation
+            )
+            if modeled:  # the time model's own ratio, faint
+                bx.plot(*zip(*modeled, strict=True), style, marker="x", color=color, lw=0.6, alpha=0.5)
+    for mark, color, name in ((step_runs.PROBED_MARK, "C0", "probed"), (step_runs.H100_MARK, "C1", "h100")):
+        bx.axhline(mark, color=color, lw=0.8, ls=":")
+        bx.annotate(f"{name} mark {mark}", (1.0, mark), xycoords=("axes fraction", "data"), ha="right",
+                    va="bottom", fontsize=8, color=color)  # fmt: skip
+    bx.axhline(1.0, color="black", lw=0.6)
+    bx.set(xscale="log", xlabel="batch per rank", ylabel="FlexShard step / row-wise ablation's")
+    bx.set_title("FlexShard over its ablation: measured (o), modeled (x)")
+    bx.set_xticks(sorted({r.batch for r in ours}), [str(b) for b in sorted({r.batch for r in ours})])
+    bx.legend(fontsize=8)
+    fig.tight_layout()
+    study.save_figure(fig, path)
 
 
 def steps_at(batch: int, steps: int) -> int:
@@ -325,6 +385,9 @@ def main() -> None:
             names = [step_runs.run_name(r) for r in step_runs.runs(records)]
             detail = f"part 1 read back from the records of {len(names)} run(s) started {', '.join(names)}"
         head = f"# Step time\n\n{study.generated(cmd, time.time() - start, detail)}\n\n{METHOD}\n\n"
+        if records:  # part 1 as a plot too
+            figure(step_runs.rows(records), study.RESULTS / "step_time.png")
+            head += "![Modeled against measured steps; FlexShard over its ablation](step_time.png)\n\n"
         study.write_markdown(study.RESULTS / "step_time.md", head + text)
 
 
