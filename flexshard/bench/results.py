@@ -191,11 +191,14 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
         "collectives/step",
         "intra MB",
         "inter MB",
+        "predicted vs ablation",
         "predicted ms",
     ]
     rows = [header]
+    ablation = next((r["predicted_step_ms"] for r in ran if r["strategy"] == ABLATION), None)
     for r in ran:
         pred = f"{r['predicted_step_ms']:.1f}"
+        modeled = f"{r['predicted_step_ms'] / ablation:.2f}" if ablation else ""
         rows.append(
             [
                 r["label"],
@@ -206,6 +209,7 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
                 f"{r['collectives_per_step']:g} ({_kinds(r['collectives_by_kind'])})",
                 _mb(r["intra_group_bytes"]),
                 _mb(r["inter_group_bytes"]),
+                modeled,
                 pred,
             ]
         )
@@ -222,7 +226,8 @@ def table(cfg: BenchConfig, recs: list[dict[str, Any]], backend: str = "gloo") -
     lines.append("step: slowest rank per step; a2a all-to-all, ar all-reduce")
     lines.append(
         "vs ablation: median step over the row-wise ablation's; in brackets the lowest and highest of the "
-        "same ratio within each round (the strategies alternate in a round)"
+        "same ratio within each round (the strategies alternate in a round); predicted vs ablation: the "
+        "same ratio of the time model's steps"
     )
     lines.append(
         "CPU ms/rank: a rank's process CPU per step (user and system, gloo's threads included), the median "

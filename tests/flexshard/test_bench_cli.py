@@ -179,6 +179,8 @@ def test_table_shows_every_strategy(second):
         assert line.split()[-1] == (
             "n/a" if r["predicted_step_ms"] is None else f"{r['predicted_step_ms']:.1f}"
         )
+        ablation = rows["row-wise ablation (dedup)"]["predicted_step_ms"]  # the model's ratio beside it
+        assert line.split()[-2] == f"{r['predicted_step_ms'] / ablation:.2f}"
     assert "4 ranks in 2 groups of 2" in text
     gbps = next(iter(rows.values()))["concurrent_all_to_all_Bps"] / 1e9
     assert f"every link priced at most at {gbps:.2f} GB/s per rank" in text
