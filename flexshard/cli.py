@@ -102,6 +102,12 @@ def _add_inputs(p: argparse.ArgumentParser) -> None:
         help="samples per GPU per iteration, replacing the workload's own (row statistics unchanged; "
         "default: the workload's)",
     )
+    p.add_argument(
+        "--tables",
+        metavar="NAME,...",
+        help="plan these of the workload's tables only, in this order, e.g. the tables a model looks up "
+        "(comma-separated; default: every table)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="random negatives per next-item sample "
         f"(train --negatives; default {workloads.DEFAULT_NEGATIVES})",
     )
-    st.add_argument("--out", required=True, help="stats file to write (.npz; required)")
+    st.add_argument("-o", "--out", required=True, help="stats file to write (.npz; required)")
 
     pl = sub.add_parser("plan", help="workload + topology + budget -> plan file and report")
     _add_inputs(pl)
@@ -197,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rowwise_adagrad (or adagrad) 4, elementwise_adagrad 4 x dim, adam 8 x dim (default: the "
         "workload's own optimizer_bytes_per_row)",
     )
-    pl.add_argument("--out", help="plan file to write (JSON; default: none, the report only)")
+    pl.add_argument("-o", "--out", help="plan file to write (JSON; default: none, the report only)")
     pl.add_argument("--json", action="store_true", help="print the plan document instead of the report")
 
     sm = sub.add_parser("simulate", help="compare FlexShard with every baseline over budgets")
@@ -234,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TOPOLOGY,
         help=f"topology JSON or preset, e.g. h100:8, nvl72:2, skewed:8 (default {DEFAULT_TOPOLOGY})",
     )
-    tp.add_argument("--out", help="write the node-link JSON here (default: none, the summary only)")
+    tp.add_argument("-o", "--out", help="write the node-link JSON here (default: none, the summary only)")
 
     pr = sub.add_parser("probe", help="measure this cluster (under torchrun, or --nproc local ranks)")
     probe.add_arguments(pr)
@@ -259,7 +265,24 @@ def _workload(args: argparse.Namespace) -> tuple[workloads.Workload, dict, workl
     workload, orders, vocab = workloads.load_workload_full(args.workload)
     if args.batch_size is not None:
         workload = dataclasses.replace(workload, batch_size_per_gpu=args.batch_size)
+    if args.tables is not None:
+        workload = only_tables(workload, args.tables)
     return workload, orders, vocab
+
+
+def only_tables(workload: workloads.Workload, names: str) -> workloads.Workload:
+    """``workload`` with the tables ``names`` (comma-separated, ``--tables``) alone, in that order; a
+    ConfigError naming the value where one is not among its tables, is named twice, or none is named."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    specs = {t.name: t for t in workload.tables}
+    if not wanted:
+        raise ConfigError(f"--tables: {names!r} names no table; the workload's: {', '.join(specs)}")
+    for name in wanted:
+        if name not in specs:
+            raise ConfigError(f"--tables: no table {name!r} in the workload; its tables: {', '.join(specs)}")
+        if wanted.count(name) > 1:
+            raise ConfigError(f"--tables: table {name!r} named twice in {names!r}")
+    return dataclasses.replace(workload, tables=tuple(specs[n] for n in wanted))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -61,6 +61,8 @@ class PlanFile:
 
     ``overrides`` lists the settings a run changed on purpose (``{"dedup": [made with, run with]}``,
     from :meth:`with_overrides`); the predicted metrics describe the plan as made, not the override.
+    ``left_out`` names the plan's tables a run does not look up (:meth:`restricted_to`); the predicted
+    metrics price them too.
     """
 
     plan: Plan
@@ -71,6 +73,7 @@ class PlanFile:
     predicted: dict[str, Any]
     owner_pattern_period: int = OWNER_PATTERN_PERIOD
     overrides: dict[str, list] = field(default_factory=dict)
+    left_out: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -85,7 +88,8 @@ class PlanFile:
 
     def restricted_to(self, names: list[str]) -> PlanFile:
         """The plan for the tables ``names`` only, in that order (a plan made from a whole data set can
-        cover tables a model does not use). Names the plan lacks are left for the run's check."""
+        cover tables a model does not use); the others are named in ``left_out``. Names the plan lacks
+        are left for the run's check."""
         if not set(names) <= {t.name for t in self.tables} or [t.name for t in self.tables] == names:
             return self
         plans = {tp.name: tp for tp in self.plan.tables}
@@ -94,6 +98,7 @@ class PlanFile:
             self,
             plan=replace(self.plan, tables=tuple(plans[n] for n in names)),
             tables=tuple(metas[n] for n in names),
+            left_out=self.left_out + tuple(t.name for t in self.tables if t.name not in names),
         )
 
     def with_overrides(

@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--out", help="topology JSON to write (rank 0; atomically, only on success; default: report only)"
+        "-o",
+        "--out",
+        help="topology JSON to write (rank 0; atomically, only on success; default: report only)",
     )
     p.add_argument("--quick", action="store_true", help="fewer message sizes and repeats (default: all)")
     p.add_argument(

@@ -213,7 +213,10 @@ class DataOptions:
         check_file(self.vocab, "--vocab", "a folder; expected the stats file (.npz) of flexshard stats")
         _workload, _orders, vocab = load_stats_with_vocabulary(self.vocab)
         if vocab is None:
-            raise DataError(f"--vocab: {self.vocab}: holds no vocabulary (the ids of its data were integers)")
+            raise DataError(
+                f"--vocab: {self.vocab}: holds no vocabulary (the ids of its data were integers, rows as "
+                "they are: leave --vocab out)"
+            )
         return vocab, {t: vocab.size(t) for t in vocab.tables}
 
 

@@ -52,6 +52,7 @@ def header_record(
             "sync": plan.sync.value,
             "batch_size_per_gpu": plan_file.batch_size_per_gpu,
             "overrides": plan_file.overrides,
+            "left_out_tables": list(plan_file.left_out),
             "tables": [
                 {
                     "name": t.name,

@@ -29,6 +29,7 @@ from flexshard.contract import sampling_mismatch, settings_mismatch, show_settin
 from flexshard.plan_file import PlanFile, read_plan, to_dict, write_plan
 from flexshard.runtime.optimizers import state_bytes_per_row
 from flexshard.training.config import DEFAULT_DIM, TrainConfig
+from flexshard.training.summary import left_out_note
 from flexshard.workloads import DEFAULT_BATCH_SIZE_PER_GPU, Vocabulary, fingerprint
 from solvers.optimizer import OptimizerConfig
 from solvers.planner import budget_bytes, make_plan
@@ -64,7 +65,7 @@ def check_plan(
     the module docstring) and its measured tables against ``sampling`` (``{table: how this run forms
     samples}``); with the log lines of any override."""
     plan_file = plan_file.restricted_to(table_names)
-    notes = []
+    notes = [f"--plan: {left_out_note(plan_file)}"] if plan_file.left_out else []
     message = sampling_mismatch(plan_file, sampling or {})
     if message and not config.override_plan:
         raise PlanMismatchError(message)

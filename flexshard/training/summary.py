@@ -52,7 +52,7 @@ class RunSummary:
             f"summary: {self.steps} steps ({span}), final loss {self.final_loss:.6f}, {rate:,.0f} samples/s "
             f"({samples:,} samples in {self.step_s:.3f} s of steps, the slowest rank's)"
         )
-        applies = not plan_file.overrides
+        applies = not (plan_file.overrides or plan_file.left_out)
         rows = []
         for label, total in self.link_bytes.items():
             measured = total / self.steps
@@ -63,15 +63,27 @@ class RunSummary:
             rows,
         )
         lines = [head, *table.splitlines()]
-        if not applies:
+        if plan_file.overrides:
             overridden = ", ".join(plan_file.overrides)
             lines.append(f"the plan's prediction does not apply: this run overrides its {overridden}")
+        if plan_file.left_out:
+            lines.append(f"the plan's prediction does not apply: {left_out_note(plan_file)}")
         if sample_placement != "off":
             lines.append(
                 f"measured bytes include moving samples (sample placement {sample_placement}), which the "
                 "plan does not price"
             )
         return lines
+
+
+def left_out_note(plan_file: PlanFile) -> str:
+    """What a plan restricted to a run's tables (:meth:`PlanFile.restricted_to`) leaves out, and how to
+    make one whose prediction covers just these tables."""
+    kept = ",".join(t.name for t in plan_file.tables)
+    return (
+        f"it also prices the tables {', '.join(plan_file.left_out)}, which this run does not look up "
+        f"(make the plan with --tables {kept} to price these alone)"
+    )
 
 
 def _beside(measured: float, predicted: float | None) -> list[str]:

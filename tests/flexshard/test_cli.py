@@ -256,3 +256,42 @@ def test_batch_size_replaces_the_workloads_batch(capsys):
         main(["simulate", *SMALL, "--batch-size", "0"])
     assert e.value.code == 2
     assert "--batch-size: must be positive, got '0'" in capsys.readouterr().err
+
+
+def test_plan_for_some_of_the_tables(tmp_path, capsys):
+    """``--tables`` plans the named tables alone, in their order (the tables a model looks up), as a plan
+    of a workload of those tables would; a name not among them, named twice or none is a one-line error
+    and writes nothing."""
+    import dataclasses
+
+    from flexshard import workloads
+    from flexshard.cli import build_parser
+    from flexshard.cli_common import optimizer_config
+    from flexshard.plan_file import to_dict
+    from solvers.planner import budget_bytes, make_plan
+    from topology import cluster_view
+
+    out = tmp_path / "plan.json"
+    rc, _, _ = run(capsys, "plan", *SMALL, "--tables", "t3, t1", "-o", str(out))
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert [t["name"] for t in doc["tables"]] == ["t3", "t1"]
+    workload, orders, _ = workloads.load_workload_full("synthetic:6:2e6:1.0")
+    specs = {t.name: t for t in workload.tables}
+    workload = dataclasses.replace(workload, tables=(specs["t3"], specs["t1"]))
+    view = cluster_view(h100_cluster(2, 4))
+    config = optimizer_config(build_parser().parse_args(["plan", *SMALL]))
+    planned = make_plan(
+        "flexshard", workload, view, budget_bytes(workload, view, 2.0), True, "sparse", config
+    )
+    expected = to_dict(planned.plan, workload, view, planned.report, workloads.fingerprint(workload), orders)
+    assert doc["tables"] == json.loads(json.dumps(expected["tables"]))
+    assert doc["predicted"]["intra_group_bytes"] == pytest.approx(expected["predicted"]["intra_group_bytes"])
+    for value, message in (
+        ("t1,t9", "--tables: no table 't9' in the workload; its tables: t0, t1, t2, t3, t4, t5"),
+        ("t1,t1", "--tables: table 't1' named twice in 't1,t1'"),
+        (",", "--tables: ',' names no table"),
+    ):
+        again = tmp_path / f"{value}.json"
+        assert message in fails(capsys, "plan", *SMALL, "--tables", value, "--out", str(again))
+        assert not again.exists()

@@ -7,7 +7,9 @@ from types import SimpleNamespace
 
 from flexshard.training.summary import RunSummary
 
-PLAN = SimpleNamespace(overrides={}, predicted={"intra_group_bytes": 1000.0, "inter_group_bytes": 0.0})
+PLAN = SimpleNamespace(
+    overrides={}, left_out=(), predicted={"intra_group_bytes": 1000.0, "inter_group_bytes": 0.0}
+)
 
 
 def _two_steps(start: int = 0) -> RunSummary:
@@ -37,10 +39,22 @@ def test_what_the_prediction_cannot_say():
     assert lines[5] == (
         "measured bytes include moving samples (sample placement regroup), which the plan does not price"
     )
-    overridden = SimpleNamespace(overrides={"dedup": (True, False)}, predicted=PLAN.predicted)
+    overridden = SimpleNamespace(overrides={"dedup": (True, False)}, left_out=(), predicted=PLAN.predicted)
     lines = _two_steps().lines(overridden)
     assert lines[3].split()[-2:] == ["-", "-"] and lines[4].split()[-2:] == ["-", "-"]
     assert lines[-1] == "the plan's prediction does not apply: this run overrides its dedup"
+
+
+def test_a_plan_of_more_tables_than_the_run():
+    """A plan restricted to the run's tables still carries the whole plan's prediction: not compared."""
+    tables = (SimpleNamespace(name="item_id"), SimpleNamespace(name="user_id"))
+    cut = SimpleNamespace(overrides={}, left_out=("age", "genre"), tables=tables, predicted=PLAN.predicted)
+    lines = _two_steps().lines(cut)
+    assert lines[3].split()[-2:] == ["-", "-"] and lines[4].split()[-2:] == ["-", "-"]
+    assert lines[-1] == (
+        "the plan's prediction does not apply: it also prices the tables age, genre, which this run does "
+        "not look up (make the plan with --tables item_id,user_id to price these alone)"
+    )
 
 
 def test_a_resumed_run_with_nothing_left():

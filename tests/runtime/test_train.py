@@ -266,7 +266,14 @@ def test_two_ranks_real_data_and_a_resize_of_another_run(four, tmp_path):
     guide = _call(results, 2)
     assert [c["rc"] for c in guide] == [0, 0], [c["err"] for c in guide]
     assert "plan (flexshard): item_id hot/warm/cold" in guide[0]["err"]
-    assert "item_attribute" not in guide[0]["err"] + guide[0]["out"]
+    # the plan's prediction prices item_attribute too: said at the start and in the summary, not compared
+    left_out = (
+        "it also prices the tables item_attribute, which this run does not look up (make the plan with "
+        "--tables item_id,user_id to price these alone)"
+    )
+    assert f"--plan: {left_out}" in guide[0]["err"]
+    assert f"the plan's prediction does not apply: {left_out}" in guide[0]["out"]
+    assert "item_attribute hot/warm/cold" not in guide[0]["err"]
     assert _verified(guide[0]["out"], 2)
 
 
@@ -556,6 +563,7 @@ def test_plan_restricted_to_the_model_tables():
     assert [t.name for t in cut.plan.tables] == ["user_id", "item_id"]
     assert [t.name for t in cut.tables] == ["user_id", "item_id"]
     assert cut.plan.tables[1] is tables[0] and cut.groups == plan_file.groups
+    assert cut.left_out == ("item_attribute",) and plan_file.left_out == ()
     assert [t.name for t in plan_file.plan.tables] == ["item_id", "item_attribute", "user_id"]  # unchanged
     assert plan_file.restricted_to(["item_id", "item_attribute", "user_id"]) is plan_file
     assert plan_file.restricted_to(["item_id", "genre"]) is plan_file  # the run's check names the table
