@@ -85,19 +85,28 @@ def _step_row(r: dict[str, Any], name: str, prefix: str) -> list[str]:
 
 
 def tier_savings(records: Sequence[dict[str, Any]], extra: Sequence[dict[str, Any]] = ()) -> list[str]:
-    """One line per FlexShard point: what its hot and warm tiers save in modeled step time over
-    ``row_wise_group_dedup`` at the same budget and dedup (``extra``: records priced for this only)."""
+    """What FlexShard's hot and warm tiers save in modeled step time over ``row_wise_group_dedup`` at
+    the same budget and dedup (``extra``: records priced for this only): a line per dedup setting and
+    saving, naming the budgets it holds at (budgets whose plans save the same are one line)."""
     index = {(r["budget_x"], r["dedup"], r["strategy"]): r for r in [*extra, *records]}
-    lines = []
+    budgets: dict[tuple[bool, str], list[float]] = {}  # (dedup, saving) -> budgets, in the records' order
     for ours in records:
         if ours["strategy"] != "flexshard" or not ours["feasible"] or ours.get("step_s") is None:
             continue
         base = index.get((ours["budget_x"], ours["dedup"], GROUP_DEDUP))
-        where = f"Tiers of FlexShard at {ours['budget_x']:g}x, dedup {'on' if ours['dedup'] else 'off'}"
         if base is None or not base["feasible"] or base.get("step_s") is None:
             continue
-        lines.append(f"{where}: " + savings_text(ours, base))
-    return lines
+        budgets.setdefault((ours["dedup"], savings_text(ours, base)), []).append(ours["budget_x"])
+    return [
+        f"Tiers of FlexShard at {_budgets_text(at)}, dedup {'on' if dedup else 'off'}: {text}"
+        for (dedup, text), at in budgets.items()
+    ]
+
+
+def _budgets_text(budgets: Sequence[float]) -> str:
+    """``2x``, ``2x and 4x``, ``1x, 2x and 4x``."""
+    names = [f"{b:g}x" for b in budgets]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def savings_text(ours: dict[str, Any], base: dict[str, Any]) -> str:

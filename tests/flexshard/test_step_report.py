@@ -92,6 +92,16 @@ def test_tier_savings_name_the_saving_or_say_no_replicas():
         "save nothing over row_wise_group_dedup in modeled step time (4.000 vs 4.000 ms; any difference is "
         "the cold rows' fetch modes)"
     ]
+    # budgets whose plans save the same share a line; each dedup setting and saving has its own
+    at = [{**_record("flexshard", 4.0), "budget_x": x} for x in (1.0, 1.5, 2.0)]
+    at.append({**_record("flexshard", 3.0, hot=1200), "budget_x": 4.0})
+    bases = [{**base, "budget_x": x} for x in (1.0, 1.5, 4.0)]
+    lines = tier_savings(at, [*bases, base])
+    assert [line.split(":")[0] for line in lines] == [
+        "Tiers of FlexShard at 1x, 1.5x and 2x, dedup on",
+        "Tiers of FlexShard at 4x, dedup on",
+    ]
+    assert lines[0].endswith(none[0].split(": ", 1)[1]) and "(1,200 hot and 0 warm rows) save" in lines[1]
 
 
 @pytest.mark.parametrize(("objective", "pipeline"), [("step", "on"), ("bytes", "on"), ("step", "off")])
