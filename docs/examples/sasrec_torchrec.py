@@ -396,6 +396,7 @@ def main() -> None:
             "rank_losses": every[:, 0].tolist(),
             "intra_bytes": float(every[:, 1].max()),
             "inter_bytes": float(every[:, 2].max()),
+            "collectives": dict(sorted(rec.counts.items())),  # rank 0's (every rank issues the same)
         }
         steps.append(record)
         if rank == 0:
@@ -409,6 +410,8 @@ def main() -> None:
         if "flexshard_plan" in predicted:
             said += f", FlexShard's plan predicts {predicted['flexshard_plan']:,.0f}"
         print(f"{said}; TorchRec row-wise predicted {predicted['torchrec_row_wise']:,.0f}")
+        calls = ", ".join(f"{kind} {n}" for kind, n in steps[-1]["collectives"].items())
+        print(f"{args.sharding}: collectives in the last step (DDP's own all-reduce not seen): {calls}")
         if args.json:
             rows = {t.name: t.num_rows for t in data.workload.tables} | {"user": data.user_rows}
             record = {"sharding": args.sharding, "world": world, "groups": args.groups, "batch": args.batch,

@@ -79,6 +79,21 @@ def test_flexshard_moves_the_plans_bytes_and_saves_what_it_predicts(runs):
     assert f"{base:,.0f} measured; TorchRec row-wise predicted {row_wise:,.0f}" in their_out
 
 
+def test_each_run_counts_its_collectives(runs):
+    """TorchRec's row-wise step issues its 5 all-to-alls; FlexShard's (tiers and the group fetch) at most
+    the 9 its schedule allows, its replicas' sync among them."""
+    (ours, our_out), (theirs, their_out) = runs["flexshard"], runs["torchrec"]
+    assert all(s["collectives"] == {"all_to_all_single": 5} for s in theirs["steps"])
+    last = ours["steps"][-1]["collectives"]
+    assert sum(last.values()) <= 9 and last.get("all_reduce", 0) >= 1
+    assert (
+        "torchrec: collectives in the last step (DDP's own all-reduce not seen): all_to_all_single 5"
+        in their_out
+    )
+    calls = ", ".join(f"{kind} {n}" for kind, n in last.items())
+    assert f"flexshard: collectives in the last step (DDP's own all-reduce not seen): {calls}" in our_out
+
+
 def test_a_written_plan_file_runs_the_same_plan(runs, tmp_path):
     plan = tmp_path / "plan.json"
     _none, said = launch("flexshard", tmp_path / "none.json", "--write-plan", str(plan))
