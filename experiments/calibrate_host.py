@@ -1,4 +1,4 @@
-"""The runtime's host work per step and per table per collective, measured on spawned gloo ranks (used by
+"""The runtime's host work per step and per collective, measured on spawned gloo ranks (used by
 ``experiments/calibrate_local.py --host``; its docstring says how).
 
 At each batch size asked (samples per rank) the ranks run the benchmark's row-wise, row_wise_group_dedup
@@ -131,11 +131,11 @@ def _batch_rows(
 def measure_host(
     rates: LocalRates, ranks: tuple = (4,), groups: int = 2, steps: int = 20, batches: tuple = BATCHES
 ) -> tuple[LocalRates, list]:
-    """``rates`` with ``step_s`` and ``table_stage_s`` measured (module docstring) on each number of
+    """``rates`` with ``step_s`` and ``stage_s`` measured (module docstring) on each number of
     ``ranks`` at every batch of ``batches`` (samples per rank), fitted over them all at each run's share
     of the cores, and the table of (strategy, ranks, batch, collectives, median step s, bare collectives
     s, modeled value work s)."""
-    base = replace(rates, step_s=0.0, table_stage_s=0.0)
+    base = replace(rates, step_s=0.0, stage_s=0.0, table_stage_s=0.0)
     rows, shares = [], []
     for n in ranks:
         factor = max(1.0, n / (os.cpu_count() or 1))
@@ -150,62 +150,66 @@ def measure_host(
         for k, batch, c, step, bare, model in got["rows"]:
             rows.append((k, n, batch, c, step, bare, model))
             shares.append((k, c, step / factor, bare / factor, model / factor))  # per rank's share
-    return fit_host(rates, shares, 3, 1.0), rows
+    return fit_host(rates, shares, 1.0), rows
 
 
-def fit_host(rates: LocalRates, rows: list, tables: int, factor: float) -> LocalRates:
-    """``rates`` with ``step_s`` and ``table_stage_s`` fitted by least squares to ``rows`` (strategy,
-    collectives, median step s, bare collectives s, modeled value work s) of a run of ``tables`` tables:
-    ``step - bare - modeled = step_s + table_stage_s x tables x collectives``, divided by ``factor`` (the
-    ranks per core of the run)."""
-    a = np.array([[1.0, tables * c] for _k, c, _s, _b, _m in rows])
+def fit_host(rates: LocalRates, rows: list, factor: float) -> LocalRates:
+    """``rates`` with ``step_s`` and ``stage_s`` fitted by least squares to ``rows`` (strategy,
+    collectives, median step s, bare collectives s, modeled value work s): ``step - bare - modeled =
+    step_s + stage_s x collectives``, divided by ``factor`` (the ranks per core of the run); no term per
+    table (``table_stage_s`` 0: at the same lookups the steps do not grow with the tables,
+    docs/cost_model.md section 10.2.1b)."""
+    a = np.array([[1.0, c] for _k, c, _s, _b, _m in rows])
     host = np.array([s - b - m for _k, _c, s, b, m in rows])
-    (step_s, table_stage_s), *_ = np.linalg.lstsq(a, host, rcond=None)
-    return replace(rates, step_s=max(step_s, 0.0) / factor, table_stage_s=max(table_stage_s, 0.0) / factor)
+    (step_s, stage_s), *_ = np.linalg.lstsq(a, host, rcond=None)
+    return replace(
+        rates, step_s=max(step_s, 0.0) / factor, stage_s=max(stage_s, 0.0) / factor, table_stage_s=0.0
+    )
 
 
 def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRates, list]:
-    """``stored`` with ``step_s`` and ``table_stage_s`` fitted to ``flexshard bench --json`` records (or a
+    """``stored`` with ``step_s`` and ``stage_s`` fitted to ``flexshard bench --json`` records (or a
     study's, e.g. docs/results/step_time.json) priced with ``stored``'s host terms: what each runtime
     strategy's measured median step leaves after its prediction less the prediction's host part, fitted
-    in relative error as the host part's own shape, ``step_s + table_stage_s x tables x collectives``
+    in relative error as ``step_s + stage_s x collectives`` (no term per table: ``table_stage_s`` 0)
     times the record's ranks per core and shared-core factor (the ratio of its host part to ``stored``'s
-    host terms). So the host terms take up what the bench's own latency, bandwidth and local rates leave
-    of the step, where ``measure_host`` subtracts a tiny collective's latency instead. Records without a
-    ``host`` part (before 2026-11-28) are priced with a shared-core factor of 1 (exact for even owners'
-    shares). Returns the rates and per record (ranks, batch, plan, strategy, measured, modeled before,
-    modeled after), ms."""
-    if min(stored.step_s, stored.table_stage_s) <= 0:
+    host work, :meth:`LocalRates.host_s`). So the host terms take up what the bench's own latency,
+    bandwidth and local rates leave of the step, where ``measure_host`` subtracts a tiny collective's
+    latency instead. Records without a ``host`` part (before 2026-11-28) are priced with a shared-core
+    factor of 1 (exact for even owners' shares). Returns the rates and per record (ranks, batch, plan,
+    strategy, measured, modeled before, modeled after), ms."""
+    if stored.step_s <= 0 or stored.stage_s + stored.table_stage_s <= 0:
         raise ValueError(
-            f"step_s, table_stage_s: the rates the records were priced with have no host terms to scale "
-            f"({stored.step_s:.4g}, {stored.table_stage_s:.4g} s)"
+            f"step_s, stage_s, table_stage_s: the rates the records were priced with have no host terms to "
+            f"scale ({stored.step_s:.4g}, {stored.stage_s:.4g}, {stored.table_stage_s:.4g} s)"
         )
     used = []
     for r in records:
         if not r.get("plan_tables") or "step_ms_median" not in r:
             continue  # TorchRec (its own measured step stands in for the local work) or skipped
-        rates, ts = r["local_rates"], len(r["plan_tables"]) * r["collectives_per_step"]  # table stages
+        rates, collectives = r["local_rates"], r["collectives_per_step"]
         share = rates["step_s"] / stored.step_s  # the record's ranks per core
-        if not np.isclose(rates["table_stage_s"] / stored.table_stage_s, share, rtol=1e-6):
-            raise ValueError(
-                f"local_rates: record {r['strategy']} was priced with other host terms than the stored ones "
-                f"(step_s {rates['step_s']:.4g}, table_stage_s {rates['table_stage_s']:.4g} s); fit it "
-                "against the rates it was priced with (calibrate_local.py --priced-with RATES)"
-            )
-        stored_ms = (stored.step_s + stored.table_stage_s * ts) * 1e3
+        for name in ("stage_s", "table_stage_s"):
+            if not np.isclose(rates.get(name, 0.0), share * getattr(stored, name), rtol=1e-6):
+                raise ValueError(
+                    f"local_rates: record {r['strategy']} was priced with other host terms than the stored "
+                    f"ones (step_s {rates['step_s']:.4g}, {name} {rates.get(name, 0.0):.4g} s); fit it "
+                    "against the rates it was priced with (calibrate_local.py --priced-with RATES)"
+                )
+        stored_ms = stored.host_s(len(r["plan_tables"]), collectives) * 1e3
         host_ms = r.get("predicted_parts_ms", {}).get("host", share * stored_ms)
-        used.append((r, ts, host_ms / stored_ms, r["predicted_step_ms"] - host_ms))
+        used.append((r, collectives, host_ms / stored_ms, r["predicted_step_ms"] - host_ms))
     if len(used) < 2:
         raise ValueError(f"records: {len(used)} runtime strategies with a plan; the fit needs 2 or more")
     measured = np.array([r["step_ms_median"] for r, *_ in used])
-    a = np.array([[unit, unit * ts] for _r, ts, unit, _rest in used]) / measured[:, None]
-    b = np.array([m - rest for m, (_r, _ts, _unit, rest) in zip(measured, used, strict=True)]) / measured
-    (step_ms, table_stage_ms), *_ = np.linalg.lstsq(a, b, rcond=None)
-    if min(step_ms, table_stage_ms) < 0:  # the negative term at 0, the other refitted alone
+    a = np.array([[unit, unit * c] for _r, c, unit, _rest in used]) / measured[:, None]
+    b = np.array([m - rest for m, (_r, _c, _unit, rest) in zip(measured, used, strict=True)]) / measured
+    (step_ms, stage_ms), *_ = np.linalg.lstsq(a, b, rcond=None)
+    if min(step_ms, stage_ms) < 0:  # the negative term at 0, the other refitted alone
         col = 1 if step_ms < 0 else 0
         (only,), *_ = np.linalg.lstsq(a[:, [col]], b, rcond=None)
-        step_ms, table_stage_ms = (0.0, max(only, 0.0)) if col else (max(only, 0.0), 0.0)
-    fitted = replace(stored, step_s=step_ms / 1e3, table_stage_s=table_stage_ms / 1e3)
+        step_ms, stage_ms = (0.0, max(only, 0.0)) if col else (max(only, 0.0), 0.0)
+    fitted = replace(stored, step_s=step_ms / 1e3, stage_s=stage_ms / 1e3, table_stage_s=0.0)
     table = [
         (
             r.get("nproc", ""),
@@ -214,8 +218,8 @@ def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRat
             r["strategy"],
             r["step_ms_median"],
             r["predicted_step_ms"],
-            rest + unit * (step_ms + table_stage_ms * ts),
+            rest + unit * (step_ms + stage_ms * c),
         )
-        for r, ts, unit, rest in used
+        for r, c, unit, rest in used
     ]
     return fitted, table

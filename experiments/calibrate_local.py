@@ -15,8 +15,8 @@ each value is copied once into the send buffer and once out of the receive buffe
 where values cost nothing): the median step of the benchmark's row-wise, row_wise_group_dedup and
 FlexShard plans (3 tables; 4, 6 and 10 collectives), less each collective's bare latency measured on
 the same ranks (a tiny all-to-all or all-reduce, back to back) and the value work priced with rates
-measured on the ranks at that batch, fitted over every run and batch as ``step_s + table_stage_s x
-tables x collectives`` at each run's share of the cores (divided by its ranks per core; the bench
+measured on the ranks at that batch, fitted over every run and batch as ``step_s + stage_s x
+collectives`` at each run's share of the cores (divided by its ranks per core; the bench
 multiplies it back, :meth:`LocalRates.shared`).
 
 ``--host-from JSON ...``: the host terms fitted instead to what ``flexshard bench --json`` records (or a
@@ -154,7 +154,7 @@ def measure(repeats: int) -> tuple[LocalRates, list[tuple]]:
 
 
 def host_from_records(paths: list[Path], stored: LocalRates, out: Path | None) -> None:
-    """``--host-from``: fit ``step_s`` and ``table_stage_s`` to the bench records in ``paths``, priced
+    """``--host-from``: fit ``step_s`` and ``stage_s`` to the bench records in ``paths``, priced
     with ``stored``, and print each record's error before and after (and write the rates to ``out``)."""
     import json
 
@@ -177,7 +177,7 @@ def host_from_records(paths: list[Path], stored: LocalRates, out: Path | None) -
         print(f"{nproc:>5} {batch:>5} {str(plan)[:20]:<20} {key:<22} {measured:9.2f} {err}")
     within = [sum(abs(row[i] / row[4] - 1) <= WITHIN for row in table) for i in (5, 6)]
     print(f"within {WITHIN:.0%}: {within[0]} of {len(table)} before, {within[1]} after")
-    for name in ("step_s", "table_stage_s"):
+    for name in ("step_s", "stage_s", "table_stage_s"):
         print(f"  {name:<14} {getattr(stored, name):.4g} s -> {getattr(rates, name):.4g} s")
     if out:
         rates.save(out)

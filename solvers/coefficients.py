@@ -299,7 +299,7 @@ def fixed_local_s(
     move = rates.gather_s_per_value + rates.scatter_add_s_per_value
     schedule = shape_schedule(shape, view)
     total = rates.collective_call_s * len(schedule)
-    total += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
+    total += rates.host_s(len(workload.tables), len(schedule))
     for t in workload.tables:
         lookups = workload.lookups_per_gpu(t)
         mass = view_mass(workload, view, t) if dedup or view.num_ranks == 1 else None

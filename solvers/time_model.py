@@ -31,7 +31,9 @@ For every rank ``r`` (the plan's time is the slowest rank's):
   send buffer and whose sums stay where they arrive, nor for a requester whose rows of every table lie
   in one buffer in wire order, every table cold and group fetched or flat; else twice each); every looked-up
   output element carries the loss and its gradient (``output_s_per_value``); the runtime's host work (Python,
-  small tensors) costs ``step_s`` per step and ``table_stage_s`` per table per collective.
+  small tensors) costs ``step_s`` per step and ``stage_s`` plus ``table_stage_s`` per table per collective
+  (:meth:`~solvers.time_types.LocalRates.host_s`; this machine's rates: ``stage_s`` alone, measured steps
+  not growing with the tables at the same lookups, docs/cost_model.md section 10.2.1b).
   A hot lookup has no owner-side work, no bytes and no stage of its own: that is where replication
   pays.
 * ``total_s = latency_s + bandwidth_s + local_s``. With ``overlap`` (the pipelined step, off until the
@@ -132,7 +134,7 @@ def local_work(
     # cost their call each, its host work per table and stage is the runtime's
     schedule = step_schedule(plan, view)
     out["calls"] += rates.collective_call_s * len(schedule if stages is None else stages)
-    out["host"] += rates.step_s + rates.table_stage_s * len(workload.tables) * len(schedule)
+    out["host"] += rates.host_s(len(workload.tables), len(schedule))
     out["synced"] = synced_s
     out["input"] = input_s
     return out

@@ -35,7 +35,7 @@ def predicted_parts_ms(
 ) -> dict[str, float]:
     """The modeled step time of ``plan`` on ``view`` (slowest rank) and its parts, ms: ``total`` = ``latency``
     + ``bandwidth`` + ``local``; ``host``, of ``local``: the runtime's host work around its collectives
-    (``step_s`` and ``table_stage_s`` of the rates; 0 with ``local_s``), what
+    (:meth:`~solvers.time_types.LocalRates.host_s` of the rates; 0 with ``local_s``), what
     ``experiments/calibrate_local.py --host-from`` fits again from measured steps. ``latency`` and
     ``rates``: as :func:`~solvers.time_model.step_time` takes them (None: the view's); ``local_s``: the
     local work of a step measured as a whole, its copies into and out of the exchange's buffers included

@@ -27,16 +27,17 @@ def test_slope_recovers_a_line_and_is_not_set_by_the_largest_size():
     assert 1e-9 < got < 5e-9
 
 
-def test_host_fit_recovers_step_and_table_stage_costs_per_rank_share():
+def test_host_fit_recovers_step_and_stage_costs_per_rank_share():
     fit_host = load_experiment("calibrate_host").fit_host
-    step_s, table_stage_s, tables, factor = 2e-3, 3e-4, 3, 2.0
+    step_s, stage_s, factor = 2e-3, 9e-4, 2.0
     rows = [
-        (key, c, factor * (step_s + table_stage_s * tables * c) + bare + model, bare, model)
+        (key, c, factor * (step_s + stage_s * c) + bare + model, bare, model)
         for key, c, bare, model in (("a", 4, 4e-3, 1e-3), ("b", 6, 6e-3, 2e-3), ("c", 10, 9e-3, 1e-3))
     ]
-    got = fit_host(LocalRates.default(), rows, tables, factor)
+    got = fit_host(replace(LocalRates.default(), table_stage_s=1e-4), rows, factor)
     assert got.step_s == pytest.approx(step_s, rel=1e-9)
-    assert got.table_stage_s == pytest.approx(table_stage_s, rel=1e-9)
+    assert got.stage_s == pytest.approx(stage_s, rel=1e-9)
+    assert got.table_stage_s == 0.0  # no term per table
     assert got.gather_s_per_value == LocalRates.default().gather_s_per_value  # the rest unchanged
 
 
@@ -44,7 +45,7 @@ def _bench_record(strategy, stages, measured, rest_ms, unit, stored, host_part=T
     """A bench record of a 3-table plan with ``stages`` collectives, priced with ``stored``'s host terms
     at ``unit`` (ranks per core x shared-core factor) plus ``rest_ms`` of everything else."""
     tables = [{"name": n} for n in ("a", "b", "c")]
-    host_ms = unit * (stored.step_s + stored.table_stage_s * 3 * stages) * 1e3
+    host_ms = unit * stored.host_s(3, stages) * 1e3
     return {
         "strategy": strategy,
         "step_ms_median": measured,
@@ -52,25 +53,30 @@ def _bench_record(strategy, stages, measured, rest_ms, unit, stored, host_part=T
         "plan_tables": tables,
         "predicted_step_ms": rest_ms + host_ms,
         "predicted_parts_ms": {"host": host_ms} if host_part else {},
-        "local_rates": {"step_s": unit * stored.step_s, "table_stage_s": unit * stored.table_stage_s},
+        "local_rates": {
+            "step_s": unit * stored.step_s,
+            "stage_s": unit * stored.stage_s,
+            "table_stage_s": unit * stored.table_stage_s,
+        },
     }
 
 
 def test_host_fit_to_bench_records_recovers_the_terms_the_steps_were_made_with():
-    """Steps made from known host terms (2.5 ms a step, 0.6 ms a table stage) at 2 and 4 ranks per core,
-    3 and 5 collectives, on top of a prediction's other parts: the fit recovers the terms, and every
-    record's modeled step after it is its measured one; TorchRec's record (no plan) is left out."""
+    """Steps made from known host terms (2.5 ms a step, 1.8 ms a collective) at 2 and 4 ranks per core,
+    3 and 5 collectives, on top of a prediction's other parts, priced with terms of the other shape (a
+    term per table and collective): the fit recovers the terms, and every record's modeled step after it
+    is its measured one; TorchRec's record (no plan) is left out."""
     fit = load_experiment("calibrate_host").fit_host_to_bench
-    stored = replace(LocalRates.default(), step_s=1e-3, table_stage_s=3e-4)
-    step_s, table_stage_s = 2.5e-3, 6e-4
+    stored = replace(LocalRates.default(), step_s=1e-3, stage_s=0.0, table_stage_s=3e-4)
+    step_s, stage_s = 2.5e-3, 1.8e-3
     records = []
     for i, (unit, stages, rest) in enumerate(((2, 3, 20.0), (2, 5, 25.0), (4, 3, 60.0), (4, 5, 70.0))):
-        measured = rest + unit * (step_s + table_stage_s * 3 * stages) * 1e3
+        measured = rest + unit * (step_s + stage_s * stages) * 1e3
         records.append(_bench_record(f"s{i}", stages, measured, rest, unit, stored, host_part=i % 2 == 0))
     records.append({"strategy": "torchrec_row_wise", "step_ms_median": 90.0, "plan_tables": []})
     got, table = fit(records, stored)
     assert got.step_s == pytest.approx(step_s, rel=1e-9)
-    assert got.table_stage_s == pytest.approx(table_stage_s, rel=1e-9)
+    assert got.stage_s == pytest.approx(stage_s, rel=1e-9) and got.table_stage_s == 0.0
     assert got.gather_s_per_value == stored.gather_s_per_value
     assert len(table) == 4
     for row, r in zip(table, records, strict=False):
@@ -80,14 +86,14 @@ def test_host_fit_to_bench_records_recovers_the_terms_the_steps_were_made_with()
 
 def test_host_fit_to_bench_records_refuses_records_priced_with_other_terms():
     fit = load_experiment("calibrate_host").fit_host_to_bench
-    stored = replace(LocalRates.default(), step_s=1e-3, table_stage_s=3e-4)
+    stored = replace(LocalRates.default(), step_s=1e-3, stage_s=0.0, table_stage_s=3e-4)
     other = replace(stored, table_stage_s=4e-4)
     records = [_bench_record("a", 3, 30.0, 20.0, 2, other), _bench_record("b", 5, 40.0, 25.0, 2, other)]
     with pytest.raises(ValueError, match="local_rates: record a was priced with other host terms"):
         fit(records, stored)
     with pytest.raises(ValueError, match="records: 1 runtime strategies"):
         fit(records[:1], other)
-    with pytest.raises(ValueError, match="step_s, table_stage_s: the rates .* have no host terms"):
+    with pytest.raises(ValueError, match="step_s, stage_s, table_stage_s: the rates .* have no host terms"):
         fit(records, replace(other, step_s=0.0))
 
 
@@ -106,11 +112,11 @@ def test_host_from_cli_writes_the_fitted_terms_and_refuses_a_bad_file_in_one_lin
     """``calibrate_local.py --host-from records.json --priced-with rates.json --out fitted.json``: the
     terms the steps were made with, written where asked and printed with each record's error (0 after);
     a record without its rates is one line, exit 1, and nothing written."""
-    priced = replace(LocalRates.default(), step_s=1e-3, table_stage_s=3e-4)
+    priced = replace(LocalRates.default(), step_s=1e-3, stage_s=0.0, table_stage_s=3e-4)
     priced.save(tmp_path / "priced.json")
     records = []
     for i, (unit, stages, rest) in enumerate(((2, 3, 20.0), (4, 5, 70.0), (2, 5, 25.0))):
-        measured = rest + unit * (2.5e-3 + 6e-4 * 3 * stages) * 1e3
+        measured = rest + unit * (2.5e-3 + 1.8e-3 * stages) * 1e3
         records.append(_bench_record(f"s{i}", stages, measured, rest, unit, priced))
     (tmp_path / "records.json").write_text(json.dumps(records))
     out = tmp_path / "fitted.json"
@@ -120,7 +126,7 @@ def test_host_from_cli_writes_the_fitted_terms_and_refuses_a_bad_file_in_one_lin
     assert done.returncode == 0, done.stderr
     fitted = LocalRates.load(out)
     assert fitted.step_s == pytest.approx(2.5e-3, rel=1e-9)
-    assert fitted.table_stage_s == pytest.approx(6e-4, rel=1e-9)
+    assert fitted.stage_s == pytest.approx(1.8e-3, rel=1e-9) and fitted.table_stage_s == 0.0
     rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] in (["s0"], ["s1"], ["s2"])]
     assert [float(r[-2].rstrip("%")) for r in rows] == pytest.approx([-23.5, -20.7, -25.0], abs=0.05)
     assert [float(r[-1].rstrip("%")) for r in rows] == pytest.approx([0, 0, 0], abs=1e-9)  # after the fit

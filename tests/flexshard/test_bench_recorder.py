@@ -117,14 +117,14 @@ def test_prediction_prices_the_work_around_the_exchange_at_the_ranks_share_of_a_
 
     rates = machine_rates(BenchConfig(nproc=4, groups=2))
     factor = max(1.0, 4 / (os.cpu_count() or 1))
-    for name in ("pack_s_per_value", "output_s_per_value", "table_stage_s", "step_s"):
+    for name in ("pack_s_per_value", "output_s_per_value", "stage_s", "step_s"):
         assert getattr(LocalRates.default(), name) > 0
         assert getattr(rates, name) == pytest.approx(factor * getattr(LocalRates.default(), name), rel=1e-12)
     data = default_data(16, 0, 4)
     view = h100_view(4, 2)
     planned = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0))
-    without = replace(rates, table_stage_s=0.0, step_s=0.0)
-    host_ms = (rates.step_s + rates.table_stage_s * len(data.workload.tables) * 3) * 1e3  # 3 collectives
+    without = replace(rates, stage_s=0.0, table_stage_s=0.0, step_s=0.0)
+    host_ms = (rates.step_s + rates.stage_s * 3) * 1e3  # 3 collectives, no term per table
     got = predicted_parts_ms(data.workload, view, planned.plan, rates=rates)["total"]
     bare = predicted_parts_ms(data.workload, view, planned.plan, rates=without)["total"]
     assert got - bare == pytest.approx(host_ms)

@@ -181,17 +181,17 @@ def test_a_measured_local_step_replaces_the_modeled_local_work():
 
 
 def test_the_prediction_names_its_host_part_the_stored_terms_per_step_and_per_table_stage():
-    """The ``host`` part (of ``local``) is ``step_s + table_stage_s x tables x collectives``: the row-wise
-    plan's 3 collectives of 3 tables priced by hand; twice the terms, twice the part and the rest of the
-    step unchanged; 0 where a measured local step (TorchRec's) stands in."""
+    """The ``host`` part (of ``local``) is ``step_s + (stage_s + table_stage_s x tables) x collectives``:
+    the row-wise plan's 3 collectives of 3 tables priced by hand; twice the terms, twice the part and the
+    rest of the step unchanged; 0 where a measured local step (TorchRec's) stands in."""
     data = default_data(16, 0, 4)
     view = h100_view(4, 2)
     plan = make_plan("row_wise", data.workload, view, budget_bytes(data.workload, view, 1.0)).plan
-    rates = replace(LocalRates.default(), step_s=2e-3, table_stage_s=5e-4, source="t")
+    rates = replace(LocalRates.default(), step_s=2e-3, stage_s=1e-4, table_stage_s=5e-4, source="t")
     got = predicted_parts_ms(data.workload, view, plan, rates=rates)
-    assert got["host"] == pytest.approx((2e-3 + 5e-4 * 3 * 3) * 1e3, rel=1e-12)  # 6.5 ms
+    assert got["host"] == pytest.approx((2e-3 + (1e-4 + 5e-4 * 3) * 3) * 1e3, rel=1e-12)  # 6.8 ms
     doubled = predicted_parts_ms(
-        data.workload, view, plan, rates=replace(rates, step_s=4e-3, table_stage_s=1e-3)
+        data.workload, view, plan, rates=replace(rates, step_s=4e-3, stage_s=2e-4, table_stage_s=1e-3)
     )
     assert doubled["host"] == pytest.approx(2 * got["host"], rel=1e-12)
     assert doubled["total"] - doubled["host"] == pytest.approx(got["total"] - got["host"], rel=1e-12)
