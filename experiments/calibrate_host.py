@@ -167,6 +167,17 @@ def fit_host(rates: LocalRates, rows: list, factor: float) -> LocalRates:
     )
 
 
+def priced_with(record: dict, stored: LocalRates) -> bool:
+    """Whether a bench record's host terms are ``stored``'s at its ranks per core (what
+    :func:`fit_host_to_bench` needs of every runtime record)."""
+    rates = record["local_rates"]
+    share = rates["step_s"] / stored.step_s
+    return all(
+        np.isclose(rates.get(name, 0.0), share * getattr(stored, name), rtol=1e-6)
+        for name in ("stage_s", "table_stage_s")
+    )
+
+
 def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRates, list]:
     """``stored`` with ``step_s`` and ``stage_s`` fitted to ``flexshard bench --json`` records (or a
     study's, e.g. docs/results/step_time.json) priced with ``stored``'s host terms: what each runtime
@@ -189,13 +200,13 @@ def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRat
             continue  # TorchRec (its own measured step stands in for the local work) or skipped
         rates, collectives = r["local_rates"], r["collectives_per_step"]
         share = rates["step_s"] / stored.step_s  # the record's ranks per core
-        for name in ("stage_s", "table_stage_s"):
-            if not np.isclose(rates.get(name, 0.0), share * getattr(stored, name), rtol=1e-6):
-                raise ValueError(
-                    f"local_rates: record {r['strategy']} was priced with other host terms than the stored "
-                    f"ones (step_s {rates['step_s']:.4g}, {name} {rates.get(name, 0.0):.4g} s); fit it "
-                    "against the rates it was priced with (calibrate_local.py --priced-with RATES)"
-                )
+        if not priced_with(r, stored):
+            raise ValueError(
+                f"local_rates: record {r['strategy']} was priced with other host terms than the stored ones "
+                f"(step_s {rates['step_s']:.4g}, stage_s {rates.get('stage_s', 0.0):.4g}, table_stage_s "
+                f"{rates.get('table_stage_s', 0.0):.4g} s); fit it against the rates it was priced with "
+                "(calibrate_local.py --priced-with RATES)"
+            )
         stored_ms = stored.host_s(len(r["plan_tables"]), collectives) * 1e3
         host_ms = r.get("predicted_parts_ms", {}).get("host", share * stored_ms)
         used.append((r, collectives, host_ms / stored_ms, r["predicted_step_ms"] - host_ms))
