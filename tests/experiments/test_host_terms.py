@@ -38,3 +38,20 @@ def test_the_stored_host_terms_are_the_fit_of_the_committed_records():
     assert sorted(by_tables) == [1, 2, 3, 6, 9]
     before, after = (np.array([e[i] for errs in by_tables.values() for e in errs]) for i in (0, 1))
     assert np.abs(after).max() <= 0.2 < before.max()
+
+
+def test_the_sweeps_workloads_share_their_lookups_and_rows(tmp_path):
+    """Part 1's workloads: n tables of 225 / n ids per sample and 150,000 / n rows each, dim 64."""
+    from flexshard.workloads import load_stats
+
+    ht = load_experiment("host_terms")
+    for n in (1, 6):
+        ht.tables_workload(tmp_path / f"t{n}.npz", n)
+        workload, orders = load_stats(tmp_path / f"t{n}.npz")
+        assert [t.name for t in workload.tables] == [f"t{i}" for i in range(n)] and sorted(orders) == sorted(
+            t.name for t in workload.tables
+        )
+        assert sum(t.ids_per_sample for t in workload.tables) == pytest.approx(225.0)
+        assert sum(t.num_rows for t in workload.tables) == 150_000 and {t.dim for t in workload.tables} == {
+            64
+        }
