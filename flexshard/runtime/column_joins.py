@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from core.arrays import exclusive_cumsum
+from flexshard.runtime.device_rules import gpu_paths
 from flexshard.runtime.indexing import STAGED_INDEX_OPS, block_rows
 
 JOIN_OPS = 2  # the joined buffer's allocation and its split into columns
@@ -30,7 +31,7 @@ def joins_columns(device: torch.device, recv: np.ndarray, me: int) -> bool:
     (:data:`JOIN_OPS` and :data:`~flexshard.runtime.indexing.STAGED_INDEX_OPS` per part: the received
     blocks, this rank's own) are fewer than the adds it saves (one per non-empty block, against one per
     non-empty column after it)."""
-    if device.type != "cuda":
+    if not gpu_paths(device):
         return False
     recv = np.asarray(recv)
     others = np.arange(recv.shape[0]) != me

@@ -39,6 +39,7 @@ import torch
 
 from core.arrays import exclusive_cumsum
 from flexshard.runtime.awaitable import all_to_all
+from flexshard.runtime.device_rules import gpu_paths
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.indexing import block_rows
 
@@ -247,7 +248,7 @@ def _split_blocks(counts: np.ndarray, cap: np.ndarray) -> tuple[np.ndarray, np.n
 
 def _host(x: torch.Tensor, at: np.ndarray) -> np.ndarray:
     """``x[at]`` on the host (a view's fancy index on the CPU; one gather and one copy elsewhere)."""
-    if x.device.type == "cpu":
+    if not gpu_paths(x.device):
         return x.numpy()[at]
     return x.index_select(0, torch.as_tensor(at, device=x.device)).cpu().numpy()
 

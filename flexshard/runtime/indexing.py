@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from core.arrays import exclusive_cumsum
+from flexshard.runtime.device_rules import gpu_paths
 
 # ops of one index of blocks (block_rows: its host copy and three ops) and the copy that reads it
 STAGED_INDEX_OPS = 5
@@ -14,8 +15,9 @@ STAGED_INDEX_OPS = 5
 def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
     """int64: the positions of ``mask``'s non-zero elements, ascending (``torch.nonzero(mask).flatten()``
     of a 1-D tensor). On the CPU by numpy's ``flatnonzero`` over the same memory (a tenth of
-    ``torch.nonzero``'s time at 10^4-10^5 elements, one thread); elsewhere ``torch.nonzero``."""
-    if mask.device.type != "cpu":
+    ``torch.nonzero``'s time at 10^4-10^5 elements, one thread); with the GPU's choices
+    (:func:`~flexshard.runtime.device_rules.gpu_paths`) ``torch.nonzero``."""
+    if gpu_paths(mask.device):
         return torch.nonzero(mask).flatten()
     return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()).astype(np.int64, copy=False))
 

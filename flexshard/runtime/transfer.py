@@ -31,6 +31,7 @@ from core.arrays import exclusive_cumsum
 from core.vocabulary import WireDtype
 from flexshard.runtime.awaitable import Pending, all_to_all, ready
 from flexshard.runtime.column_joins import join_columns, joins_columns
+from flexshard.runtime.device_rules import gpu_paths
 from flexshard.runtime.indexing import STAGED_INDEX_OPS, block_rows
 
 TORCH_WIRE_DTYPES = {
@@ -353,9 +354,9 @@ def staged_gathers(device: torch.device, counts: np.ndarray, me: int, with_buffe
     costs tens of microseconds of host time and a second copy of the rows microseconds of memory
     bandwidth, where that is fewer ops: one per non-empty column and :data:`STAGED_INDEX_OPS` per
     wire-order index (the other peers' blocks; this rank's own too with ``with_buffer``) against one per
-    non-empty block; then a stage's ops no longer grow with its peers. Never on the CPU, where the
-    second copy costs more than the ops it saves."""
-    if device.type != "cuda":
+    non-empty block; then a stage's ops no longer grow with its peers. Not on the CPU, where the
+    second copy costs more than the ops it saves (:func:`~flexshard.runtime.device_rules.gpu_paths`)."""
+    if not gpu_paths(device):
         return False
     indexes = 1 + (with_buffer and bool(counts[me].any()))
     staged = int(np.count_nonzero(counts.any(axis=0))) + STAGED_INDEX_OPS * indexes

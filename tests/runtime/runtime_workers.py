@@ -36,20 +36,28 @@ def make_orders() -> dict[str, np.ndarray]:
     return {"b": rng.permutation(300)[:50], "c": rng.permutation(60)}
 
 
-def runtime_workload() -> Workload:
-    """The workload the test plans are made for (rows numbered hottest first)."""
+def runtime_workload(tables: list = TABLES) -> Workload:
+    """The workload the test plans are made for (rows numbered hottest first); ``tables``: (name, rows,
+    dim) of :data:`TABLES`' names and rows."""
     specs = [
         TableSpec(name, rows, dim, ids_per_sample=3.0, hist=RowHistogram.from_counts(np.arange(rows, 0, -1)))
-        for name, rows, dim in TABLES
+        for name, rows, dim in tables
     ]
     return Workload("runtime-test", tuple(specs), batch_size_per_gpu=4)
 
 
 def write_test_plan(
-    path: Path, num_groups: int, group_size: int, cold_share=None, warm_by_position=None, fetch=None
+    path: Path,
+    num_groups: int,
+    group_size: int,
+    cold_share=None,
+    warm_by_position=None,
+    fetch=None,
+    tables: list = TABLES,
 ) -> Path:
     """A plan with all three tiers non-empty and uneven shares, written and read back as a plan file;
-    ``fetch``: the cold fetch mode of some tables (others flat)."""
+    ``fetch``: the cold fetch mode of some tables (others flat); ``tables``: :data:`TABLES`' names and
+    rows, with these dims."""
     n = num_groups * group_size
     view = uniform_view(num_groups, group_size, 100e9, 10e9)
     cold = np.full(n, 1.0 / n) if cold_share is None else np.asarray(cold_share, dtype=np.float64)
@@ -59,7 +67,7 @@ def write_test_plan(
         else np.asarray(warm_by_position, dtype=np.float64)
     )
     plans = []
-    for name, rows, _dim in TABLES:
+    for name, rows, _dim in tables:
         hot, warm = TIERS[name]
         mode = (fetch or {}).get(name, FetchMode.FLAT)
         plans.append(
@@ -67,7 +75,7 @@ def write_test_plan(
                 name, hot, warm, rows - hot - warm, warm_pos[view.local_index].copy(), cold.copy(), mode
             )
         )
-    workload = runtime_workload()
+    workload = runtime_workload(tables)
     plan = Plan(strategy="flexshard", tables=tuple(plans), dedup=True, sync="sparse")
     report = evaluate(workload, view, plan)
     write_plan(path, to_dict(plan, workload, view, report, "test", make_orders()))
