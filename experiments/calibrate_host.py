@@ -135,7 +135,7 @@ def measure_host(
     ``ranks`` at every batch of ``batches`` (samples per rank), fitted over them all at each run's share
     of the cores, and the table of (strategy, ranks, batch, collectives, median step s, bare collectives
     s, modeled value work s)."""
-    base = replace(rates, step_s=0.0, stage_s=0.0, table_stage_s=0.0)
+    base = replace(rates, step_s=0.0, stage_s=0.0, table_stage_s=0.0, table_s=0.0)
     rows, shares = [], []
     for n in ranks:
         factor = max(1.0, n / (os.cpu_count() or 1))
@@ -162,9 +162,8 @@ def fit_host(rates: LocalRates, rows: list, factor: float) -> LocalRates:
     a = np.array([[1.0, c] for _k, c, _s, _b, _m in rows])
     host = np.array([s - b - m for _k, _c, s, b, m in rows])
     (step_s, stage_s), *_ = np.linalg.lstsq(a, host, rcond=None)
-    return replace(
-        rates, step_s=max(step_s, 0.0) / factor, stage_s=max(stage_s, 0.0) / factor, table_stage_s=0.0
-    )
+    step_s, stage_s = max(step_s, 0.0) / factor, max(stage_s, 0.0) / factor
+    return replace(rates, step_s=step_s, stage_s=stage_s, table_stage_s=0.0, table_s=0.0)
 
 
 def priced_with(record: dict, stored: LocalRates) -> bool:
@@ -174,7 +173,7 @@ def priced_with(record: dict, stored: LocalRates) -> bool:
     share = rates["step_s"] / stored.step_s
     return all(
         np.isclose(rates.get(name, 0.0), share * getattr(stored, name), rtol=1e-6)
-        for name in ("stage_s", "table_stage_s")
+        for name in ("stage_s", "table_stage_s", "table_s")
     )
 
 
@@ -220,7 +219,7 @@ def fit_host_to_bench(records: list[dict], stored: LocalRates) -> tuple[LocalRat
         col = 1 if step_ms < 0 else 0
         (only,), *_ = np.linalg.lstsq(a[:, [col]], b, rcond=None)
         step_ms, stage_ms = (0.0, max(only, 0.0)) if col else (max(only, 0.0), 0.0)
-    fitted = replace(stored, step_s=step_ms / 1e3, stage_s=stage_ms / 1e3, table_stage_s=0.0)
+    fitted = replace(stored, step_s=step_ms / 1e3, stage_s=stage_ms / 1e3, table_stage_s=0.0, table_s=0.0)
     table = [
         (
             r.get("nproc", ""),

@@ -177,7 +177,7 @@ def host_from_records(paths: list[Path], stored: LocalRates, out: Path | None) -
         print(f"{nproc:>5} {batch:>5} {str(plan)[:20]:<20} {key:<22} {measured:9.2f} {err}")
     within = [sum(abs(row[i] / row[4] - 1) <= WITHIN for row in table) for i in (5, 6)]
     print(f"within {WITHIN:.0%}: {within[0]} of {len(table)} before, {within[1]} after")
-    for name in ("step_s", "stage_s", "table_stage_s"):
+    for name in ("step_s", "stage_s", "table_stage_s", "table_s"):
         print(f"  {name:<14} {getattr(stored, name):.4g} s -> {getattr(rates, name):.4g} s")
     if out:
         rates.save(out)

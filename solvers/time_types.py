@@ -135,6 +135,7 @@ class LocalRates:
     table_stage_s: float = 0.0  # the runtime's host work around one collective, per table
     step_s: float = 0.0  # the runtime's host work per step outside its collectives (checks, autograd)
     stage_s: float = 0.0  # the runtime's host work around one collective, whatever its tables
+    table_s: float = 0.0  # the runtime's host work per table per step outside its collectives
 
     REQUIRED = (
         "dedup_s_per_lookup",
@@ -151,6 +152,7 @@ class LocalRates:
         "table_stage_s",
         "step_s",
         "stage_s",
+        "table_s",
     )
 
     def __post_init__(self) -> None:
@@ -206,8 +208,9 @@ class LocalRates:
 
     def host_s(self, tables: int, collectives: int) -> float:
         """The runtime's host work in a step of ``collectives`` collectives over ``tables`` tables,
-        seconds: ``step_s + (stage_s + table_stage_s x tables) x collectives``."""
-        return self.step_s + (self.stage_s + self.table_stage_s * tables) * collectives
+        seconds: ``step_s + table_s x tables + (stage_s + table_stage_s x tables) x collectives``."""
+        per_stage = self.stage_s + self.table_stage_s * tables
+        return self.step_s + self.table_s * tables + per_stage * collectives
 
     def shared(self, ranks_per_core: float) -> LocalRates:
         """These rates on a machine where ``ranks_per_core`` ranks share each core (more ranks than cores:
@@ -300,15 +303,26 @@ GPU_ROOFLINE_RATES = LocalRates(
 # fits: 207.6 and 9.67 (230, 287, 293, 404, 404), 213.6 and 9.67 (230, 287, 323, 404, 404, before
 # the GPU's column joins and two-pass gathers; 395 and 508 at 16 ranks and at 8 groups), 217.5 and 13.4
 # (236, 321, 381, 454, 502, 2026-11-26), 243.3 and 19.2 (401, 569, 513, 651, before commit 0697ed2).
+# Counted again on 2026-12-07 at 16:12 UTC by experiments/gpu_host_ops.py (the GPU's op choices taken on
+# the CPU by flexshard.runtime.device_rules.counted_as_gpu; docs/results/gpu_host_ops.md) on 1, 2, 3, 6
+# and 9 tables at 4 and 8 ranks, flat (3 collectives) and group fetch (5): 129 to 487 and 208 to 722 ops.
+# The terms above price 9 tables' steps 58 and 119 ops low and 1 table's 68 and 8 high: most of a table's
+# ops are outside its collectives (its dedup, routing, output and their autograd), about 45 a table on
+# one rank, where no collective runs. Fitted as step + table x tables + (stage + table_stage x tables) x
+# collectives: 27.3, 12.7, 23.6 and 10.3 ops (residuals -12.5 to +7.9 ops).
 H100_HOST_S_PER_OP = 25.95e-6  # seconds of host time per aten op of the runtime's step
-RUNTIME_STEP_OPS = 167.6  # aten ops per step outside the per-table work around collectives
-RUNTIME_TABLE_STAGE_OPS = 9.67  # aten ops per table per collective
+RUNTIME_STEP_OPS = 27.28  # aten ops per step, whatever its tables and collectives
+RUNTIME_TABLE_OPS = 12.66  # aten ops per table per step outside the work around collectives
+RUNTIME_STAGE_OPS = 23.57  # aten ops per collective, whatever its tables
+RUNTIME_TABLE_STAGE_OPS = 10.30  # aten ops per table per collective
 H100_RUNTIME_RATES = replace(
     GPU_ROOFLINE_RATES,
     step_s=RUNTIME_STEP_OPS * H100_HOST_S_PER_OP,
+    table_s=RUNTIME_TABLE_OPS * H100_HOST_S_PER_OP,
+    stage_s=RUNTIME_STAGE_OPS * H100_HOST_S_PER_OP,
     table_stage_s=RUNTIME_TABLE_STAGE_OPS * H100_HOST_S_PER_OP,
     source="H100: value work at the HBM roofline (3.35 TB/s, assumed); host work measured (aten ops x "
-    "25.95 us per op, experiments/local_path_gpu.py --host-batch 2, 2026-11-26; ops counted 2026-11-28)",
+    "25.95 us per op, experiments/local_path_gpu.py --host-batch 2, 2026-11-26; ops counted 2026-12-07)",
 )
 
 

@@ -143,8 +143,8 @@ def test_plan_prints_the_step_split_and_the_tiers_line(capsys):
 
 def test_gpu_host_measured_prices_the_runtime_host_work_in_plan_and_simulate(capsys):
     """--gpu-host measured: the report names the measured host work and every strategy's step carries it
-    (step_s + table_stage_s x tables x collectives above the fused figure's local work, per strategy:
-    6 tables here); a bad value exits 2 naming it."""
+    (step_s + table_s x tables + (stage_s + table_stage_s x tables) x collectives above the fused
+    figure's local work, per strategy: 6 tables here); a bad value exits 2 naming it."""
     from solvers.time_types import H100_RUNTIME_RATES as R
 
     rc, text, err = run(capsys, "plan", *SMALL, "--budget", "2", "--gpu-host", "measured")
@@ -159,7 +159,7 @@ def test_gpu_host_measured_prices_the_runtime_host_work_in_plan_and_simulate(cap
         }
     for name, fused in by["fused"].items():  # the baselines' plans do not depend on the rates
         measured = by["measured"][name]
-        host = R.step_s + R.table_stage_s * 6 * measured["collectives"]
+        host = R.host_s(6, measured["collectives"])
         assert measured["local_s"] - fused["local_s"] == pytest.approx(host, rel=1e-6), name
     with pytest.raises(SystemExit) as exited:
         run(capsys, "plan", *SMALL, "--budget", "2", "--gpu-host", "slow")
