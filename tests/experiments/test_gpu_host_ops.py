@@ -41,9 +41,7 @@ def test_the_measured_gpu_host_terms_are_the_fit_of_the_committed_counts():
 def test_the_fit_is_least_squares():
     ops = load_experiment("gpu_host_ops")
     exact = [  # ops = 10 + 2 tables + (3 + 1 tables) x collectives, then one count 4 ops high
-        {"tables": t, "collectives": c, "ops": 10 + 2 * t + (3 + t) * c}
-        for t in (1, 2, 5)
-        for c in (3, 5)
+        {"tables": t, "collectives": c, "ops": 10 + 2 * t + (3 + t) * c} for t in (1, 2, 5) for c in (3, 5)
     ]
     coef, res = ops.fit(exact, ops.TERMS[list(ops.TERMS)[-1]])
     assert coef == pytest.approx({"step": 10, "table": 2, "stage": 3, "table_stage": 1}, abs=1e-9)
