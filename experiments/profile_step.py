@@ -8,9 +8,12 @@ autograd backward's ops included) and prints a table of ms per step by op, one c
 largest difference first: which ops one strategy spends more on than another; with ``--sites``, also
 the ops per step by the line of the project's code that issued them (the innermost frame under
 ``flexshard/``, ``solvers/`` or ``core/``): where a step's host work (its op count) comes from.
+``--as-gpu`` takes the runtime's GPU op choices on the CPU (the ops a GPU issues; the same values), and
+``--workload`` a stats file instead of the bench's tables.
 
     nice .venv/bin/python experiments/profile_step.py [--nproc 4] [--groups 2] [--batch 128] [--steps 10]
-        [--only flexshard,row_wise] [--counts | --clock-only | --ops [--sites]]
+        [--only flexshard,row_wise] [--counts | --clock-only | --ops [--sites]] [--as-gpu]
+        [--workload STATS]
 """
 
 from __future__ import annotations
@@ -238,6 +241,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         plan_for=args.plan_for,
         objective=args.objective,
         torchrec=False,
+        workload=args.workload,
     )
     data = load_data(cfg, args.nproc)
     machine = probed_view(cfg.groups, 60.0)
@@ -275,6 +279,10 @@ def _rank(rank: int, args, port: int, out: str) -> None:
 
     awaitable.Pending.wait = wait
     _time_protocol(clock)
+    if args.as_gpu:  # the GPU's op choices from here on (the ops a GPU issues, the same values)
+        from flexshard.runtime.device_rules import counted_as_gpu
+
+        counted_as_gpu().__enter__()
     plans = make_plans(data, planned_for, machine, cfg.budget, False, cfg.objective, machine_rates(cfg, data))
     with tempfile.TemporaryDirectory() as tmp:
         systems, _ = _build(cfg, data, plans, Path(tmp))
@@ -458,6 +466,12 @@ def main() -> None:
     ap.add_argument("--ops", action="store_true", help="thread CPU by aten op, a column per strategy")
     ap.add_argument("--sites", action="store_true", help="aten ops per step by the project line issuing them")
     ap.add_argument("--only", default="", help="comma-separated strategy keys to profile (default: all)")
+    ap.add_argument(
+        "--as-gpu",
+        action="store_true",
+        help="take the runtime's GPU op choices on the CPU (device_rules.counted_as_gpu): count a GPU's ops",
+    )
+    ap.add_argument("--workload", default="default", help="the bench's tables (default) or a stats file")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_rank, args=(args, free_port(), out), nprocs=args.nproc, start_method="spawn")

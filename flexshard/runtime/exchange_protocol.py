@@ -72,6 +72,7 @@ from flexshard.runtime.placing import (
 from flexshard.runtime.relay import (
     RelayRows,
     RelaySums,
+    add_sums_to_bank,
     exchange_sums,
     grads_flat,
     grads_wire,
@@ -122,7 +123,14 @@ class ExchangeProtocol:
         peer_of = np.array(
             [layout.groups[k][my_pos] if my_pos < len(layout.groups[k]) else -1 for k in group_of]
         )
-        self.dedup = GroupDedup(me, pos_of, peer_of, routing, self.group_fetch, device)
+        # every table's cold shard a row range of one bank (one dim, an fp32 wire): rail_grads adds the
+        # sums into the bank at once (relay.add_sums_to_bank)
+        cold = [shards[(t, Tier.COLD)] for t in range(len(dims))]
+        self.cold_bank = cold[0].bank if cold else None
+        one_bank = wire_dtype is WireDtype.FP32 and all(c.bank is self.cold_bank is not None for c in cold)
+        bank_start = np.array([c.bank_start for c in cold], dtype=np.int64) if one_bank else None
+        self.cold_bank = self.cold_bank if one_bank else None
+        self.dedup = GroupDedup(me, pos_of, peer_of, routing, self.group_fetch, device, bank_start)
         self.router = Router(layout, me, routing, self.group_fetch, self.dedup, device)
         # the order in which a by-rail table's lookups arrive sorted (Router.owner_key) and its inverse
         self.owner_key, self.key_owner = self.router.owner_key, self.router.key_owner
@@ -349,6 +357,8 @@ class ExchangeProtocol:
         cols, slots, own = sums, asked.owner_slots, asked.own
         peers = own_group_first(self.rail.size, self.rail_me)
         gathered = None  # fp32: received as per-peer views, each added as it lies
+        if isinstance(sums, RelaySums) and asked.owner_rows is not None:  # into the one bank at once
+            return add_sums_to_bank("rail_grads", sums, rc, asked.owner_rows, self.cold_bank, self.pg.replica)
         if isinstance(sums, RelaySums):  # the relay's joined sums are the send buffer
             gathered = exchange_sums("rail_grads", sums, rc, self.pg.replica, peers)
         elif self.wire_dtype is WireDtype.FP32:

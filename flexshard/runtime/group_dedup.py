@@ -59,6 +59,9 @@ class Asked:
     # ``joined_inverse`` in wire order (group peer, table): what ``scatter`` sends and ``grads`` brings
     # back; set by the one-dim fp32 relay's ``compute``, else None
     wire_inverse: torch.Tensor | None = None
+    # ``owner_slots`` joined (table-major, by rail peer) as rows of the one bank holding every table's
+    # cold shard (GroupDedup's ``bank_start``), else None
+    owner_rows: torch.Tensor | None = None
 
     @property
     def num_distinct(self) -> np.ndarray:
@@ -89,6 +92,7 @@ class GroupDedup:
         routing: list,
         group_fetch: np.ndarray,
         device: torch.device,
+        bank_start: np.ndarray | None = None,
     ) -> None:
         self.device, self.me = device, me
         pos = np.asarray(position_of_rank)
@@ -114,13 +118,21 @@ class GroupDedup:
         self.j_req = np.where(peer >= 0, j_of_rank[np.maximum(peer, 0)], 0)
         self._j_of_rank = torch.as_tensor(j_of_rank, device=device)
         self._own_mask: torch.Tensor | None = None  # _own_buckets, made when first needed
+        # bank_start[t]: the row of table t's cold shard in the one bank holding them all (None: not
+        # banked so); a served key less its bucket's ``bank_shift`` is its bank row
+        self.bank_shift = None
+        if bank_start is not None:
+            self.bank_shift = self.edges - np.repeat(np.asarray(bank_start, dtype=np.int64), g)
         self._none = torch.zeros(0, dtype=torch.int64, device=device)
 
     def key(self, t: int, owner: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """The keys of slots ``slot`` at ranks ``owner`` of group-fetched table ``t`` (a requester's
         ``GIDS``)."""
-        j = self._j_of_rank.index_select(0, owner)
-        return j * int(self.span[t]) + (slot + int(self.base[t]))
+        return self.j_of(owner) * int(self.span[t]) + (slot + int(self.base[t]))
+
+    def j_of(self, rank: torch.Tensor) -> torch.Tensor:
+        """int64: each rank's place in its rail (ascending ranks)."""
+        return self._j_of_rank.index_select(0, rank)
 
     def _per_key(self, values: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         """``values[i]`` repeated ``counts[i]`` times, on the device."""
@@ -190,6 +202,9 @@ class GroupDedup:
         owner_slots = served - self._per_key(self.edges, served_counts)  # a key less its bucket's first
         owner_counts = zeros.copy()
         owner_counts[self.rail] = served_counts.T
+        owner_rows = None
+        if self.bank_shift is not None:  # a key less its bucket's shift: its row in the bank
+            owner_rows = served - self._per_key(self.bank_shift, served_counts)
         return Asked(
             recv_counts,
             slots,
@@ -200,6 +215,7 @@ class GroupDedup:
             local,
             _bucket_span(served_counts, self.j_me),
             joined_inverse,
+            owner_rows=owner_rows,
         )
 
 

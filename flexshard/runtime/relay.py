@@ -235,6 +235,37 @@ def exchange_sums(
     return Pending([work], lambda: per_table_views(received, own, recv, me, order))
 
 
+def add_sums_to_bank(
+    name: str, sums: RelaySums, recv: np.ndarray, owner_rows: torch.Tensor, bank: Any, group: Any
+) -> Pending[None]:
+    """``rail_grads`` of :func:`rail_sums` where every table's cold shard is a row range of one ``bank``
+    (:class:`~flexshard.runtime.shards.ShardBank`): the head of the joined sums sent as it lies, and on
+    wait this rank's own sums (the tail, by table) added into the bank's gradients, then the received
+    ones (other rail peers in rail order, each by table), each row's terms in the per-table adds' order
+    (its own group's first) in two adds and one mark, whatever the tables. ``recv[j, t]``: rows of
+    table t from rail peer j (``recv[me]`` its own); ``owner_rows``: the bank rows of the distinct rows
+    served, table-major, then by rail peer (:attr:`~flexshard.runtime.group_dedup.Asked.owner_rows`)."""
+    recv = np.asarray(recv, dtype=np.int64)
+    me = sums.me
+    work, received = send_head(
+        name, sums.joined[: sums.sent], sums.fetch.sum(axis=1), recv.sum(axis=1), me, group
+    )
+    # the bank rows in the order the sums lie: the others' blocks (peer, table), then its own (table)
+    first = exclusive_cumsum(recv.T).T  # [j, t]: block (t, j)'s first row in owner_rows (table-major)
+    order = [j for j in range(recv.shape[0]) if j != me] + [me]
+    rows = owner_rows.index_select(
+        0, block_rows(recv[order].reshape(-1), first[order].reshape(-1), owner_rows.device)
+    )
+    sent = int(received.shape[0])
+
+    def add() -> None:
+        bank.grads.index_add_(0, rows[sent:], sums.joined[sums.sent :])  # its own group's sums first
+        bank.grads.index_add_(0, rows[:sent], received)
+        bank.touched.index_fill_(0, rows, 1)
+
+    return Pending([work], add)
+
+
 def send_head(
     name: str, head: torch.Tensor, send: np.ndarray, recv: np.ndarray, me: int, group: Any
 ) -> tuple[Any, torch.Tensor]:

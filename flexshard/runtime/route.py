@@ -35,11 +35,13 @@ class Routed:
     destination."""
 
     lookups: list[TableLookup]
+    # per table and kind the positions of the column's lookups (empty for a by-rail table, whose GIDS is
+    # in order and whose GSLOTS rows come back through the rail peer)
     index: list[list[torch.Tensor]]
     send: list[list[torch.Tensor]]
     counts: np.ndarray  # int64[world, tables, KINDS]: entries sent to each rank
     # (table, kind) of the columns that are every unique id in order (FLAT of an all-cold by-owner table,
-    # GIDS of a by-rail one: the index is arange): rows and gradients travel without a gather or scatter
+    # GIDS of a by-rail one): rows and gradients travel without a gather or scatter
     in_order: set[tuple[int, int]] = field(default_factory=set)
     # every table's rows in the exchange's wire order (set by ``scatter`` where every table is by rail, by
     # ``rows`` where every table is flat and by owner; the lookups' ``rows`` are then unused)
@@ -93,15 +95,19 @@ class Router:
 
     def route(self, lookups: list[TableLookup]) -> Routed:
         """Every remote lookup in its column, sorted by destination rank. No collective. A column a
-        table cannot use (no warm rows; the other fetch mode) is empty without work."""
+        table cannot use (no warm rows; the other fetch mode) is empty without work. The tables whose
+        lookups are in the group fetch's destination order (``by_rail``) are routed together
+        (:meth:`_route_by_rail`)."""
         none, no_bins = self._none, self._no_bins
         index, send, bins, in_order = [], [], [], set()
+        rail = [t for t, lk in enumerate(lookups) if lk.by_rail]
+        routed_by_rail, rail_counts = self._route_by_rail(rail, lookups)
         for t, lk in enumerate(lookups):
-            if lk.by_rail:  # already in the group fetch's destination order
-                index.append([none, none])
-                send.append([none, none])
-                bins += [no_bins, no_bins]
-                self._route_by_rail(t, lk, index[t], send[t], bins)
+            if lk.by_rail:  # already in the group fetch's destination order: GIDS needs no index
+                gids, gslots = routed_by_rail[t]
+                index.append([none, none, none, none])
+                send.append([none, none, gids, gslots])
+                bins += [no_bins] * KINDS  # the counts are rail_counts'
                 in_order.add((t, GIDS))
                 continue
             grouped = bool(self.group_fetch[t])
@@ -144,22 +150,49 @@ class Router:
                 send[t].append(values.index_select(0, order if values is key else index[t][-1]))
                 bins.append(count_per_peer(dest, self.world))
         n_t = len(lookups)
-        counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world).transpose(2, 0, 1)
+        if len(rail) == n_t:  # every table by rail: its counts came over with the GSLOTS split sizes
+            counts = np.zeros((n_t, KINDS, self.world), dtype=np.int64)
+        else:
+            counts = torch.stack(bins).cpu().numpy().reshape(n_t, KINDS, self.world)
+        if rail:
+            counts[rail, GIDS], counts[rail, GSLOTS] = rail_counts
+        counts = counts.transpose(2, 0, 1)
         return Routed(lookups, index, send, np.ascontiguousarray(counts, dtype=np.int64), in_order)
 
-    def _route_by_rail(self, t: int, lk: TableLookup, index: list, send: list, bins: list) -> None:
-        """:meth:`route`'s GIDS and GSLOTS columns of an all-cold table whose lookups are sorted by
-        (:attr:`owner_key` of the owner, slot): GIDS is every lookup in order, GSLOTS the lookups owned
-        in other groups in order (a stable sort by owner of these alone where not ``gslots_sorted``)."""
-        n = lk.owner.numel()
-        per_owner = count_per_peer(lk.owner, self.world)
-        index.append(torch.arange(n, device=self.device))
-        send.append(self.dedup.key(t, lk.owner, lk.slot))
-        per_owner_rail = per_owner.index_select(0, self._rail_owners)
-        bins.append(torch.zeros_like(per_owner).index_add_(0, self._rail_dest, per_owner_rail))
-        other = flat_nonzero(self._away.index_select(0, lk.owner))
-        if not self.gslots_sorted:
-            other = other.index_select(0, torch.argsort(lk.owner.index_select(0, other), stable=True))
-        index.append(other)
-        send.append(lk.slot.index_select(0, other))
-        bins.append(per_owner * self._away)
+    def _route_by_rail(
+        self, tables: list[int], lookups: list[TableLookup]
+    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], np.ndarray]:
+        """:meth:`route`'s GIDS and GSLOTS columns of the all-cold tables ``tables`` whose lookups are
+        sorted by (:attr:`owner_key` of the owner, slot), every table at once (a fixed number of ops,
+        none per table): GIDS is every lookup's key in order, GSLOTS the slots of the lookups owned in
+        other groups in order (a stable sort by (table, owner) of these alone where not
+        ``gslots_sorted``). Returns per table ``(GIDS keys, GSLOTS slots)`` and the counts sent to each
+        rank, int64[2 (GIDS, GSLOTS), tables, world] (on the host: GSLOTS is cut per table by them)."""
+        if not tables:
+            return {}, np.zeros((2, 0, self.world), dtype=np.int64)
+        dev, world, n_r = self.device, self.world, len(tables)
+        sizes = [lookups[t].owner.numel() for t in tables]
+        spans, bases = self.dedup.span[tables], self.dedup.base[tables]
+        if n_r == 1:
+            owner, slot = lookups[tables[0]].owner, lookups[tables[0]].slot
+            span, base, cell = int(spans[0]), int(bases[0]), owner
+        else:
+            owner = torch.cat([lookups[t].owner for t in tables])
+            slot = torch.cat([lookups[t].slot for t in tables])
+            # per lookup its table's key span and base and its table's first count cell (one host copy)
+            host = torch.as_tensor(np.stack([spans, bases, np.arange(n_r) * world, sizes]), device=dev)
+            span, base, cell0 = torch.repeat_interleave(host[:3], host[3], dim=1, output_size=sum(sizes))
+            cell = owner + cell0
+        keys = self.dedup.j_of(owner) * span + (slot + base)  # GroupDedup.key of every table at once
+        per_owner = count_per_peer(cell, n_r * world).view(n_r, world)
+        per_rail = torch.zeros_like(per_owner).index_add_(
+            1, self._rail_dest, per_owner.index_select(1, self._rail_owners)
+        )
+        away = per_owner * self._away
+        counts = torch.stack([per_rail, away]).cpu().numpy()
+        other = flat_nonzero(self._away.index_select(0, owner))
+        if not self.gslots_sorted:  # by (table, owner): a stable sort of the count cells
+            other = other.index_select(0, torch.argsort(cell.index_select(0, other), stable=True))
+        gslots = slot.index_select(0, other).split(counts[1].sum(axis=1).tolist())
+        gids = keys.split(sizes)
+        return {t: (gids[i], gslots[i]) for i, t in enumerate(tables)}, counts

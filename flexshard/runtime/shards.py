@@ -68,6 +68,9 @@ class Shard(HeldRows):
     gradients and optimizer state (:class:`HeldRows`)."""
 
     ids: np.ndarray = field(kw_only=True)  # int64[rows]: the row ids, slot order
+    # the bank whose row ranges these rows are (banked_shards), and the bank row of slot 0
+    bank: HeldRows | None = field(default=None, kw_only=True, repr=False, compare=False)
+    bank_start: int = field(default=0, kw_only=True)
 
     @classmethod
     def of(cls, ids: np.ndarray, weights: torch.Tensor, optimizer: RowOptimizer) -> Shard:
@@ -132,6 +135,8 @@ def banked_shards(
                 bank.grads[lo:hi],
                 bank.touched[lo:hi],
                 ids=ids,
+                bank=bank,
+                bank_start=lo,
             )
         banks.append(bank)
     return {k: shards[k] for k in parts}, banks

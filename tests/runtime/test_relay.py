@@ -77,7 +77,7 @@ def test_block_copies_and_adds_equal_the_joined_ones_bit_for_bit(seed):
     assert torch.equal(one, want)
 
 
-def _both_paths(rank: int, world: int, strategy: str) -> dict:
+def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
     """The bench's default tables (one dim) on ``strategy``'s plan (``row_wise_group_dedup``: every table
     group fetched; ``row_wise``: every table flat), trained 3 steps on the one-dim fp32 path with the
     rows in wire order (``joint``), without it (``gathered``: per-table copies) and on the per-table path
@@ -91,10 +91,11 @@ def _both_paths(rank: int, world: int, strategy: str) -> dict:
     from flexshard.bench.worker import load_data
     from flexshard.plan_file import read_plan
     from flexshard.runtime import ShardedSequenceEmbedding
+    from flexshard.runtime.initializer import seeded_initializer
 
-    cfg = BenchConfig(nproc=world, groups=2, batch=8, plan_for="h100", torchrec=False)
+    cfg = BenchConfig(nproc=world, groups=groups, batch=8, plan_for="h100", torchrec=False)
     data = load_data(cfg, world)
-    view = h100_view(world, 2)
+    view = h100_view(world, groups)
     plan = make_plans(data, view, view, cfg.budget, False, "step", None)[strategy]
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,6 +117,10 @@ def _both_paths(rank: int, world: int, strategy: str) -> dict:
                 model.step()
                 traffic.append(model.traffic.bytes.copy())
             out[name] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch))
+    # the first step's rows straight from the initializer (no routing): what every path must look up
+    init = seeded_initializer(cfg.seed)
+    first = data.make_batch(0, rank)
+    out["reference"] = {n: init(n, first[n][0].numpy(), dim) for n, _rows, dim in data.tables}
     return out
 
 
@@ -123,13 +128,20 @@ PATHS = {"joint": (True, True), "gathered": (True, False), "per_table": (False, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["row_wise_group_dedup", "row_wise"])
-def test_the_one_dim_paths_equal_the_per_table_path_bit_for_bit(strategy):
+@pytest.mark.parametrize(
+    ("strategy", "world", "groups"),
+    [("row_wise_group_dedup", 4, 2), ("row_wise", 4, 2), ("row_wise_group_dedup", 6, 3)],
+    ids=["group-4x2", "flat-4x2", "group-6x3"],  # 3 groups: the other groups' owners out of rank order
+)
+def test_the_one_dim_paths_equal_the_per_table_path_bit_for_bit(strategy, world, groups):
     from runtime_workers import run_function
 
-    for rank, res in enumerate(run_function(_both_paths, 4, strategy, timeout_s=300.0)):
+    for rank, res in enumerate(run_function(_both_paths, world, strategy, groups, timeout_s=300.0)):
         old_out, old_traffic, old_rows, fetched = res["per_table"]
         assert fetched == (strategy == "row_wise_group_dedup"), rank
+        reference = res["reference"]  # every path routes alike: its first outputs against the initializer
+        assert old_out[0].keys() == reference.keys()
+        assert all(torch.equal(old_out[0][n], reference[n]) for n in reference), rank
         for name in ("joint", "gathered"):
             new_out, new_traffic, new_rows, _ = res[name]
             for a, b in zip(new_out, old_out, strict=True):
