@@ -19,6 +19,7 @@ the ops per step by the line of the project's code that issued them (the innermo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -279,10 +280,11 @@ def _rank(rank: int, args, port: int, out: str) -> None:
 
     awaitable.Pending.wait = wait
     _time_protocol(clock)
+    held = contextlib.ExitStack()  # open until the rank returns
     if args.as_gpu:  # the GPU's op choices from here on (the ops a GPU issues, the same values)
         from flexshard.runtime.device_rules import counted_as_gpu
 
-        counted_as_gpu().__enter__()
+        held.enter_context(counted_as_gpu())
     plans = make_plans(data, planned_for, machine, cfg.budget, False, cfg.objective, machine_rates(cfg, data))
     with tempfile.TemporaryDirectory() as tmp:
         systems, _ = _build(cfg, data, plans, Path(tmp))
@@ -440,6 +442,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
             )
         Path(out, "profile.txt").write_text("\n".join(lines) + "\n")
     dist.barrier()
+    held.close()
     dist.destroy_process_group()
 
 
