@@ -23,6 +23,7 @@ written JSON, none counted). Run:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -138,11 +139,22 @@ def count(nproc: int, groups: int, workload: str) -> list[dict]:
 
 
 def fit(records: list[dict], terms: tuple[str, ...]) -> tuple[dict[str, float], np.ndarray]:
-    """Least-squares coefficients (ops) of ``terms`` over the records, and each record's residual (ops)."""
+    """Non-negative least-squares coefficients (ops are counts) of ``terms`` over the records, and each
+    record's residual (ops): the least-squares fit on every subset of the terms (the others at 0), the
+    best of those with no negative coefficient (the non-negative optimum is the unconstrained one on
+    its own support; a few terms, so every subset)."""
     a = np.array([[COLUMNS[k](r["tables"], r["collectives"]) for k in terms] for r in records])
     y = np.array([r["ops"] for r in records])
-    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-    return dict(zip(terms, coef.tolist(), strict=True)), y - a @ coef
+    best, best_sse = np.zeros(len(terms)), float(y @ y)
+    for size in range(1, len(terms) + 1):
+        for support in itertools.combinations(range(len(terms)), size):
+            cols = list(support)
+            coef = np.zeros(len(terms))
+            coef[cols], *_ = np.linalg.lstsq(a[:, cols], y, rcond=None)
+            sse = float(np.sum((y - a @ coef) ** 2))
+            if coef.min() >= 0 and sse < best_sse - 1e-9:
+                best, best_sse = coef, sse
+    return dict(zip(terms, best.tolist(), strict=True)), y - a @ best
 
 
 EARLIER = {"step": 167.6, "table_stage": 9.67}  # ops: the terms fitted on 2026-11-28 at 3 tables only

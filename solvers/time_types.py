@@ -303,18 +303,22 @@ GPU_ROOFLINE_RATES = LocalRates(
 # fits: 207.6 and 9.67 (230, 287, 293, 404, 404), 213.6 and 9.67 (230, 287, 323, 404, 404, before
 # the GPU's column joins and two-pass gathers; 395 and 508 at 16 ranks and at 8 groups), 217.5 and 13.4
 # (236, 321, 381, 454, 502, 2026-11-26), 243.3 and 19.2 (401, 569, 513, 651, before commit 0697ed2).
-# Counted again on 2026-12-07 at 16:12 UTC by experiments/gpu_host_ops.py (the GPU's op choices taken on
-# the CPU by flexshard.runtime.device_rules.counted_as_gpu; docs/results/gpu_host_ops.md) on 1, 2, 3, 6
-# and 9 tables at 4 and 8 ranks, flat (3 collectives) and group fetch (5): 129 to 487 and 208 to 722 ops.
-# The terms above price 9 tables' steps 58 and 119 ops low and 1 table's 68 and 8 high: most of a table's
-# ops are outside its collectives (its dedup, routing, output and their autograd), about 45 a table on
-# one rank, where no collective runs. Fitted as step + table x tables + (stage + table_stage x tables) x
-# collectives: 27.3, 12.7, 23.6 and 10.3 ops (residuals -12.5 to +7.9 ops).
+# Counted again on 2026-12-07 by experiments/gpu_host_ops.py (the GPU's op choices taken on the CPU by
+# flexshard.runtime.device_rules.counted_as_gpu; docs/results/gpu_host_ops.md) on 1, 2, 3, 6 and 9
+# tables at 4 and 8 ranks, flat (3 collectives) and group fetch (5). At about 15:00 UTC: 129 to 487 and 208
+# to 722 ops, where the terms above priced 9 tables' steps 58 and 119 ops low and 1 table's up to 68
+# high: most of a table's ops lie outside its collectives (its dedup, routing, output and their
+# autograd; about 45 a table on one rank, where no collective runs). At 15:38 UTC, after the group
+# fetch's routing and rail sums stopped issuing ops per table (flexshard.runtime.route, relay): the group
+# fetch 219 to 566. Fitted, none negative, as step + table x tables + (stage + table_stage x tables) x
+# collectives: 0, 39.63, 35.58 and 0.80 ops (residuals -19.8 to +6.8 ops). The fetch modes have 3 and 5
+# collectives only, so a step's fixed ops and a collective's are not told apart: the fit puts them in
+# the collectives (unconstrained, -29.8 ops a step and 42.6 a collective).
 H100_HOST_S_PER_OP = 25.95e-6  # seconds of host time per aten op of the runtime's step
-RUNTIME_STEP_OPS = 27.28  # aten ops per step, whatever its tables and collectives
-RUNTIME_TABLE_OPS = 12.66  # aten ops per table per step outside the work around collectives
-RUNTIME_STAGE_OPS = 23.57  # aten ops per collective, whatever its tables
-RUNTIME_TABLE_STAGE_OPS = 10.30  # aten ops per table per collective
+RUNTIME_STEP_OPS = 0.0  # aten ops per step, whatever its tables and collectives
+RUNTIME_TABLE_OPS = 39.63  # aten ops per table per step outside the work around collectives
+RUNTIME_STAGE_OPS = 35.58  # aten ops per collective, whatever its tables
+RUNTIME_TABLE_STAGE_OPS = 0.80  # aten ops per table per collective
 H100_RUNTIME_RATES = replace(
     GPU_ROOFLINE_RATES,
     step_s=RUNTIME_STEP_OPS * H100_HOST_S_PER_OP,

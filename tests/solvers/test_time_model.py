@@ -153,16 +153,16 @@ def test_local_rates_for_a_view_say_where_they_come_from():
 
 
 def test_measured_gpu_host_terms_are_the_runtime_ops_at_the_h100_cost_per_op():
-    """27.28 ops a step, 12.66 per table, 23.57 per collective and 10.30 per table per collective at
-    25.95 us each (time_types' comment): 3 tables and 5 collectives are 27.28 + 37.98 + 117.85 + 154.5 =
-    337.61 ops, 8.7610 ms; the value work is the roofline's, unchanged."""
+    """0 ops a step, 39.63 per table, 35.58 per collective and 0.80 per table per collective at 25.95 us
+    each (time_types' comment): 3 tables and 5 collectives are 118.89 + 177.9 + 12.0 = 308.79 ops,
+    8.0131 ms; the value work is the roofline's, unchanged."""
     from solvers.time_types import GPU_ROOFLINE_RATES, H100_RUNTIME_RATES
 
-    assert H100_RUNTIME_RATES.step_s == pytest.approx(27.28 * 25.95e-6, rel=1e-12)
-    assert H100_RUNTIME_RATES.table_s == pytest.approx(12.66 * 25.95e-6, rel=1e-12)
-    assert H100_RUNTIME_RATES.stage_s == pytest.approx(23.57 * 25.95e-6, rel=1e-12)
-    assert H100_RUNTIME_RATES.table_stage_s == pytest.approx(10.30 * 25.95e-6, rel=1e-12)
-    assert H100_RUNTIME_RATES.host_s(3, 5) == pytest.approx(8.7610e-3, rel=1e-4)
+    assert H100_RUNTIME_RATES.step_s == 0.0
+    assert H100_RUNTIME_RATES.table_s == pytest.approx(39.63 * 25.95e-6, rel=1e-12)
+    assert H100_RUNTIME_RATES.stage_s == pytest.approx(35.58 * 25.95e-6, rel=1e-12)
+    assert H100_RUNTIME_RATES.table_stage_s == pytest.approx(0.80 * 25.95e-6, rel=1e-12)
+    assert H100_RUNTIME_RATES.host_s(3, 5) == pytest.approx(8.0131e-3, rel=1e-4)
     assert GPU_ROOFLINE_RATES.host_s(3, 5) == 0.0
     for name in ("gather_s_per_value", "scatter_add_s_per_value", "dedup_s_per_lookup", "collective_call_s"):
         assert getattr(H100_RUNTIME_RATES, name) == getattr(GPU_ROOFLINE_RATES, name)
@@ -171,7 +171,7 @@ def test_measured_gpu_host_terms_are_the_runtime_ops_at_the_h100_cost_per_op():
 def test_with_the_measured_gpu_host_the_group_fetch_pays_its_two_stages_per_table():
     """On 4 GPUs in 2 H100 nodes at the bench's 3 tables, a group fetch costs 2 more collectives, so
     ``2 x (stage_s + 3 x table_stage_s) + 2 x collective_call_s`` more host work than a flat fetch
-    (hand-computed, 2 x (23.57 + 30.9) ops x 25.95 us + 10 us = 2.837 ms), far above the fabric time
+    (hand-computed, 2 x (35.58 + 2.4) ops x 25.95 us + 10 us = 1.981 ms), far above the fabric time
     it saves: the planner priced with the measured host fetches flat (the group-fetch plan priced so is
     slower) and the one priced fused keeps the group fetch."""
     from flexshard.bench.data import default_data
@@ -195,7 +195,7 @@ def test_with_the_measured_gpu_host_the_group_fetch_pays_its_two_stages_per_tabl
 
     extra = 2 * (R.stage_s + 3 * R.table_stage_s) + 2 * R.collective_call_s
     assert host_s(group) - host_s(measured.step) == pytest.approx(extra, rel=1e-9)
-    assert extra == pytest.approx(2.8370e-3, rel=1e-4)
+    assert extra == pytest.approx(1.9812e-3, rel=1e-4)
     assert measured.step.total_s < group.total_s
 
 
