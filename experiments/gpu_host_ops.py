@@ -34,7 +34,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,18 +64,6 @@ COLUMNS = {
 }
 
 
-class _Ops(TorchDispatchMode):
-    """Counts the aten ops dispatched while active (views included, as the stored counts were taken)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _rank(rank: int, nproc: int, groups: int, workload: str, port: int, out: str) -> None:
     import os
 
@@ -89,6 +76,7 @@ def _rank(rank: int, nproc: int, groups: int, workload: str, port: int, out: str
     from flexshard.bench.worker import _build, load_data
     from flexshard.runtime.collective_count import count_collectives
     from flexshard.runtime.device_rules import counted_as_gpu
+    from flexshard.runtime.op_count import OpCount
     from solvers.time_types import DEFAULT_RATES
 
     cfg = BenchConfig(
@@ -108,7 +96,7 @@ def _rank(rank: int, nproc: int, groups: int, workload: str, port: int, out: str
         for s in systems:
             for b in batches[:WARMUP]:
                 s.step(b)
-            ops = _Ops()
+            ops = OpCount()
             with count_collectives() as seen, ops:
                 for b in batches[WARMUP:]:
                     s.step(b)
@@ -120,7 +108,7 @@ def _rank(rank: int, nproc: int, groups: int, workload: str, port: int, out: str
                     "tables": len(data.tables),
                     "workload": Path(workload).stem if workload != "default" else "default",
                     "collectives": len(seen) / STEPS,
-                    "ops": ops.calls / STEPS,
+                    "ops": ops.ops / STEPS,
                 }
             )
     if rank == 0:

@@ -48,7 +48,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.functional import embedding
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -57,6 +56,7 @@ from flexshard.bench.plans import h100_view  # noqa: E402
 from flexshard.bench.systems import RuntimeSystem  # noqa: E402
 from flexshard.local_rates import PIECES, mean_s, time_pieces  # noqa: E402
 from flexshard.plan_file import to_dict  # noqa: E402
+from flexshard.runtime.op_count import OpCount  # noqa: E402
 from solvers.planner import budget_bytes, make_plan  # noqa: E402
 
 ID_B, VALUE_B = 8, 4  # bytes of an id (int64) and of a row value (float32)
@@ -202,18 +202,6 @@ def host_syncs(system: RuntimeSystem, batch) -> str:
     return "\n".join(lines)
 
 
-class _OpCount(TorchDispatchMode):
-    """Counts the aten ops dispatched while active (the autograd backward's included)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
-
-
 def host_per_op(system: RuntimeSystem, data, device: torch.device, steps: int) -> dict:
     """The runtime step's host cost per aten op at a batch small enough that the values cost nothing
     (``data``'s batch; ``--host-batch``): the mean step (seconds, ended by a device sync) over the aten
@@ -222,7 +210,7 @@ def host_per_op(system: RuntimeSystem, data, device: torch.device, steps: int) -
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     batch = {k: (v.to(device), n.to(device)) for k, (v, n) in data.make_batch(0, 0).items()}
     seconds = step_s(system, batch, sync, steps)
-    counter = _OpCount()
+    counter = OpCount()
     with counter:
         system.step(batch)
     if sync:
