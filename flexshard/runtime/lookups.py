@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from core.vocabulary import Tier
+from flexshard.runtime.device_rules import gpu_paths
 from flexshard.runtime.features import Features
 from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.shards import Shard
+from flexshard.runtime.transfer import count_per_peer
 
 
 @dataclass
@@ -32,6 +34,8 @@ class TableLookup:
     rows: torch.Tensor  # float32[num_unique, dim]: the ids' embeddings, hot ones filled here
     by_owner: bool = False  # every id cold, sorted by owner then id (else by id, or input order)
     by_rail: bool = False  # every id cold, sorted by the group fetch's owner key, then id
+    # the positions of each tier's lookups (HOT, WARM, COLD), made at once (:func:`tier_positions`)
+    by_tier: tuple[torch.Tensor, ...] | None = None
 
     @property
     def num_unique(self) -> int:
@@ -42,6 +46,8 @@ class TableLookup:
         all the lookups (a table with only cold rows, asked for ``COLD``)."""
         if self.tier is None:
             return None if tier == Tier.COLD else self.hot_index  # hot_index: empty here
+        if self.by_tier is not None:
+            return self.by_tier[int(tier)]
         return flat_nonzero(self.tier == tier)
 
     def output(self) -> torch.Tensor:
@@ -92,8 +98,27 @@ def local_lookups(
             out.append(TableLookup(inverse, ids, None, owner, slot, none, none, rows))
             continue
         tier, owner, slot = r.lookup(ids)
-        hot_index = flat_nonzero(tier == Tier.HOT)
-        hot_slot = slot.index_select(0, hot_index)
-        rows.index_copy_(0, hot_index, hot[t].weights.index_select(0, hot_slot))
-        out.append(TableLookup(inverse, ids, tier, owner, slot, hot_index, hot_slot, rows))
+        out.append(TableLookup(inverse, ids, tier, owner, slot, none, none, rows))
+    tiered = [lk for lk in out if lk.tier is not None]
+    for lk, by_tier in zip(tiered, tier_positions([lk.tier for lk in tiered]), strict=True):
+        lk.by_tier, lk.hot_index = by_tier, by_tier[Tier.HOT]
+        lk.hot_slot = lk.slot.index_select(0, lk.hot_index)
+    for t, lk in enumerate(out):
+        if lk.tier is not None:
+            lk.rows.index_copy_(0, lk.hot_index, hot[t].weights.index_select(0, lk.hot_slot))
     return out
+
+
+def tier_positions(tiers: list[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
+    """Per table (``tiers[t]``: each lookup's :class:`~core.vocabulary.Tier`) the positions of its hot,
+    warm and cold lookups, each ascending. With the GPU's op choices
+    (:func:`~flexshard.runtime.device_rules.gpu_paths`), one stable sort per table and one host copy of
+    every table's counts (where ``torch.nonzero`` per tier and table is a device sync each); on the CPU,
+    :func:`~flexshard.runtime.indexing.flat_nonzero` per tier (no sort). The same positions either way."""
+    if not tiers:
+        return []
+    if not gpu_paths(tiers[0].device):
+        return [tuple(flat_nonzero(tier == k) for k in Tier) for tier in tiers]
+    orders = [torch.argsort(tier, stable=True) for tier in tiers]
+    counts = torch.stack([count_per_peer(tier, len(Tier)) for tier in tiers]).cpu().tolist()  # one sync
+    return [tuple(order.split(n)) for order, n in zip(orders, counts, strict=True)]

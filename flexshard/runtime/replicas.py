@@ -37,7 +37,7 @@ from core.traffic import Traffic
 from core.vocabulary import FLOAT32_BYTES, Component, LinkClass, SyncMode, Tier, WireDtype
 from flexshard.runtime.awaitable import Pending, all_reduce, ready
 from flexshard.runtime.groups import ProcessGroups
-from flexshard.runtime.shards import Shard
+from flexshard.runtime.shards import Shard, touched_rows_of
 from flexshard.runtime.transfer import exchange_columns_async, exchange_vectors
 from solvers import wire
 
@@ -233,8 +233,10 @@ class ReplicaSync:
         if not (self.hot_sync or self.warm_sync):
             return
         self._mask().wait()
-        hot_rows = self._rows(self.hot) if self.hot_sync else []
-        warm_rows = self._rows(self.warm) if self.warm_sync else []
+        hot = self.hot if self.hot_sync else []
+        warm = self.warm if self.warm_sync else []
+        rows = self._rows(hot + warm)  # every synced shard's touched rows at once
+        hot_rows, warm_rows = rows[: len(hot)], rows[len(hot) :]
         hot_vec = _gather(self.hot, hot_rows)
         warm_vec = _gather(self.warm, warm_rows)
         if not self.equal:  # no warm rows: the hot gradients over every rank
@@ -253,7 +255,7 @@ class ReplicaSync:
         if self.sync is SyncMode.DENSE:
             for s in shards:
                 s.touched.fill_(1)  # a row without gradient is unchanged by SGD and row-wise Adagrad
-        return [s.touched_rows() for s in shards]
+        return touched_rows_of(shards)
 
     def _count(self, traffic: Traffic, hot_rows: list, warm_rows: list) -> None:
         def payload(shards, rows) -> float:

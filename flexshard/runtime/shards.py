@@ -11,11 +11,12 @@ import numpy as np
 import torch
 
 from core.arrays import block_bounds
+from flexshard.runtime.device_rules import gpu_paths
 from flexshard.runtime.indexing import flat_nonzero
 from flexshard.runtime.optimizers import OPTIMIZERS, Hyper, RowOptimizer
 from flexshard.runtime.transfer import add_blocks
 
-__all__ = ["OPTIMIZERS", "Shard", "ShardBank", "banked_shards"]
+__all__ = ["OPTIMIZERS", "Shard", "ShardBank", "banked_shards", "touched_rows_of"]
 
 K = TypeVar("K")  # a shard's key (the runtime's: (table, tier))
 
@@ -103,6 +104,24 @@ class ShardBank(HeldRows):
     and each :class:`Shard` is views of its range. :meth:`apply` updates every touched row of every
     shard at once: the same values bit for bit as each shard's own (a row's update reads only that
     row's gradient, state and weights), in one set of ops instead of one per shard."""
+
+
+def touched_rows_of(shards: list[Shard]) -> list[torch.Tensor]:
+    """Per shard the slots of its touched rows, ascending (:meth:`HeldRows.touched_rows`). With the GPU's
+    op choices (:func:`~flexshard.runtime.device_rules.gpu_paths`) where every shard is a row range of
+    one bank: one ``torch.nonzero`` over the bank's marks and one host copy of where each shard's rows
+    fall among them (two device syncs, where one per shard was as many as the shards); else one
+    :func:`~flexshard.runtime.indexing.flat_nonzero` per shard. The same slots either way."""
+    bank = shards[0].bank if shards else None
+    if bank is None or not gpu_paths(bank.touched.device) or any(s.bank is not bank for s in shards):
+        return [s.touched_rows() for s in shards]
+    rows = flat_nonzero(bank.touched)  # the bank's touched rows, ascending
+    starts = np.array([s.bank_start for s in shards], dtype=np.int64)
+    ends = starts + np.array([s.num_rows for s in shards], dtype=np.int64)
+    edges = torch.as_tensor(np.concatenate([starts, ends]), device=rows.device)
+    at = torch.searchsorted(rows, edges).cpu().numpy()
+    lo, hi = at[: len(shards)], at[len(shards) :]
+    return [rows[a:b] - int(s) if s else rows[a:b] for a, b, s in zip(lo, hi, starts, strict=True)]
 
 
 def banked_shards(
