@@ -126,10 +126,10 @@ class ExchangeProtocol:
         # every table's cold shard a row range of one bank (one dim, an fp32 wire): rail_grads adds the
         # sums into the bank at once (relay.add_sums_to_bank)
         cold = [shards[(t, Tier.COLD)] for t in range(len(dims))]
-        self.cold_bank = cold[0].bank if cold else None
-        one_bank = wire_dtype is WireDtype.FP32 and all(c.bank is self.cold_bank is not None for c in cold)
+        bank = cold[0].bank if cold else None
+        one_bank = wire_dtype is WireDtype.FP32 and bank is not None and all(c.bank is bank for c in cold)
+        self.cold_bank = bank if one_bank else None
         bank_start = np.array([c.bank_start for c in cold], dtype=np.int64) if one_bank else None
-        self.cold_bank = self.cold_bank if one_bank else None
         self.dedup = GroupDedup(me, pos_of, peer_of, routing, self.group_fetch, device, bank_start)
         self.router = Router(layout, me, routing, self.group_fetch, self.dedup, device)
         # the order in which a by-rail table's lookups arrive sorted (Router.owner_key) and its inverse
