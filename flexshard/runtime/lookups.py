@@ -99,13 +99,12 @@ def local_lookups(
             continue
         tier, owner, slot = r.lookup(ids)
         out.append(TableLookup(inverse, ids, tier, owner, slot, none, none, rows))
-    tiered = [lk for lk in out if lk.tier is not None]
-    for lk, by_tier in zip(tiered, tier_positions([lk.tier for lk in tiered]), strict=True):
+    tiered = [t for t, lk in enumerate(out) if lk.tier is not None]
+    for t, by_tier in zip(tiered, tier_positions([out[t].tier for t in tiered]), strict=True):
+        lk = out[t]
         lk.by_tier, lk.hot_index = by_tier, by_tier[Tier.HOT]
         lk.hot_slot = lk.slot.index_select(0, lk.hot_index)
-    for t, lk in enumerate(out):
-        if lk.tier is not None:
-            lk.rows.index_copy_(0, lk.hot_index, hot[t].weights.index_select(0, lk.hot_slot))
+        lk.rows.index_copy_(0, lk.hot_index, hot[t].weights.index_select(0, lk.hot_slot))
     return out
 
 
