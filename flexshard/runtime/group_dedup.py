@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from core.arrays import block_bounds
-from flexshard.runtime.indexing import flat_nonzero
+from flexshard.runtime.indexing import flat_nonzero, repeated_on
 from flexshard.runtime.transfer import joined_blocks
 
 WARM, FLAT, GIDS, GSLOTS = range(4)  # the id columns of a table
@@ -136,10 +136,7 @@ class GroupDedup:
 
     def _per_key(self, values: np.ndarray, counts: np.ndarray) -> torch.Tensor:
         """``values[i]`` repeated ``counts[i]`` times, on the device."""
-        dev = self.device
-        values, counts = np.ravel(values), np.ravel(counts)
-        v, c = torch.as_tensor(values, device=dev), torch.as_tensor(counts, device=dev)
-        return torch.repeat_interleave(v, c, output_size=int(counts.sum()))
+        return repeated_on(values, counts, self.device)
 
     def _own_buckets(self) -> torch.Tensor:
         """bool[key_range]: the keys of this rank's own buckets (table t's bucket ``(t, j_me)``), made at
