@@ -51,3 +51,15 @@ def repeated_on(values: np.ndarray, counts: np.ndarray, device: torch.device) ->
         return torch.from_numpy(repeated(values, counts))
     v, c = torch.as_tensor(values, device=device), torch.as_tensor(counts, device=device)
     return torch.repeat_interleave(v, c, output_size=int(counts.sum()))
+
+
+def repeated_columns(values: np.ndarray, counts: np.ndarray, device: torch.device) -> torch.Tensor:
+    """int64[k, sum(counts)] on ``device``: column ``i`` of ``values`` (int64[k, n]) repeated ``counts[i]``
+    times, in order. With the GPU's choices one host copy of both and one repeat on the device; on the
+    CPU in numpy, wrapped without a copy."""
+    values, counts = np.asarray(values, dtype=np.int64), np.asarray(counts, dtype=np.int64)
+    if not gpu_paths(device):
+        return torch.from_numpy(np.repeat(values, counts, axis=1))
+    host = torch.as_tensor(np.vstack([values, counts[None, :]]), device=device)  # one host copy
+    k = values.shape[0]
+    return torch.repeat_interleave(host[:k], host[k], dim=1, output_size=int(counts.sum()))

@@ -20,7 +20,7 @@ import torch
 from core.ranks import RankLayout
 from core.vocabulary import Tier
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, GroupDedup
-from flexshard.runtime.indexing import flat_nonzero
+from flexshard.runtime.indexing import flat_nonzero, repeated_columns
 from flexshard.runtime.lookups import TableLookup
 from flexshard.runtime.relay import WireRows
 from flexshard.runtime.transfer import count_per_peer
@@ -179,9 +179,8 @@ class Router:
         else:
             owner = torch.cat([lookups[t].owner for t in tables])
             slot = torch.cat([lookups[t].slot for t in tables])
-            # per lookup its table's key span and base and its table's first count cell (one host copy)
-            host = torch.as_tensor(np.stack([spans, bases, np.arange(n_r) * world, sizes]), device=dev)
-            span, base, cell0 = torch.repeat_interleave(host[:3], host[3], dim=1, output_size=sum(sizes))
+            # per lookup its table's key span and base and its table's first count cell
+            span, base, cell0 = repeated_columns(np.stack([spans, bases, np.arange(n_r) * world]), sizes, dev)
             cell = owner + cell0
         keys = self.dedup.j_of(owner) * span + (slot + base)  # GroupDedup.key of every table at once
         per_owner = count_per_peer(cell, n_r * world).view(n_r, world)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from flexshard.runtime.device_rules import counted_as_gpu
-from flexshard.runtime.indexing import block_rows, flat_nonzero, repeated, repeated_on
+from flexshard.runtime.indexing import block_rows, flat_nonzero, repeated, repeated_columns, repeated_on
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int64])
@@ -47,3 +47,12 @@ def test_repeated_on_repeats_each_value_its_count(as_gpu):
         got = repeated_on(values, counts, torch.device("cpu"))
     assert got.dtype == torch.int64 and got.tolist() == [4, 4, 9, 9, 9, 0]
     assert repeated(np.array([], dtype=np.int64), np.array([], dtype=np.int64)).size == 0
+
+
+@pytest.mark.parametrize("as_gpu", [False, True])
+def test_repeated_columns_repeats_each_column_its_count(as_gpu):
+    values, counts = np.array([[1, 2, 3], [10, 20, 30]]), np.array([2, 0, 3])
+    with counted_as_gpu() if as_gpu else contextlib.nullcontext():
+        got = repeated_columns(values, counts, torch.device("cpu"))
+    assert got.dtype == torch.int64
+    assert got.tolist() == [[1, 1, 3, 3, 3], [10, 10, 30, 30, 30]]
