@@ -9,7 +9,9 @@ and the bench's default tables at 128. Every record goes to docs/results/host_te
 its workload.
 
 Part 2 fits ``step_s + stage_s x collectives`` (``experiments/calibrate_host.py``
-``fit_host_to_bench``) to those records and the study's (docs/results/step_time.json), priced with the
+``fit_host_to_bench``) to those records and the step_time study's that were priced with the same rates
+(its first two runs of 2026-12-07, 03:33 and 06:36 UTC: docs/results/host_terms_study.json, kept apart
+from step_time.json, which every study run rewrites), priced with the
 rates both were priced with (``--priced-with``, default docs/results/host_terms_rates.json: the stored
 rates until 2026-12-07, host work ``step_s + table_stage_s x tables x collectives``), and prints, per
 workload, the model's error before and after: the host terms of :data:`solvers.time_types.DEFAULT_RATES`
@@ -52,7 +54,7 @@ steps on 1 to 9 tables are within 8% of each other; the per-table term priced th
 high. The small real data sets at batch 128 (Beauty, Gowalla) stay up to 27% high: their host work is
 less than the bench's tables' at the same collectives, which no term here follows (docs/limits.md)."""
 RECORDS = study.RESULTS / "host_terms.json"
-STUDY = study.RESULTS / "step_time.json"
+STUDY = study.RESULTS / "host_terms_study.json"  # step_time records of 2026-12-07 priced with PRICED_WITH
 PRICED_WITH = study.RESULTS / "host_terms_rates.json"  # the rates both sets of records were priced with
 TABLE_COUNTS = (1, 2, 3, 6, 9)
 IDS_PER_SAMPLE = 225.0  # over all tables (the bench's default: 3 tables of 75)
