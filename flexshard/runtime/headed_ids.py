@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from core.arrays import exclusive_cumsum
+from core.arrays import block_positions, exclusive_cumsum
 from flexshard.runtime.awaitable import all_to_all
 from flexshard.runtime.device_rules import gpu_paths
 from flexshard.runtime.features import ERROR_WORDS
@@ -179,7 +179,7 @@ class HeadedIds:
             if work is not None:
                 work.wait()
         hw, width = self._header_words, self._word_mask.shape[1] - SHARED_WORDS
-        at = np.repeat(self._block_first - exclusive_cumsum(hw), hw) + np.arange(int(hw.sum()))
+        at = block_positions(hw, self._block_first)
         got = np.zeros(self._word_mask.shape, dtype=np.int64)
         got[self._word_mask] = _host(self._recv, at)
         shared = got[:, width:]

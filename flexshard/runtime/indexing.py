@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from core.arrays import exclusive_cumsum
+from core.arrays import block_positions, exclusive_cumsum
 from flexshard.runtime.device_rules import gpu_paths
 
 # ops of one index of blocks (block_rows: its host copy and three ops) and the copy that reads it
@@ -28,11 +28,11 @@ def block_rows(sizes: np.ndarray, first: np.ndarray, device: torch.device) -> to
     (:func:`~flexshard.runtime.device_rules.gpu_paths`) on the device after one host copy of the
     shifts and sizes; on the CPU in numpy over host arrays, wrapped without a copy (a quarter of the
     torch ops' time at 10^3-10^4 rows, where each op's dispatch dominates)."""
+    if not gpu_paths(device):
+        return torch.from_numpy(block_positions(sizes, first))
     sizes = np.asarray(sizes, dtype=np.int64)
     total = int(sizes.sum())
     delta = np.asarray(first, dtype=np.int64) - exclusive_cumsum(sizes)
-    if not gpu_paths(device):
-        return torch.from_numpy(repeated(delta, sizes) + np.arange(total, dtype=np.int64))
     delta_t, sizes_t = torch.as_tensor(np.stack([delta, sizes]), device=device)  # one host copy
     shift = torch.repeat_interleave(delta_t, sizes_t, output_size=total)
     return shift + torch.arange(total, device=device)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.arrays import block_positions
 from core.errors import DataError
 
 from .sequences import Sequences
@@ -75,9 +76,7 @@ class HistorySampler:
             start = np.zeros(b, dtype=np.int64) if window is None else np.maximum(n - window, 0)
         lengths = cut - start
         begin = self.offsets[s] + start
-        hist = self.items[
-            np.repeat(begin - np.cumsum(lengths) + lengths, lengths) + np.arange(int(lengths.sum()))
-        ]
+        hist = self.items[block_positions(lengths, begin)]
         if self.sampling.mode == "next-item":
             target = self.items[self.offsets[s] + cut]
             neg = self.pool[rng.integers(0, self.pool.size, (b, self.sampling.negatives))]

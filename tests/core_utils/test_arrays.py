@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.arrays import block_bounds, exclusive_cumsum
+from core.arrays import block_bounds, block_positions, exclusive_cumsum
 
 
 def _by_loop(x: np.ndarray) -> np.ndarray:
@@ -46,3 +46,14 @@ def test_block_bounds_by_hand_and_against_a_loop():
     got = block_bounds(x)
     assert got.dtype == np.int64 and got.shape == (13,)
     assert (got[:-1] == _by_loop(x).reshape(-1)).all() and got[-1] == x.sum()  # C order, then the end
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_block_positions_against_a_loop(seed):
+    rng = np.random.default_rng(seed)
+    sizes, first = rng.integers(0, 5, 7), rng.integers(0, 50, 7)
+    want = [p for n, f in zip(sizes.tolist(), first.tolist(), strict=True) for p in range(f, f + n)]
+    got = block_positions(sizes, first)
+    assert got.dtype == np.int64 and got.tolist() == want
+    assert block_positions([2, 0, 3], [10, 4, 0]).tolist() == [10, 11, 0, 1, 2]
+    assert block_positions([], []).size == 0
