@@ -11,6 +11,12 @@ the ops per step by the line of the project's code that issued them (the innermo
 ``--as-gpu`` takes the runtime's GPU op choices on the CPU (the ops a GPU issues; the same values), and
 ``--workload`` a stats file instead of the bench's tables.
 
+The clocks also count minor page faults (``faults.<phase>``, and per step): read the op clocks beside
+them. On 2026-12-07 at 4 ranks, batch 512, FlexShard's timed steps here faulted 2,000-3,000 pages a step
+(its heap still growing: the backward's 10 MB ``mul`` outputs faulted in anew, about 1.5 us a page) where
+the bench's timed steps of the same plan fault about 1.5 (`page_faults_per_step`): the dense ``mul``
+that came out about 15% slower in FlexShard's column here is those faults, not the step's work.
+
     nice .venv/bin/python experiments/profile_step.py [--nproc 4] [--groups 2] [--batch 128] [--steps 10]
         [--only flexshard,row_wise] [--counts | --clock-only | --ops [--sites]] [--as-gpu]
         [--workload STATS]
@@ -22,12 +28,14 @@ import argparse
 import contextlib
 import gc
 import os
+import resource
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -142,6 +150,11 @@ def _sites_table(by_key: dict[str, _OpClock], steps: int, top: int = 60) -> str:
     return "\n".join(rows)
 
 
+def _faults() -> float:
+    """This process's minor page faults so far, x 1e-3 (a clock entry: read per step in units)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt * 1e-3
+
+
 def _time_protocol(clock: dict) -> None:
     """Clock every exchange-protocol phase's local work (the call, and the wait of its stage with the
     finish after it) under ``proto.<phase>``, in CPU seconds of the calling thread (``time.thread_time``:
@@ -150,13 +163,14 @@ def _time_protocol(clock: dict) -> None:
     profile's ops can be counted per phase."""
     from flexshard.runtime import awaitable, exchange_protocol, headed_ids
 
-    def _in_phase(name, out, attr):
+    def _in_phase(name, out, attr, wrapped):
         whole = getattr(out, attr)
 
         def waited():
             if _PHASE and _PHASE[-1] == name:  # called inside the phase's own wait: clocked there
                 return whole()
             t1 = time.thread_time()  # a blocked wait takes no CPU of this thread
+            f1 = _faults()
             _PHASE.append(name)
             try:
                 with torch.autograd.profiler.record_function(f"proto.{name}"):
@@ -164,7 +178,12 @@ def _time_protocol(clock: dict) -> None:
             finally:
                 _PHASE.pop()
             clock[f"proto.{name}"] += time.thread_time() - t1
-            vars(out).pop(attr, None)  # this closure holds out's own method: no cycle left
+            clock[f"faults.{name}"] += _faults() - f1
+            # these closures hold out's own methods: none left on it once its last stage (wait) ran, or
+            # the cycle keeps its buffers until a collection, and the timed steps run without one (the
+            # heap grew about 10 MB a step at 4 ranks, batch 512, and its new pages faulted)
+            for a in wrapped if attr == "wait" else (attr,):
+                vars(out).pop(a, None)
             return value
 
         return waited
@@ -172,6 +191,7 @@ def _time_protocol(clock: dict) -> None:
     def timed(name, fn):
         def call(*a, **k):
             t0 = time.thread_time()
+            f0 = _faults()
             _PHASE.append(name)
             try:
                 with torch.autograd.profiler.record_function(f"proto.{name}"):
@@ -179,12 +199,13 @@ def _time_protocol(clock: dict) -> None:
             finally:
                 _PHASE.pop()
             clock[f"proto.{name}"] += time.thread_time() - t0
+            clock[f"faults.{name}"] += _faults() - f0
             # the inner stages' finish runs in the works' wait (and ids' headers in its advance): the
             # phase's work
             waits = ("advance", "wait") if isinstance(out, headed_ids.HeadedIds) else ("wait",)
             if isinstance(out, (awaitable.Pending, headed_ids.HeadedIds)):
                 for attr in waits:
-                    setattr(out, attr, _in_phase(name, out, attr))
+                    setattr(out, attr, _in_phase(name, out, attr, waits))
             return out
 
         return call
@@ -326,6 +347,7 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         gc.collect()  # no automatic collection inside the timed steps, as the bench's rounds
         gc.disable()
         cpu0, proc0 = time.thread_time(), time.process_time()
+        faults0 = _faults()
         ops = _OpClock() if args.ops and rank == 0 else None
         phased = _OpClock(by_phase=True) if args.ops and rank == 0 else None
         sited = _OpClock(by_site=True) if args.sites and rank == 0 else None
@@ -336,15 +358,18 @@ def _rank(rank: int, args, port: int, out: str) -> None:
                 phased.__enter__()
             if sited is not None:
                 sited.__enter__()
-            t0 = time.perf_counter()
+            t0, f0 = time.perf_counter(), _faults()
             embedded = s.model(b)
-            t1 = time.perf_counter()
+            t1, f1 = time.perf_counter(), _faults()
             loss = sum(0.5 * v.pow(2).sum() for v in embedded.values())
-            t2 = time.perf_counter()
+            t2, f2 = time.perf_counter(), _faults()
             loss.backward()
-            t3, c3 = time.perf_counter(), time.thread_time()
+            t3, c3, f3 = time.perf_counter(), time.thread_time(), _faults()
             s.model.step()
-            t4 = time.perf_counter()
+            t4, f4 = time.perf_counter(), _faults()
+            parts = ("forward", "loss", "backward", "opt_step")
+            for k, v in zip(parts, np.diff([f0, f1, f2, f3, f4]), strict=True):
+                clock[f"faults.{k}"] += float(v)
             clock["opt_step (thread cpu)"] += time.thread_time() - c3
             if sited is not None:
                 sited.__exit__(None, None, None)
@@ -362,6 +387,9 @@ def _rank(rank: int, args, port: int, out: str) -> None:
         clock["cpu (thread) per step"] = time.thread_time() - cpu0
         gc.enable()
         clock["cpu (process, with gloo's threads) per step"] = time.process_time() - proc0
+        # minor page faults (each a zeroed 4 KiB page the kernel maps: freed large buffers given back
+        # to it and asked for again), counted as a number x 1e-3 so the per-step figure reads in units
+        clock["minor page faults per step"] = _faults() - faults0
         if args.cprofile and rank == 0:
             import io
             import pstats

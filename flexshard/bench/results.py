@@ -43,6 +43,7 @@ def records(
         by_rank = np.array([p["times"] for p in per_rank]) * 1e3  # [rank, step] ms
         cpu_by_rank = _median_by_rank_s(gathered, key, "cpu") * 1e3  # [rank] ms
         thread_by_rank = _median_by_rank_s(gathered, key, "thread") * 1e3  # [rank] ms
+        faults_by_rank = np.mean(np.array([p["faults"] for p in per_rank]), axis=1)  # [rank]
         steps = slowest[key]
         n = steps.size
         sent = _busiest([p["sent"] for p in per_rank])
@@ -72,6 +73,10 @@ def records(
             # the calling thread's CPU per step (its work, not its waits nor gloo's threads), likewise
             "thread_cpu_ms_per_step": float(np.median(thread_by_rank)),
             "thread_cpu_ms_per_step_by_rank": [float(x) for x in thread_by_rank],
+            # minor page faults per step (the heap still growing: pages first touched), each rank's mean
+            # over its steps, the median over ranks, and per rank
+            "page_faults_per_step": float(np.median(faults_by_rank)),
+            "page_faults_per_step_by_rank": [float(x) for x in faults_by_rank],
             "plan_for": cfg.plan_for,
             "ran_in_blocks": list(got0["blocks"]),
         }

@@ -28,6 +28,12 @@ def peak_resident_bytes() -> int:
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
 
 
+def minor_faults() -> int:
+    """This process's minor page faults so far (``getrusage``'s ``ru_minflt``, every thread): each a page
+    the kernel maps on first touch, as a growing heap's new pages are."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
 def settle(
     one_pass: Callable[[int], None],
     max_passes: int = DEFAULT_MAX_PASSES,

@@ -55,7 +55,7 @@ from flexshard.bench.plans import (
 )
 from flexshard.bench.recorder import recording
 from flexshard.bench.rotation import round_order
-from flexshard.bench.settle import settle
+from flexshard.bench.settle import minor_faults, settle
 from flexshard.bench.shared_host import concurrent_all_to_all_Bps, shared_bandwidth_view
 from flexshard.bench.systems import RuntimeSystem, TorchRecRowWise
 from flexshard.local_rates import measured_rates, median_rates
@@ -284,7 +284,7 @@ def _run_blocks(
     """Warm-up, then the alternating rounds; this rank's times, bytes and collectives per system.
     ``between``: called after every round (a collective; e.g. measuring the rates again)."""
     inputs = {s.key: [s.prepare(b) for b in batches] for s in systems}
-    kept = ("times", "cpu", "thread", "sent", "own", "per_step", "blocks")  # a list each, "counts" a dict
+    kept = ("times", "cpu", "thread", "faults", "sent", "own", "per_step", "blocks")  # lists; "counts" a dict
     out: dict[str, Any] = {s.key: {k: [] for k in kept} | {"counts": {}} for s in systems}
     order: list[str] = []
     on_gpu = dist.get_backend() == "nccl"
@@ -340,6 +340,7 @@ def _rounds(
                 batch = inputs[s.key][cfg.warmup + r * cfg.steps + k]
                 dist.barrier()
                 with recording(cfg.group_size) as rec:
+                    faults0 = minor_faults()
                     t0, cpu0, thread0 = time.perf_counter(), time.process_time(), time.thread_time()
                     s.step(batch)
                     # the calling thread's CPU, not its waits: before a GPU's synchronize, which may spin
@@ -348,9 +349,11 @@ def _rounds(
                         torch.cuda.synchronize()
                     dt = time.perf_counter() - t0
                     cpu = time.process_time() - cpu0  # every thread of this rank: gloo's too
+                    faults = minor_faults() - faults0
                 got["times"].append(dt)
                 got["cpu"].append(cpu)
                 got["thread"].append(thread)
+                got["faults"].append(faults)
                 got["sent"].append(rec.bytes_sent.copy())
                 got["per_step"].append(rec.collectives)
                 for kind, n in rec.counts.items():

@@ -114,6 +114,10 @@ def test_one_record_per_strategy_with_the_keys(first):
             assert f"cold {cold:,} rows" in r["plan"]
             for t in r["plan_tables"]:
                 assert len(t["cold_share"]) == 4 and abs(sum(t["cold_share"]) - 1) < 1e-9
+        # minor page faults per step: each rank's mean, the median over the ranks
+        faults = r["page_faults_per_step_by_rank"]
+        assert len(faults) == 4 and min(faults) >= 0
+        assert r["page_faults_per_step"] == float(np.median(faults))
         # the calling thread's CPU per step: part of the process's (every thread), step by step
         assert r["thread_cpu_ms_per_step"] == float(np.median(r["thread_cpu_ms_per_step_by_rank"]))
         by_rank = zip(r["thread_cpu_ms_per_step_by_rank"], r["cpu_ms_per_step_by_rank"], strict=True)

@@ -3,9 +3,11 @@ a rank's peak resident memory by more than 1 MiB, the largest growth over the ra
 
 from __future__ import annotations
 
+import mmap
+
 import torch
 
-from flexshard.bench.settle import GROWTH_BYTES, peak_resident_bytes, settle
+from flexshard.bench.settle import GROWTH_BYTES, minor_faults, peak_resident_bytes, settle
 from flexshard.runtime.local import run_on_ranks
 
 MIB = 1 << 20
@@ -41,6 +43,23 @@ def test_peak_resident_bytes_counts_memory_written():
     before = peak_resident_bytes()
     keep = torch.ones(max(0, before // 4) + 64 * MIB // 4)  # past any earlier peak, every page written
     assert peak_resident_bytes() >= before + 60 * MIB and keep.numel() > 0
+
+
+def test_minor_faults_count_the_pages_first_touched():
+    # 16 MiB of fresh anonymous pages, written one byte per page: at least one fault each (4 KiB pages;
+    # huge pages would fault fewer, so the test maps with none: MADV_NOHUGEPAGE where it exists)
+    pages, page = 4096, mmap.PAGESIZE
+    with mmap.mmap(-1, pages * page) as fresh:
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            fresh.madvise(mmap.MADV_NOHUGEPAGE)
+        before = minor_faults()
+        for i in range(0, pages * page, page):
+            fresh[i] = 1
+        grew = minor_faults() - before
+        again = minor_faults()
+        for i in range(0, pages * page, page):  # mapped now: no fault
+            fresh[i] = 2
+        assert pages <= grew < pages + 512 and minor_faults() - again < 64
 
 
 def _grow_on_rank_one(rank: int, world: int) -> int:
