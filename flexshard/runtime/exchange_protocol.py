@@ -53,6 +53,7 @@ import torch
 from core.traffic import Traffic
 from core.vocabulary import INDEX_BYTES, Tier, WireDtype
 from flexshard.runtime.awaitable import Pending
+from flexshard.runtime.device_rules import gpu_paths
 from flexshard.runtime.exchange_bytes import ProtocolBytes
 from flexshard.runtime.features import ERROR_WORDS
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, ROW_COLUMNS, ROW_KINDS, WARM, Asked, GroupDedup
@@ -77,12 +78,14 @@ from flexshard.runtime.relay import (
     grads_flat,
     grads_wire,
     rail_sums,
+    rail_sums_in_place,
     rail_sums_wire,
     received_rows,
     scatter_relayed,
     scatter_wire,
     wire_order,
     wire_rows,
+    wire_rows_in_relay,
 )
 from flexshard.runtime.route import KINDS, Routed, Router
 from flexshard.runtime.shards import Shard
@@ -168,6 +171,9 @@ class ExchangeProtocol:
         # ``grads`` on the group: a requester's gradients in wire order can be sent as they lie
         self._grads_in_group = np.array_equal(self.grads_scope[0], self.intra) and self.intra.size > 1
         self.flat_wire = self.one_dim_fp32 and not (warm or self.group_fetch.any()) and self.world > 1
+        # a requester that relays its own rows reads them where ``rows`` left them (the CPU's choice;
+        # relay.wire_rows_in_relay); a switch, so that tests can compare it with the gathered block
+        self.own_rows_in_relay = True
 
     # --- input_dist ----------------------------------------------------------------------------------
 
@@ -244,12 +250,22 @@ class ExchangeProtocol:
         if self.one_dim_fp32:  # gathered straight into the send buffer; the distinct rows left in place
             sources = [self.shards[(t, tier)].weights for t in range(n_t) for tier in ROW_TIERS]
             indices = [ix for t in range(n_t) for ix in (*asked.slots[t], asked.owner_slots[t])]
-            gathered = exchange_gathered_async("rows", sources, indices, sc, rc, group, with_buffer=True)
+            dim, me = (int(self.dims[0]) if n_t else 1), self.me
+            lead = self._scatter_lead(routed, asked, rc, dim)  # scatter's rows before the distinct ones
+            into = None if lead is None else lead[lead.shape[0] - int(rc.sum()) :].view(-1)
+            gathered = exchange_gathered_async(
+                "rows", sources, indices, sc, rc, group, with_buffer=True, into=into
+            )
             self.bytes.forward(routed.counts, asked, traffic)
 
             joint = self.flat_wire and n_t > 0 and all(lk.by_owner for lk in routed.lookups)
-            dim, me = (int(self.dims[0]) if n_t else 1), self.me  # joint: the rows stay in the buffer
-            return Pending([gathered], lambda: received_rows(routed, gathered.wait(), rc, dim, joint, me))
+
+            def finish() -> RelayRows:  # joint: the rows stay in the buffer
+                relay = received_rows(routed, gathered.wait(), rc, dim, joint, me)
+                relay.lead = lead
+                return relay
+
+            return Pending([gathered], finish)
         widths = np.repeat(self.dims, len(ROW_KINDS))
         pending = exchange_vectors("rows", cols, sc, rc, widths, self.wire_dtype, group)
         self.bytes.forward(routed.counts, asked, traffic)
@@ -261,6 +277,28 @@ class ExchangeProtocol:
             return [got[ROW_COLUMNS * t + GIDS] for t in range(n_t)]
 
         return Pending([pending], finish)
+
+    def _joint_relay(self, routed: Routed) -> bool:
+        """Whether ``scatter`` delivers this batch's rows into one :class:`~flexshard.runtime.relay.WireRows`
+        (every table by rail, ``grads`` in the group)."""
+        return self._grads_in_group and bool(routed.lookups) and all(lk.by_rail for lk in routed.lookups)
+
+    def _scatter_lead(self, routed: Routed, asked: Asked, rc: np.ndarray, dim: int) -> torch.Tensor | None:
+        """Where this rank reads its own group-fetched rows where ``rows`` leaves them
+        (:func:`~flexshard.runtime.relay.wire_rows_in_relay`: on the CPU, every table by rail, ``rows`` on
+        the rail): one float32 allocation of ``scatter``'s rows from the other group peers, then ``rows``'
+        receive buffer (``rc.sum()`` rows); else None."""
+        if not (
+            self.own_rows_in_relay
+            and not gpu_paths(self.device)
+            and asked.wire_inverse is not None
+            and self._joint_relay(routed)
+            and np.array_equal(self.rows_scope[0], self.rail)
+        ):
+            return None
+        from_peers = routed.counts[self.intra][:, :, GIDS]
+        head = int(from_peers.sum() - from_peers[self.intra_me].sum())
+        return torch.empty(head + int(rc.sum()), dim, device=self.device)
 
     def scatter(self, routed: Routed, asked: Asked, distinct: list[torch.Tensor]) -> Pending[None]:
         """``scatter``: the rail peer gives every id of its group its row (group all-to-all); on wait the
@@ -275,10 +313,15 @@ class ExchangeProtocol:
         if isinstance(distinct, RelayRows):  # gathered from rows' buffer in wire order
             me, buffer = self.intra_me, distinct.buffer
             index = distinct.row_of.index_select(0, asked.wire_inverse)
-            if self._grads_in_group and routed.lookups and all(lk.by_rail for lk in routed.lookups):
+            if self._joint_relay(routed):
                 inverse = [lk.inverse for lk in routed.lookups]  # one buffer for every table (_grads_joint)
-                routed.joint = wire_rows(inverse, rc, me, int(buffer.shape[1]), self.device)
-                return scatter_wire(buffer, index, sc.sum(axis=1), me, routed.joint, self.pg.intra)
+                sent = sc.sum(axis=1)
+                if distinct.lead is not None:  # its own rows read where rows left them
+                    own = index[int(sent[:me].sum()) : int(sent[: me + 1].sum())]
+                    routed.joint = wire_rows_in_relay(inverse, rc, me, distinct, own)
+                else:
+                    routed.joint = wire_rows(inverse, rc, me, int(buffer.shape[1]), self.device)
+                return scatter_wire(buffer, index, sent, me, routed.joint, self.pg.intra)
             at = (routed.lookups, routed.index, routed.in_order)
             return scatter_relayed(*at, buffer, index, sc, rc, me, self.pg.intra)
         if self.wire_dtype is WireDtype.FP32:  # rows gathered into the send buffer, copied out per peer
@@ -345,7 +388,8 @@ class ExchangeProtocol:
         recv, me = asked.recv_counts[self.intra][:, :, GIDS].sum(axis=1), self.intra_me
         pending = grads_wire(routed.joint, gradient, recv, me, self.pg.intra)
         fetch, wire, rail, dev = asked.fetch_counts[self.rail], asked.wire_inverse, self.rail_me, self.device
-        return Pending([pending], lambda: rail_sums_wire(fetch, wire, recv, me, rail, *pending.wait(), dev))
+        sums = rail_sums_in_place if routed.joint.own_in_relay else rail_sums_wire
+        return Pending([pending], lambda: sums(fetch, wire, recv, me, rail, *pending.wait(), dev))
 
     def rail_grads(self, asked: Asked, sums: list[torch.Tensor] | RelaySums) -> Pending[None]:
         """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to

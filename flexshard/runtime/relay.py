@@ -42,10 +42,13 @@ from flexshard.runtime.transfer import add_blocks, exchange_gathered_async
 @dataclass
 class RelayRows:
     """The rail peer's distinct rows as ``rows`` delivered them: ``buffer`` (float32[rows, dim], blocks
-    in (peer, column) order) and ``row_of`` (int64[distinct rows]: each distinct row's row in it)."""
+    in (peer, column) order) and ``row_of`` (int64[distinct rows]: each distinct row's row in it).
+    ``lead``: where ``buffer`` is the tail of a larger allocation whose head is left for ``scatter`` to
+    receive into (:func:`wire_rows_in_relay`), that allocation (float32[head + rows, dim]); else None."""
 
     buffer: torch.Tensor
     row_of: torch.Tensor
+    lead: torch.Tensor | None = None
 
 
 def distinct_rows_at(
@@ -308,6 +311,10 @@ class WireRows:
     inverse: list[torch.Tensor]
     received: int  # rows from the other peers: the buffer's head
     per_peer: np.ndarray  # int64[group peers]: rows from each (its own included)
+    # its own rows are not a block of their own but the rail peer's distinct rows after the head, as
+    # ``rows`` delivered them (:func:`wire_rows_in_relay`): the gradients' tail is then its own terms
+    # per distinct row, laid out as :class:`RelaySums` (:func:`rail_sums_in_place`)
+    own_in_relay: bool = False
 
     def other_peers(self, me: int) -> np.ndarray:
         """int64[group peers]: the rows of each peer through the wire (none from ``me``, this rank)."""
@@ -354,17 +361,40 @@ def wire_rows(
     return WireRows(buffer, mapped, received, per_block.sum(axis=1))
 
 
+def wire_rows_in_relay(
+    inverse: list[torch.Tensor], per_block: np.ndarray, me: int, relay: RelayRows, own_rows: torch.Tensor
+) -> WireRows:
+    """The :class:`WireRows` of a requester that is also the rail peer of its own rows (every table by
+    rail), in ``relay.lead``: the head receives ``scatter``'s rows from the other group peers, and its own
+    rows are read where ``rows`` left them, the distinct rows after the head (``own_rows``: each of its
+    own unique ids' row in ``relay.buffer``, wire order: by table), not gathered into a block of their
+    own. ``inverse``, ``per_block`` and ``me`` as in :func:`wire_rows`. The same output rows; per step
+    one gather of its own rows fewer, and its gradients summed per distinct row where the rail peer sums
+    them (:func:`rail_sums_in_place`)."""
+    per_block = np.asarray(per_block, dtype=np.int64)
+    received = int(per_block.sum() - per_block[me].sum())
+    # each unique id's row laid out as wire_rows lays it (the others' blocks, then its own by table),
+    # its own then moved to its distinct row behind the head: one lookup over the laid-out rows
+    moved = np.concatenate([np.arange(received, dtype=np.int64), own_rows.numpy() + received])
+    at = torch.from_numpy(moved[own_last_rows(per_block, me, own_rows.device).numpy()])
+    starts = block_bounds(per_block.sum(axis=0)).tolist()
+    mapped = [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(per_block.shape[1])]
+    return WireRows(relay.lead, mapped, received, per_block.sum(axis=1), own_in_relay=True)
+
+
 def scatter_wire(
     buffer: torch.Tensor, index: torch.Tensor, sent: np.ndarray, me: int, rows: WireRows, group: Any
 ) -> Pending[None]:
     """``scatter`` into a :class:`WireRows`: ``index`` (the buffer rows sent to every group peer, wire
     order; ``sent[p]`` rows to peer p) read from the rail peer's ``buffer``; its own block gathered
-    straight into the tail of ``rows.buffer``, the others sent in one all-to-all whose receive buffer is
-    the head of ``rows.buffer`` (no copy either side of the wire)."""
+    straight into the tail of ``rows.buffer`` (none where :attr:`WireRows.own_in_relay`: its rows are
+    read where they lie), the others sent in one all-to-all whose receive buffer is the head of
+    ``rows.buffer`` (no copy either side of the wire)."""
     sent = np.asarray(sent, dtype=np.int64)
     lo, hi = int(sent[:me].sum()), int(sent[: me + 1].sum())
     dim = int(buffer.shape[1])
-    torch.index_select(buffer, 0, index[lo:hi], out=rows.buffer[rows.received :])
+    if not rows.own_in_relay:
+        torch.index_select(buffer, 0, index[lo:hi], out=rows.buffer[rows.received :])
     send = torch.empty(int(sent.sum()) - (hi - lo), dim, device=buffer.device)
     if lo:
         torch.index_select(buffer, 0, index[:lo], out=send[:lo])
@@ -433,6 +463,44 @@ def rail_sums_wire(
     index = own_last_rows(fetch, rail_me, device).index_select(0, wire_inverse)
     lo, hi = int(recv[:me].sum()), int(recv[: me + 1].sum())
     for part, rows in ((index[:lo], received[:lo]), (index[lo:hi], own), (index[hi:], received[lo:])):
+        if part.numel():
+            total.index_add_(0, part, rows)
+    return RelaySums(total, fetch, rail_me)
+
+
+def rail_sums_in_place(
+    fetch: np.ndarray,
+    wire_inverse: torch.Tensor,
+    recv: np.ndarray,
+    me: int,
+    rail_me: int,
+    received: torch.Tensor,
+    own: torch.Tensor,
+    device: torch.device,
+) -> RelaySums:
+    """:func:`rail_sums_wire` where this rank's own terms are already summed per distinct row, laid out as
+    :class:`RelaySums` (``own``: the tail of a :attr:`WireRows.own_in_relay` gradient, float32[distinct
+    rows, dim], zero where it asked for no row). Each row's terms in peer order, as the per-table sums
+    add them, bit for bit: where this rank is first or second in its group (``me`` 0 or 1) its terms
+    start the sum and the other peers' are added to them (``x + y == y + x`` in floating point; no
+    zeroing, none of its own adds); further on, the peers before it, then its terms (one add over the
+    rows, ``x + 0 == x``), then the peers after it."""
+    fetch = np.asarray(fetch, dtype=np.int64)
+    recv = np.asarray(recv, dtype=np.int64)
+    if own.shape[0] != int(fetch.sum()):
+        raise ValueError(f"own: {own.shape[0]} rows, {int(fetch.sum())} distinct rows wanted")
+    index = own_last_rows(fetch, rail_me, device).index_select(0, wire_inverse)
+    lo, hi = int(recv[:me].sum()), int(recv[: me + 1].sum())
+    before, after = (index[:lo], received[:lo]), (index[hi:], received[lo:])
+    if me <= 1:
+        total, parts = own, (before, after)
+    else:
+        total = torch.zeros_like(own)
+        if lo:
+            total.index_add_(0, *before)
+        total.add_(own)
+        parts = (after,)
+    for part, rows in parts:
         if part.numel():
             total.index_add_(0, part, rows)
     return RelaySums(total, fetch, rail_me)

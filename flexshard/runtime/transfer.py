@@ -252,6 +252,7 @@ def exchange_gathered_async(
     group=None,
     with_buffer: bool = False,
     joined_in: Sequence[int] | None = None,
+    into: torch.Tensor | None = None,
 ) -> Pending[list[list[torch.Tensor]]]:
     """:func:`exchange_columns_async` of float32 rows (an fp32 wire) whose column ``c`` is
     ``sources[c].index_select(0, indices[c])`` (``sources[c]`` itself where ``indices[c]`` is None),
@@ -268,7 +269,8 @@ def exchange_gathered_async(
     peer order; not with ``with_buffer``): where :func:`~flexshard.runtime.column_joins.joins_columns`
     finds it fewer ops (a GPU), waits instead to one tensor per column, its peers' blocks in that order
     (:func:`~flexshard.runtime.column_joins.join_columns`; this rank's own gathered into the buffer's
-    tail first)."""
+    tail first). ``into`` (with ``with_buffer``): that flat float32 buffer, ``recv_counts``' rows in all,
+    given (a view into a larger allocation) rather than allocated."""
     peers, n_c = counts.shape
     if not n_c:
         return ready(([], torch.zeros(0), np.zeros((peers, 0), np.int64)) if with_buffer else [])
@@ -285,7 +287,10 @@ def exchange_gathered_async(
     tail_own = with_buffer or join  # this rank's own blocks gathered into the buffer's tail
     send = torch.empty(int(wire_send.sum()), dtype=torch.float32, device=device)
     received = int(wire_recv.sum())
-    buffer = torch.empty(received + (own_size if tail_own else 0), dtype=torch.float32, device=device)
+    size = received + (own_size if tail_own else 0)
+    if into is not None and not (with_buffer and into.dtype == torch.float32 and into.numel() == size):
+        raise ValueError(f"into: {into.numel()} {into.dtype} elements given, {size} float32 wanted")
+    buffer = torch.empty(size, dtype=torch.float32, device=device) if into is None else into
     send_rows = send.view(-1, int(dims[0])) if one_dim else send
     buffer_rows = buffer.view(-1, int(dims[0])) if one_dim else buffer
     start = exclusive_cumsum(counts, axis=0)  # each column's first row for each peer

@@ -80,8 +80,9 @@ def test_block_copies_and_adds_equal_the_joined_ones_bit_for_bit(seed):
 def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
     """The bench's default tables (one dim) on ``strategy``'s plan (``row_wise_group_dedup``: every table
     group fetched; ``row_wise``: every table flat), trained 3 steps on the one-dim fp32 path with the
-    rows in wire order (``joint``), without it (``gathered``: per-table copies) and on the per-table path
-    (``per_table``)."""
+    rows in wire order (``joint``: a relaying requester's own rows read where ``rows`` left them;
+    ``joint_own_block``: gathered into a block of their own, the GPU's choice), without it
+    (``gathered``: per-table copies) and on the per-table path (``per_table``)."""
     import json
     import tempfile
     from pathlib import Path
@@ -90,7 +91,7 @@ def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
     from flexshard.bench.plans import h100_view, make_plans
     from flexshard.bench.worker import load_data
     from flexshard.plan_file import read_plan
-    from flexshard.runtime import ShardedSequenceEmbedding
+    from flexshard.runtime import ShardedSequenceEmbedding, exchange_protocol, relay
     from flexshard.runtime.initializer import seeded_initializer
 
     cfg = BenchConfig(nproc=world, groups=groups, batch=8, plan_for="h100", torchrec=False)
@@ -101,7 +102,7 @@ def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp, "plan.json")
         path.write_text(json.dumps(plan.document))
-        for name, (one_dim, flat_wire) in PATHS.items():
+        for name, (one_dim, flat_wire, own_in_relay) in PATHS.items():
             model = ShardedSequenceEmbedding(
                 read_plan(str(path)), data.tables, data.orders, init=cfg.seed, optimizer="adagrad", lr=cfg.lr
             )
@@ -109,14 +110,25 @@ def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
             assert model.protocol.flat_wire == (not model.group_fetch)  # every table flat: rows in place
             model.protocol.one_dim_fp32 = one_dim
             model.protocol.flat_wire = model.protocol.flat_wire and flat_wire
-            outputs, traffic = [], []
-            for step in range(3):
-                got = model(data.make_batch(step, rank))
-                outputs.append({k: v.detach().clone() for k, v in got.items()})
-                sum(0.5 * v.pow(2).sum() for v in got.values()).backward()
-                model.step()
-                traffic.append(model.traffic.bytes.copy())
-            out[name] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch))
+            model.protocol.own_rows_in_relay = own_in_relay
+            outputs, traffic, in_relay = [], [], []
+            sums_in_place = relay.rail_sums_in_place
+
+            def counted(*args, _seen=in_relay, _sums=sums_in_place):
+                _seen.append(1)
+                return _sums(*args)
+
+            exchange_protocol.rail_sums_in_place = counted  # which sums each step took
+            try:
+                for step in range(3):
+                    got = model(data.make_batch(step, rank))
+                    outputs.append({k: v.detach().clone() for k, v in got.items()})
+                    sum(0.5 * v.pow(2).sum() for v in got.values()).backward()
+                    model.step()
+                    traffic.append(model.traffic.bytes.copy())
+            finally:
+                exchange_protocol.rail_sums_in_place = sums_in_place
+            out[name] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch), len(in_relay))
     # the first step's rows straight from the initializer (no routing): what every path must look up
     init = seeded_initializer(cfg.seed)
     first = data.make_batch(0, rank)
@@ -124,26 +136,37 @@ def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
     return out
 
 
-PATHS = {"joint": (True, True), "gathered": (True, False), "per_table": (False, False)}
+# (one dim fp32, flat rows in place, a relaying requester's own rows read where rows left them)
+PATHS = {
+    "joint": (True, True, True),
+    "joint_own_block": (True, True, False),
+    "gathered": (True, False, False),
+    "per_table": (False, False, False),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "world", "groups"),
-    [("row_wise_group_dedup", 4, 2), ("row_wise", 4, 2), ("row_wise_group_dedup", 6, 3)],
-    ids=["group-4x2", "flat-4x2", "group-6x3"],  # 3 groups: the other groups' owners out of rank order
+    [("row_wise_group_dedup", 4, 2), ("row_wise", 4, 2), ("row_wise_group_dedup", 6, 3)]
+    + [("row_wise_group_dedup", 8, 2)],
+    # 3 groups: the other groups' owners out of rank order; groups of 4: relays third and fourth in
+    # their group, whose own terms are added after two peers' (relay.rail_sums_in_place)
+    ids=["group-4x2", "flat-4x2", "group-6x3", "group-8x2"],
 )
 def test_the_one_dim_paths_equal_the_per_table_path_bit_for_bit(strategy, world, groups):
     from runtime_workers import run_function
 
     for rank, res in enumerate(run_function(_both_paths, world, strategy, groups, timeout_s=300.0)):
-        old_out, old_traffic, old_rows, fetched = res["per_table"]
+        old_out, old_traffic, old_rows, fetched, _ = res["per_table"]
         assert fetched == (strategy == "row_wise_group_dedup"), rank
+        # the own rows read in the relay's buffer on every group-fetch step, on that path alone
+        assert [res[n][4] for n in PATHS] == [3 * fetched, 0, 0, 0], rank
         reference = res["reference"]  # every path routes alike: its first outputs against the initializer
         assert old_out[0].keys() == reference.keys()
         assert all(torch.equal(old_out[0][n], reference[n]) for n in reference), rank
-        for name in ("joint", "gathered"):
-            new_out, new_traffic, new_rows, _ = res[name]
+        for name in ("joint", "joint_own_block", "gathered"):
+            new_out, new_traffic, new_rows, _, _ = res[name]
             for a, b in zip(new_out, old_out, strict=True):
                 assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), (rank, name)
             for a, b in zip(new_traffic, old_traffic, strict=True):
