@@ -10,7 +10,11 @@ Where every table is cold and group fetched (each lookup *by rail*) and ``grads`
 requester keeps its rows of every table in one buffer in ``scatter``'s wire order (:class:`WireRows`):
 ``scatter`` receives into it in place, the outputs read through the layout, ``grads`` sends the
 gradients from the same layout as they lie, and the rail peer sums them in three adds
-(:func:`rail_sums_wire`): no per-table copy of a requested row or gradient either side.
+(:func:`rail_sums_wire`): no per-table copy of a requested row or gradient either side. On the CPU the
+rows it relays for itself are not gathered into a block of their own either: ``rows``' receive buffer
+is the tail of the same allocation, which lays the distinct rows out as :class:`RelaySums` lays their
+sums, so its own ids read them where they arrived (:func:`wire_rows_in_relay`) and its gradients land
+summed per distinct row where the group's sums are made (:func:`rail_sums_in_place`).
 
 Where every table is cold and fetched flat (each lookup *by owner*), ``rows``' receive buffer already has
 that layout (the owners' blocks by (rank, table), its own last): the requester's rows stay in it
