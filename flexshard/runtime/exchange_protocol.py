@@ -75,17 +75,9 @@ from flexshard.runtime.relay import (
     RelaySums,
     add_sums_to_bank,
     exchange_sums,
-    grads_flat,
-    grads_wire,
     rail_sums,
-    rail_sums_in_place,
-    rail_sums_wire,
-    received_rows,
     scatter_relayed,
-    scatter_wire,
     wire_order,
-    wire_rows,
-    wire_rows_in_relay,
 )
 from flexshard.runtime.route import KINDS, Routed, Router
 from flexshard.runtime.shards import Shard
@@ -93,6 +85,15 @@ from flexshard.runtime.transfer import (
     exchange_gathered_async,
     exchange_vectors,
     rows_at,
+)
+from flexshard.runtime.wire_rows import (
+    grads_flat,
+    grads_wire,
+    rail_sums_wire,
+    received_rows,
+    scatter_wire,
+    wire_rows,
+    wire_rows_in_relay,
 )
 from solvers.schedule import Scope, lookup_scopes
 
@@ -172,7 +173,7 @@ class ExchangeProtocol:
         self._grads_in_group = np.array_equal(self.grads_scope[0], self.intra) and self.intra.size > 1
         self.flat_wire = self.one_dim_fp32 and not (warm or self.group_fetch.any()) and self.world > 1
         # a requester that relays its own rows reads them where ``rows`` left them (the CPU's choice;
-        # relay.wire_rows_in_relay); a switch, so that tests can compare it with the gathered block
+        # wire_rows.wire_rows_in_relay); a switch, so that tests can compare it with the gathered block
         self.own_rows_in_relay = True
 
     # --- input_dist ----------------------------------------------------------------------------------
@@ -279,13 +280,13 @@ class ExchangeProtocol:
         return Pending([pending], finish)
 
     def _joint_relay(self, routed: Routed) -> bool:
-        """Whether ``scatter`` delivers this batch's rows into one :class:`~flexshard.runtime.relay.WireRows`
-        (every table by rail, ``grads`` in the group)."""
+        """Whether ``scatter`` delivers this batch's rows into one
+        :class:`~flexshard.runtime.wire_rows.WireRows` (every table by rail, ``grads`` in the group)."""
         return self._grads_in_group and bool(routed.lookups) and all(lk.by_rail for lk in routed.lookups)
 
     def _scatter_lead(self, routed: Routed, asked: Asked, rc: np.ndarray, dim: int) -> torch.Tensor | None:
         """Where this rank reads its own group-fetched rows where ``rows`` leaves them
-        (:func:`~flexshard.runtime.relay.wire_rows_in_relay`: on the CPU, every table by rail, ``rows`` on
+        (:func:`~flexshard.runtime.wire_rows.wire_rows_in_relay`: on the CPU, every table by rail, ``rows`` on
         the rail): one float32 allocation of ``scatter``'s rows from the other group peers, then ``rows``'
         receive buffer (``rc.sum()`` rows); else None."""
         if not (
@@ -339,7 +340,7 @@ class ExchangeProtocol:
         """``grads``: warm and flat gradients to the owners (added into their shards on wait), group-fetch
         gradients to the rail peer. Waits to the rail peer's per-distinct-row sums (float32) per table.
         With :attr:`Routed.joint`, ``unique_grads`` is its
-        :meth:`~flexshard.runtime.relay.WireRows.gradient`."""
+        :meth:`~flexshard.runtime.wire_rows.WireRows.gradient`."""
         if routed.joint is not None:
             return self._grads_joint(routed, asked, unique_grads)
         n_t = len(unique_grads)
@@ -380,16 +381,18 @@ class ExchangeProtocol:
 
     def _grads_joint(self, routed: Routed, asked: Asked, gradient: torch.Tensor) -> Pending[RelaySums | None]:
         """``grads`` of a :attr:`Routed.joint` lookup: every table group fetched (no warm or flat gradients):
-        :func:`~flexshard.runtime.relay.grads_wire`, then the rail peer's three adds; or every table flat."""
-        if self.flat_wire:  # every table flat: relay.grads_flat, then the owners' adds
+        :func:`~flexshard.runtime.wire_rows.grads_wire`, then the rail peer's adds; or every table flat."""
+        if self.flat_wire:  # every table flat: wire_rows.grads_flat, then the owners' adds
             recv, scope = asked.recv_counts[:, :, FLAT], self.grads_scope[1]
             got = grads_flat(routed.joint, gradient, recv, self.me, scope)
             return Pending([got], lambda: add_owned_gradients(self.shards, asked, got.wait()))
         recv, me = asked.recv_counts[self.intra][:, :, GIDS].sum(axis=1), self.intra_me
         pending = grads_wire(routed.joint, gradient, recv, me, self.pg.intra)
         fetch, wire, rail, dev = asked.fetch_counts[self.rail], asked.wire_inverse, self.rail_me, self.device
-        sums = rail_sums_in_place if routed.joint.own_in_relay else rail_sums_wire
-        return Pending([pending], lambda: sums(fetch, wire, recv, me, rail, *pending.wait(), dev))
+        summed = routed.joint.own_in_relay  # its own terms already summed per distinct row
+        return Pending(
+            [pending], lambda: rail_sums_wire(fetch, wire, recv, me, rail, *pending.wait(), dev, summed)
+        )
 
     def rail_grads(self, asked: Asked, sums: list[torch.Tensor] | RelaySums) -> Pending[None]:
         """``rail_grads``: the rail peer's sums to the owners (rail all-to-all; its own rows' sums to

@@ -22,8 +22,8 @@ from core.vocabulary import Tier
 from flexshard.runtime.group_dedup import FLAT, GIDS, GSLOTS, WARM, GroupDedup
 from flexshard.runtime.indexing import flat_nonzero, repeated_columns
 from flexshard.runtime.lookups import TableLookup
-from flexshard.runtime.relay import WireRows
 from flexshard.runtime.transfer import count_per_peer
+from flexshard.runtime.wire_rows import WireRows
 
 KINDS = 4  # the id columns of a table: WARM, FLAT, GIDS, GSLOTS
 

@@ -91,7 +91,7 @@ def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
     from flexshard.bench.plans import h100_view, make_plans
     from flexshard.bench.worker import load_data
     from flexshard.plan_file import read_plan
-    from flexshard.runtime import ShardedSequenceEmbedding, exchange_protocol, relay
+    from flexshard.runtime import ShardedSequenceEmbedding, exchange_protocol, wire_rows
     from flexshard.runtime.initializer import seeded_initializer
 
     cfg = BenchConfig(nproc=world, groups=groups, batch=8, plan_for="h100", torchrec=False)
@@ -112,13 +112,13 @@ def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
             model.protocol.flat_wire = model.protocol.flat_wire and flat_wire
             model.protocol.own_rows_in_relay = own_in_relay
             outputs, traffic, in_relay = [], [], []
-            sums_in_place = relay.rail_sums_in_place
+            sums_wire = wire_rows.rail_sums_wire
 
-            def counted(*args, _seen=in_relay, _sums=sums_in_place):
-                _seen.append(1)
+            def counted(*args, _seen=in_relay, _sums=sums_wire):
+                _seen.append(bool(args[-1]))  # own_summed: its own terms summed where the rows lay
                 return _sums(*args)
 
-            exchange_protocol.rail_sums_in_place = counted  # which sums each step took
+            exchange_protocol.rail_sums_wire = counted  # which sums each step took
             try:
                 for step in range(3):
                     got = model(data.make_batch(step, rank))
@@ -127,8 +127,8 @@ def _both_paths(rank: int, world: int, strategy: str, groups: int = 2) -> dict:
                     model.step()
                     traffic.append(model.traffic.bytes.copy())
             finally:
-                exchange_protocol.rail_sums_in_place = sums_in_place
-            out[name] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch), len(in_relay))
+                exchange_protocol.rail_sums_wire = sums_wire
+            out[name] = (outputs, traffic, model.shard_rows(), bool(model.group_fetch), sum(in_relay))
     # the first step's rows straight from the initializer (no routing): what every path must look up
     init = seeded_initializer(cfg.seed)
     first = data.make_batch(0, rank)
@@ -151,7 +151,7 @@ PATHS = {
     [("row_wise_group_dedup", 4, 2), ("row_wise", 4, 2), ("row_wise_group_dedup", 6, 3)]
     + [("row_wise_group_dedup", 8, 2)],
     # 3 groups: the other groups' owners out of rank order; groups of 4: relays third and fourth in
-    # their group, whose own terms are added after two peers' (relay.rail_sums_in_place)
+    # their group, whose own terms are added after two peers' (wire_rows.rail_sums_wire, own_summed)
     ids=["group-4x2", "flat-4x2", "group-6x3", "group-8x2"],
 )
 def test_the_one_dim_paths_equal_the_per_table_path_bit_for_bit(strategy, world, groups):
@@ -243,7 +243,7 @@ def test_wire_rows_read_and_sum_like_the_per_table_lookups(seed):
     rank's own by table) give every table's output in input order, and the gradient per buffer row is
     each table's per-unique-id sum in the same place, bit for bit."""
     from flexshard.runtime.lookups import TableLookup
-    from flexshard.runtime.relay import wire_rows
+    from flexshard.runtime.wire_rows import wire_rows
 
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -273,7 +273,7 @@ def test_wire_rows_read_and_sum_like_the_per_table_lookups(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_rail_sums_in_wire_order_equal_the_per_table_sums_bit_for_bit(seed):
-    from flexshard.runtime.relay import rail_sums_wire
+    from flexshard.runtime.wire_rows import rail_sums_wire
 
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
