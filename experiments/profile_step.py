@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import gc
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.osutil import free_port  # noqa: E402
+from flexshard.bench.settle import minor_faults  # noqa: E402
 
 # op name substring -> piece (first match wins); everything else is "other"
 GROUPS = (
@@ -151,8 +151,9 @@ def _sites_table(by_key: dict[str, _OpClock], steps: int, top: int = 60) -> str:
 
 
 def _faults() -> float:
-    """This process's minor page faults so far, x 1e-3 (a clock entry: read per step in units)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt * 1e-3
+    """This process's minor page faults so far (the bench's count), x 1e-3 (a clock entry: read per step
+    in units)."""
+    return minor_faults() * 1e-3
 
 
 def _time_protocol(clock: dict) -> None:
@@ -180,8 +181,7 @@ def _time_protocol(clock: dict) -> None:
             clock[f"proto.{name}"] += time.thread_time() - t1
             clock[f"faults.{name}"] += _faults() - f1
             # these closures hold out's own methods: none left on it once its last stage (wait) ran, or
-            # the cycle keeps its buffers until a collection, and the timed steps run without one (the
-            # heap grew about 10 MB a step at 4 ranks, batch 512, and its new pages faulted)
+            # the cycle keeps its buffers until a collection, and the timed steps run without one
             for a in wrapped if attr == "wait" else (attr,):
                 vars(out).pop(a, None)
             return value

@@ -112,10 +112,8 @@ def wire_rows(
     each input id's unique id. ``buffer``: the rows already laid out so (``rows``' receive buffer of a
     flat fetch); by default one is allocated, not filled."""
     per_block = np.asarray(per_block, dtype=np.int64)
-    tables = per_block.shape[1]
     at = own_last_rows(per_block, me, device)  # per unique id, table-major: the other peers', then its own
-    starts = block_bounds(per_block.sum(axis=0)).tolist()
-    mapped = [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(tables)]
+    mapped = _per_input_id(at, per_block, inverse)
     total = int(per_block.sum())
     received = total - int(per_block[me].sum())
     buffer = torch.empty(total, dim, device=device) if buffer is None else buffer
@@ -138,9 +136,15 @@ def wire_rows_in_relay(
     # its own then moved to its distinct row behind the head: one lookup over the laid-out rows
     moved = np.concatenate([np.arange(received, dtype=np.int64), own_rows.numpy() + received])
     at = torch.from_numpy(moved[own_last_rows(per_block, me, own_rows.device).numpy()])
-    starts = block_bounds(per_block.sum(axis=0)).tolist()
-    mapped = [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(per_block.shape[1])]
+    mapped = _per_input_id(at, per_block, inverse)
     return WireRows(relay.lead, mapped, received, per_block.sum(axis=1), own_in_relay=True)
+
+
+def _per_input_id(at: torch.Tensor, per_block: np.ndarray, inverse: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per table, the buffer row of each input id: ``at`` (int64: each unique id's row, table-major;
+    ``per_block[:, t].sum()`` unique ids of table t) read through ``inverse[t]``."""
+    starts = block_bounds(per_block.sum(axis=0)).tolist()
+    return [at[starts[t] : starts[t + 1]].index_select(0, inverse[t]) for t in range(per_block.shape[1])]
 
 
 def scatter_wire(
