@@ -69,6 +69,7 @@ def _ran(recs: list[dict]) -> list[dict]:
     return [r for r in recs if "skipped" not in r]
 
 
+@pytest.mark.slow  # spawns ranks
 def test_one_record_per_strategy_with_the_keys(first):
     assert [r["strategy"] for r in first] == STRATEGIES  # TorchRec's record says why when it did not run
     skipped = {r["strategy"]: r["skipped"] for r in first if "skipped" in r}
@@ -130,6 +131,7 @@ def test_one_record_per_strategy_with_the_keys(first):
             assert "torchrec_local_ms" not in r
 
 
+@pytest.mark.slow  # spawns ranks
 def test_collectives_per_step_repeat_and_match_the_runtime(first, second):
     a, b = _by_key(first), _by_key(second)
     for recs in (a, b):
@@ -147,6 +149,7 @@ def test_collectives_per_step_repeat_and_match_the_runtime(first, second):
             assert a[key]["collectives_by_kind"] == b[key]["collectives_by_kind"], key
 
 
+@pytest.mark.slow  # spawns ranks
 def test_bytes_equal_the_runtime_traffic_counters(first, second):
     """Counted on the collectives = the runtime's own counter (what its byte counts price, and what they
     leave out: ``ids``' error codes, shared words and padding); FlexShard's replica sync splits a payload
@@ -162,6 +165,7 @@ def test_bytes_equal_the_runtime_traffic_counters(first, second):
                 assert abs(r[f"{link}_group_bytes"] - expected) <= tol, (r["strategy"], link)
 
 
+@pytest.mark.slow  # spawns ranks
 def test_rounds_alternate_the_strategies(second):
     n = len(RAN)
     for i, r in enumerate(_ran(second)):
@@ -172,6 +176,7 @@ def test_rounds_alternate_the_strategies(second):
         assert r["probes"] == 5  # 3 before the rounds and one after each of the two
 
 
+@pytest.mark.slow  # spawns ranks
 def test_table_shows_every_strategy(second):
     cfg = BenchConfig(nproc=4, groups=2, steps=2, rounds=2, warmup=1)
     text = results.table(cfg, second)

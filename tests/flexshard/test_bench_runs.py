@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from torchrun_jobs import run_torchrun
 
 from flexshard.bench.data import default_data
@@ -40,6 +41,7 @@ def _stats_file(tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow  # spawns ranks
 def test_a_stats_file_runs_every_strategy_on_its_tables(tmp_path, monkeypatch):
     for var in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
@@ -63,6 +65,7 @@ def test_a_stats_file_runs_every_strategy_on_its_tables(tmp_path, monkeypatch):
     assert all(r["inter_group_bytes"] > 0 for r in ran)  # 2 groups of 1: every peer is outside
 
 
+@pytest.mark.slow  # spawns ranks
 def test_under_torchrun_rank_0_prints_the_records():
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
             "-m", "flexshard.cli", "bench", "--groups", "1", "--steps", "1", "--rounds", "1", "--warmup", "0",
@@ -79,6 +82,7 @@ def test_under_torchrun_rank_0_prints_the_records():
     assert all(r["inter_group_bytes"] == 0 and r["intra_group_bytes"] > 0 for r in recs[:3])  # one group
 
 
+@pytest.mark.slow  # spawns ranks
 def test_ctrl_c_stops_the_ranks_with_one_line_and_status_130():
     argv = [sys.executable, "-m", "flexshard.cli", "bench", "--nproc", "2", "--groups", "1",
             "--steps", "100000", "--batch", "8", "--no-torchrec"]  # fmt: skip
@@ -95,6 +99,7 @@ def test_ctrl_c_stops_the_ranks_with_one_line_and_status_130():
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # spawns ranks
 def test_a_topology_file_plans_as_its_view(tmp_path, monkeypatch):
     """--plan-for FILE: the plans are the ones made for that topology (the same run after run)."""
     for var in ("RANK", "WORLD_SIZE"):
@@ -127,6 +132,7 @@ def test_a_topology_file_of_another_shape_is_one_line(tmp_path, capsys, monkeypa
     )
 
 
+@pytest.mark.slow  # spawns ranks
 def test_without_torchrec_one_line_says_it_was_skipped(tmp_path):
     fake = tmp_path / "fake" / "torchrec"
     fake.mkdir(parents=True)
